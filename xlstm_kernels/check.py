@@ -1,0 +1,142 @@
+"""``xlstm-kernels check``: run every shipped kernel against float64 references.
+
+Each case draws fresh random inputs, runs the op on the active backend, computes the
+same math in float64 NumPy from the (rounded) inputs, and compares with a relative
+error bound that fits the dtype. The result is a table and an exit status.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import mlx.core as mx
+import numpy as np
+
+from . import ops
+from .runtime import current_backend
+
+__all__ = ["CheckCase", "CheckResult", "CASES", "TOLERANCE", "relative_error", "run_checks", "format_table"]
+
+# Max |out - ref| / max |ref| allowed per output dtype.
+TOLERANCE = {mx.float32: 1e-5, mx.float16: 1e-2, mx.bfloat16: 2e-2}
+DTYPES = (mx.float32, mx.float16, mx.bfloat16)
+
+
+def to_f64(x: mx.array) -> np.ndarray:
+    """An mx.array as float64 NumPy (exact for every float dtype)."""
+    return np.asarray(x.astype(mx.float32)).astype(np.float64)
+
+
+def relative_error(out: mx.array, ref: np.ndarray) -> float:
+    """max |out - ref| / max |ref| (NaN anywhere gives inf)."""
+    o = to_f64(out)
+    if o.shape != ref.shape:
+        raise ValueError(f"output shape {o.shape} != reference shape {ref.shape}")
+    if not np.all(np.isfinite(o)):
+        return float("inf")
+    scale = max(float(np.max(np.abs(ref))) if ref.size else 0.0, 1e-30)
+    return float(np.max(np.abs(o - ref))) / scale if ref.size else 0.0
+
+
+@dataclass(frozen=True)
+class CheckCase:
+    """One op at one shape: `make` draws inputs, `run` calls the op, `reference` is float64."""
+
+    op: str
+    shape: str
+    make: Callable[[np.random.Generator, mx.Dtype], tuple]
+    run: Callable[..., mx.array]
+    reference: Callable[..., np.ndarray]
+
+
+@dataclass
+class CheckResult:
+    op: str
+    shape: str
+    dtype: str
+    backend: str
+    error: float
+    tolerance: float
+    seconds: float
+    message: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.message and self.error <= self.tolerance
+
+
+def _normal(rng: np.random.Generator, shape: Sequence[int], dtype: mx.Dtype) -> mx.array:
+    return mx.array(rng.standard_normal(shape).astype(np.float32)).astype(dtype)
+
+
+def _rms_case(rows: int, d: int) -> CheckCase:
+    def make(rng, dtype):
+        return _normal(rng, (rows, d), dtype), _normal(rng, (d,), dtype)
+
+    def reference(x, w):
+        x64, w64 = to_f64(x), to_f64(w)
+        return w64 * x64 / np.sqrt(np.mean(x64 * x64, axis=-1, keepdims=True) + 1e-5)
+
+    return CheckCase("rms_norm", f"{rows}x{d}", make, lambda x, w: ops.rms_norm(x, w, 1e-5), reference)
+
+
+def _gemm_case(m: int, n: int, k: int) -> CheckCase:
+    def make(rng, dtype):
+        return _normal(rng, (m, n), dtype), _normal(rng, (n, k), dtype)
+
+    return CheckCase("gemm_av", f"{m}x{n}x{k}", make, ops.gemm_av, lambda a, v: to_f64(a) @ to_f64(v))
+
+
+CASES: list[CheckCase] = [
+    _rms_case(3, 100),
+    _rms_case(5, 1031),
+    _gemm_case(2, 3, 5),
+    _gemm_case(33, 29, 31),
+    _gemm_case(64, 48, 40),
+]
+
+
+def run_checks(
+    cases: Sequence[CheckCase] = CASES,
+    dtypes: Sequence[mx.Dtype] = DTYPES,
+    seed: int = 0,
+    on_result: Callable[[CheckResult], None] | None = None,
+) -> list[CheckResult]:
+    """Run `cases` x `dtypes` on the active backend; errors become failed rows."""
+    rng = np.random.default_rng(seed)
+    backend = current_backend()
+    results = []
+    for case in cases:
+        for dtype in dtypes:
+            args = case.make(rng, dtype)
+            start = time.perf_counter()
+            try:
+                out = case.run(*args)
+                mx.eval(out)
+                seconds = time.perf_counter() - start
+                err = relative_error(out, case.reference(*args))
+                msg = "" if out.dtype == dtype else f"output dtype {out.dtype}, expected {dtype}"
+            except Exception as e:  # reported in the table, and the exit status fails
+                seconds, err, msg = time.perf_counter() - start, float("inf"), f"{type(e).__name__}: {e}"
+            r = CheckResult(case.op, case.shape, str(dtype).split(".")[-1], backend, err, TOLERANCE[dtype], seconds, msg)
+            results.append(r)
+            if on_result:
+                on_result(r)
+    return results
+
+
+HEADER = f"{'op':<10} {'shape':<10} {'dtype':<9} {'backend':<9} {'rel.err':>9} {'bound':>7} {'ms':>8}  result"
+
+
+def format_row(r: CheckResult) -> str:
+    status = "ok" if r.ok else "FAIL" + (f" ({r.message.splitlines()[0][:120]})" if r.message else "")
+    return (
+        f"{r.op:<10} {r.shape:<10} {r.dtype:<9} {r.backend:<9} {r.error:>9.2e} {r.tolerance:>7.0e} "
+        f"{r.seconds * 1e3:>8.1f}  {status}"
+    )
+
+
+def format_table(results: Sequence[CheckResult]) -> str:
+    return "\n".join([HEADER, *(format_row(r) for r in results)])

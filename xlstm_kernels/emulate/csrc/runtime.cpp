@@ -1,0 +1,627 @@
+// runtime.cpp -- the emulator's scheduler: every Metal thread of a threadgroup runs
+// as a fiber on a CPU worker thread; barriers and simd collectives suspend the fiber
+// until the scheduler can release them with Metal's semantics.
+//
+// Loud by design: threads that exit while others wait at a barrier, threads waiting
+// at different barriers, faults (guard pages behind buffers, stacks and threadgroup
+// memory) and errors raised by kernel code end the launch with a message naming the
+// thread, never with a hang or a crash.
+#include "xk_abi.h"
+
+#include <errno.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#if !defined(__x86_64__)
+#include <ucontext.h>
+#endif
+
+#define XK_EXPORT extern "C" __attribute__((visibility("default")))
+
+namespace {
+
+// ---------------------------------------------------------------------------
+// Context switching
+// ---------------------------------------------------------------------------
+#if defined(__x86_64__)
+extern "C" void xk_ctx_switch(void** save_sp, void* load_sp);
+asm(R"(
+.text
+.p2align 4
+.hidden xk_ctx_switch
+.type xk_ctx_switch,@function
+xk_ctx_switch:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    subq $8, %rsp
+    stmxcsr (%rsp)
+    fnstcw 4(%rsp)
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    ldmxcsr (%rsp)
+    fldcw 4(%rsp)
+    addq $8, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+.size xk_ctx_switch,.-xk_ctx_switch
+)");
+
+struct Context {
+  void* sp = nullptr;
+};
+inline void ctx_switch(Context* from, Context* to) { xk_ctx_switch(&from->sp, to->sp); }
+void ctx_make(Context* c, char* stack_lo, size_t size, void (*fn)()) {
+  uintptr_t top = (reinterpret_cast<uintptr_t>(stack_lo) + size) & ~uintptr_t(15);
+  uint64_t* sp = reinterpret_cast<uint64_t*>(top - 72);
+  uint32_t csr[2];
+  asm volatile("stmxcsr %0" : "=m"(csr[0]));
+  asm volatile("fnstcw %0" : "=m"(csr[1]));
+  memcpy(sp, csr, 8);
+  for (int i = 1; i <= 6; ++i) sp[i] = 0;  // r15 r14 r13 r12 rbx rbp
+  sp[7] = reinterpret_cast<uint64_t>(fn);  // return address
+  sp[8] = 0;                               // fake caller of fn
+  c->sp = sp;
+}
+#else
+struct Context {
+  ucontext_t uc;
+};
+inline void ctx_switch(Context* from, Context* to) { swapcontext(&from->uc, &to->uc); }
+void ctx_make(Context* c, char* stack_lo, size_t size, void (*fn)()) {
+  getcontext(&c->uc);
+  c->uc.uc_stack.ss_sp = stack_lo;
+  c->uc.uc_stack.ss_size = size;
+  c->uc.uc_link = nullptr;
+  makecontext(&c->uc, fn, 0);
+}
+#endif
+
+size_t page_size() {
+  static const size_t p = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  return p;
+}
+size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
+
+// ---------------------------------------------------------------------------
+// Launch description (mirrored by ctypes in launcher.py)
+// ---------------------------------------------------------------------------
+struct Region {  // a buffer, for naming faults
+  const char* lo;
+  const char* hi;        // one past the last byte the kernel may touch
+  const char* guard_lo;  // guard page range behind it (or null)
+  const char* guard_hi;
+  const char* name;
+  uint32_t elem_size;
+  uint32_t pad_;
+};
+
+struct LaunchDesc {
+  xk_entry_fn entry;
+  void* const* buffers;
+  uint32_t grid[3];
+  uint32_t group[3];
+  uint32_t schedule;  // 0 sequential, 1 reverse, 2 random
+  uint32_t workers;
+  uint64_t seed;
+  uint64_t tg_bytes;
+  uint64_t stack_bytes;
+  uint32_t n_regions;
+  uint32_t pad_;
+  const Region* regions;
+};
+
+enum State : uint8_t { READY, AT_BARRIER, AT_COLLECTIVE, DONE };
+
+struct Fiber {
+  Context ctx;
+  xk_thread_attrs attrs;
+  State state;
+  const char* file;  // wait site
+  uint32_t line, column;
+  xk_collective* op;
+};
+
+struct Launch;
+
+struct Worker {
+  Launch* launch = nullptr;
+  Context sched;
+  std::vector<Fiber> fibers;
+  char* stacks = nullptr;  // n fibers * (guard page + stack)
+  size_t stack_stride = 0;
+  size_t stacks_map = 0;
+  char* tg_map = nullptr;  // threadgroup memory; its end abuts a guard page
+  size_t tg_map_size = 0;
+  char* tg_mem = nullptr;
+  char* altstack = nullptr;
+  Fiber* cur = nullptr;
+  int in_resolver = 0;
+  sigjmp_buf fault_jmp;
+  std::vector<uint32_t> order;
+  uint64_t rng = 0;
+  uint32_t group_id[3] = {0, 0, 0};
+};
+
+struct Launch {
+  const LaunchDesc* d;
+  std::atomic<uint64_t> next_group{0};
+  std::atomic<bool> failed{false};
+  std::mutex err_mu;
+  std::string error;
+  uint64_t n_groups = 0;
+  uint32_t groups[3];
+
+  void fail(const std::string& msg) {
+    std::lock_guard<std::mutex> g(err_mu);
+    if (!failed.load()) {
+      error = msg;
+      failed.store(true);
+    }
+  }
+};
+
+thread_local Worker* tl_worker = nullptr;
+
+std::string fmt(const char* f, ...) {
+  char buf[2048];
+  va_list ap;
+  va_start(ap, f);
+  vsnprintf(buf, sizeof buf, f, ap);
+  va_end(ap);
+  return buf;
+}
+
+std::string who(const Worker* w, const Fiber* f) {
+  const xk_thread_attrs& a = f->attrs;
+  return fmt("thread (%u,%u,%u) of threadgroup (%u,%u,%u) [thread_index_in_threadgroup %u, simdgroup %u lane %u]",
+             a.thread_position_in_grid.x, a.thread_position_in_grid.y, a.thread_position_in_grid.z,
+             w->group_id[0], w->group_id[1], w->group_id[2], a.thread_index_in_threadgroup,
+             a.simdgroup_index_in_threadgroup, a.thread_index_in_simdgroup);
+}
+
+std::string site(const char* file, uint32_t line, uint32_t col) {
+  return fmt("%s:%u:%u", file ? file : "?", line, col);
+}
+
+// ---------------------------------------------------------------------------
+// Faults: SIGSEGV/SIGBUS/SIGFPE in a fiber become launch errors
+// ---------------------------------------------------------------------------
+std::mutex g_sig_mu;
+int g_sig_users = 0;
+struct sigaction g_old_segv, g_old_bus, g_old_fpe, g_old_ill;
+
+std::string describe_fault(Worker* w, const char* addr) {
+  const LaunchDesc* d = w->launch->d;
+  for (uint32_t i = 0; i < d->n_regions; ++i) {
+    const Region& r = d->regions[i];
+    if (r.guard_lo && addr >= r.guard_lo && addr < r.guard_hi) {
+      long long byte = addr - r.lo;
+      long long n = (r.hi - r.lo) / (r.elem_size ? r.elem_size : 1);
+      return fmt("out-of-bounds access to buffer '%s': element %lld (byte offset %lld) of %lld", r.name,
+                 byte / (long long)(r.elem_size ? r.elem_size : 1), byte, n);
+    }
+  }
+  if (w->tg_map && addr >= w->tg_mem && addr < w->tg_map + w->tg_map_size + page_size()) {
+    return fmt("out-of-bounds access to threadgroup memory: byte %lld of %llu declared",
+               (long long)(addr - w->tg_mem), (unsigned long long)w->launch->d->tg_bytes);
+  }
+  if (w->stacks && addr >= w->stacks && addr < w->stacks + w->stacks_map) {
+    size_t off = (addr - w->stacks) % w->stack_stride;
+    if (off < page_size())
+      return fmt("stack overflow (each emulated thread has %llu KiB; set XLSTM_EMULATE_STACK_KB to raise it)",
+                 (unsigned long long)(w->launch->d->stack_bytes / 1024));
+  }
+  return fmt("invalid memory access at address %p", (const void*)addr);
+}
+
+void on_fault(int sig, siginfo_t* info, void* uctx) {
+  Worker* w = tl_worker;
+  if (w && w->cur) {
+    std::string what;
+    if (sig == SIGFPE)
+      what = "arithmetic exception (integer division by zero?)";
+    else if (sig == SIGILL)
+      what = "illegal instruction (a trap in kernel code)";
+    else
+      what = describe_fault(w, static_cast<const char*>(info->si_addr));
+    w->launch->fail(what + " by " + who(w, w->cur));
+    siglongjmp(w->fault_jmp, 1);
+  }
+  // Not ours: hand it to whoever had it before.
+  struct sigaction* old = sig == SIGSEGV ? &g_old_segv : sig == SIGBUS ? &g_old_bus : sig == SIGFPE ? &g_old_fpe : &g_old_ill;
+  if (old->sa_flags & SA_SIGINFO) {
+    if (old->sa_sigaction) {
+      old->sa_sigaction(sig, info, uctx);
+      return;
+    }
+  } else if (old->sa_handler != SIG_DFL && old->sa_handler != SIG_IGN) {
+    old->sa_handler(sig);
+    return;
+  }
+  signal(sig, SIG_DFL);
+  raise(sig);
+}
+
+void signals_acquire() {
+  std::lock_guard<std::mutex> g(g_sig_mu);
+  if (g_sig_users++ > 0) return;
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_sigaction = on_fault;
+  sa.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_NODEFER;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGSEGV, &sa, &g_old_segv);
+  sigaction(SIGBUS, &sa, &g_old_bus);
+  sigaction(SIGFPE, &sa, &g_old_fpe);
+  sigaction(SIGILL, &sa, &g_old_ill);
+}
+
+void signals_release() {
+  std::lock_guard<std::mutex> g(g_sig_mu);
+  if (--g_sig_users > 0) return;
+  sigaction(SIGSEGV, &g_old_segv, nullptr);
+  sigaction(SIGBUS, &g_old_bus, nullptr);
+  sigaction(SIGFPE, &g_old_fpe, nullptr);
+  sigaction(SIGILL, &g_old_ill, nullptr);
+}
+
+// ---------------------------------------------------------------------------
+// Scheduler
+// ---------------------------------------------------------------------------
+void fiber_main() {
+  Worker* w = tl_worker;
+  Fiber* f = w->cur;
+  w->launch->d->entry(w->launch->d->buffers, &f->attrs);
+  f->state = DONE;
+  ctx_switch(&f->ctx, &w->sched);
+  abort();  // a finished fiber is never resumed
+}
+
+inline uint64_t splitmix(uint64_t& s) {
+  uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+bool site_less(const Fiber* a, const Fiber* b) {
+  if (a->line != b->line) return a->line < b->line;
+  if (a->column != b->column) return a->column < b->column;
+  int c = strcmp(a->file ? a->file : "", b->file ? b->file : "");
+  return c < 0;
+}
+bool site_eq(const Fiber* a, const Fiber* b) { return !site_less(a, b) && !site_less(b, a); }
+
+void set_uint3(xk_uint3& u, uint32_t x, uint32_t y, uint32_t z) {
+  u.x = x;
+  u.y = y;
+  u.z = z;
+  u.pad_ = 0;
+}
+
+// Runs one threadgroup to completion. Returns false if the launch failed.
+bool run_group(Worker* w, uint64_t gid) {
+  Launch* L = w->launch;
+  const LaunchDesc* d = L->d;
+  uint32_t g[3] = {uint32_t(gid % L->groups[0]), uint32_t((gid / L->groups[0]) % L->groups[1]),
+                   uint32_t(gid / (uint64_t(L->groups[0]) * L->groups[1]))};
+  memcpy(w->group_id, g, sizeof g);
+  uint32_t actual[3];
+  for (int i = 0; i < 3; ++i) actual[i] = std::min(d->group[i], d->grid[i] - g[i] * d->group[i]);
+  const uint32_t n = actual[0] * actual[1] * actual[2];
+  const uint32_t n_dispatch = d->group[0] * d->group[1] * d->group[2];
+
+  if (d->tg_bytes) memset(w->tg_mem, 0xFF, d->tg_bytes);  // poison
+
+  for (uint32_t t = 0; t < n; ++t) {
+    Fiber& f = w->fibers[t];
+    xk_thread_attrs& a = f.attrs;
+    uint32_t lx = t % actual[0], ly = (t / actual[0]) % actual[1], lz = t / (actual[0] * actual[1]);
+    set_uint3(a.dispatch_threads_per_threadgroup, d->group[0], d->group[1], d->group[2]);
+    set_uint3(a.grid_origin, 0, 0, 0);
+    set_uint3(a.grid_size, d->grid[0], d->grid[1], d->grid[2]);
+    set_uint3(a.thread_position_in_grid, g[0] * d->group[0] + lx, g[1] * d->group[1] + ly,
+              g[2] * d->group[2] + lz);
+    set_uint3(a.thread_position_in_threadgroup, lx, ly, lz);
+    set_uint3(a.threadgroup_position_in_grid, g[0], g[1], g[2]);
+    set_uint3(a.threadgroups_per_grid, L->groups[0], L->groups[1], L->groups[2]);
+    set_uint3(a.threads_per_grid, d->grid[0], d->grid[1], d->grid[2]);
+    set_uint3(a.threads_per_threadgroup, actual[0], actual[1], actual[2]);
+    a.dispatch_quadgroups_per_threadgroup = (n_dispatch + 3) / 4;
+    a.dispatch_simdgroups_per_threadgroup = (n_dispatch + 31) / 32;
+    a.quadgroup_index_in_threadgroup = t / 4;
+    a.quadgroups_per_threadgroup = (n + 3) / 4;
+    a.simdgroup_index_in_threadgroup = t / 32;
+    a.simdgroups_per_threadgroup = (n + 31) / 32;
+    a.thread_execution_width = 32;
+    a.thread_index_in_quadgroup = t % 4;
+    a.thread_index_in_simdgroup = t % 32;
+    a.thread_index_in_threadgroup = t;
+    a.threads_per_simdgroup = 32;
+    f.state = READY;
+    f.op = nullptr;
+    f.file = nullptr;
+    ctx_make(&f.ctx, w->stacks + size_t(t) * w->stack_stride + page_size(), w->stack_stride - page_size(),
+             fiber_main);
+  }
+
+  std::vector<uint32_t>& order = w->order;
+  order.resize(n);
+  for (uint32_t t = 0; t < n; ++t) order[t] = d->schedule == 1 ? n - 1 - t : t;
+  w->rng = d->seed * 0x2545F4914F6CDD1Dull ^ (gid + 1) * 0x9E3779B97F4A7C15ull;
+
+  const uint32_t n_simd = (n + 31) / 32;
+  uint32_t done = 0;
+  for (;;) {
+    if (d->schedule == 2)
+      for (uint32_t i = n; i > 1; --i) std::swap(order[i - 1], order[splitmix(w->rng) % i]);
+    // 1. Run every ready thread until it blocks or ends.
+    for (uint32_t i = 0; i < n; ++i) {
+      Fiber& f = w->fibers[order[i]];
+      if (f.state != READY) continue;
+      w->cur = &f;
+      ctx_switch(&w->sched, &f.ctx);
+      w->cur = nullptr;
+      if (L->failed.load(std::memory_order_relaxed)) return false;
+      if (f.state == DONE) ++done;
+    }
+    if (done == n) return true;
+
+    // 2. Release simd collectives: per simdgroup, the earliest call site that lanes
+    //    wait at, with the lanes waiting there as the active set.
+    bool released = false;
+    for (uint32_t s = 0; s < n_simd; ++s) {
+      Fiber* first = nullptr;
+      uint32_t width = std::min<uint32_t>(32, n - s * 32);
+      for (uint32_t l = 0; l < width; ++l) {
+        Fiber* f = &w->fibers[s * 32 + l];
+        if (f->state == AT_COLLECTIVE && (!first || site_less(f, first))) first = f;
+      }
+      if (!first) continue;
+      xk_collective* lanes[32] = {nullptr};
+      for (uint32_t l = 0; l < width; ++l) {
+        Fiber* f = &w->fibers[s * 32 + l];
+        if (f->state == AT_COLLECTIVE && site_eq(f, first)) {
+          if (f->op->resolve != first->op->resolve) {
+            L->fail(fmt("simdgroup %u: lanes call different simd functions at %s (%s and %s)", s,
+                        site(f->file, f->line, f->column).c_str(), f->op->what, first->op->what));
+            return false;
+          }
+          lanes[l] = f->op;
+        }
+      }
+      if (first->op->resolve) {
+        w->cur = first;
+        w->in_resolver = 1;
+        first->op->resolve(lanes, int(width));
+        w->in_resolver = 0;
+        w->cur = nullptr;
+        if (L->failed.load()) return false;
+      }
+      for (uint32_t l = 0; l < width; ++l)
+        if (lanes[l]) w->fibers[s * 32 + l].state = READY;
+      released = true;
+    }
+    if (released) continue;
+
+    // 3. Everyone left waits at a threadgroup barrier: it must be the same one.
+    Fiber* at = nullptr;
+    for (uint32_t t = 0; t < n; ++t) {
+      Fiber* f = &w->fibers[t];
+      if (f->state != AT_BARRIER) continue;
+      if (!at) {
+        at = f;
+      } else if (!site_eq(f, at)) {
+        L->fail(fmt("barrier mismatch in threadgroup (%u,%u,%u): threads wait at different "
+                    "threadgroup_barrier calls, %s (e.g. thread_index_in_threadgroup %u) and %s (thread %u)",
+                    g[0], g[1], g[2], site(at->file, at->line, at->column).c_str(),
+                    at->attrs.thread_index_in_threadgroup, site(f->file, f->line, f->column).c_str(),
+                    f->attrs.thread_index_in_threadgroup));
+        return false;
+      }
+    }
+    if (done > 0) {
+      uint32_t exited = 0;
+      for (uint32_t t = 0; t < n; ++t)
+        if (w->fibers[t].state == DONE) {
+          exited = t;
+          break;
+        }
+      L->fail(fmt("barrier divergence in threadgroup (%u,%u,%u): %u of %u threads returned while %u wait at "
+                  "threadgroup_barrier at %s (first exited: thread_index_in_threadgroup %u). Every thread of a "
+                  "threadgroup must reach each barrier: do not return early before a barrier.",
+                  g[0], g[1], g[2], done, n, n - done, site(at->file, at->line, at->column).c_str(), exited));
+      return false;
+    }
+    for (uint32_t t = 0; t < n; ++t) w->fibers[t].state = READY;
+  }
+}
+
+void* map_or_die(size_t n) {
+  void* p = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  return p == MAP_FAILED ? nullptr : p;
+}
+
+bool worker_setup(Worker* w, Launch* L) {
+  const LaunchDesc* d = L->d;
+  const size_t ps = page_size();
+  const uint32_t n = d->group[0] * d->group[1] * d->group[2];
+  w->launch = L;
+  w->fibers.resize(n);
+  w->stack_stride = round_up(d->stack_bytes, ps) + ps;
+  w->stacks_map = w->stack_stride * n;
+  w->stacks = static_cast<char*>(map_or_die(w->stacks_map));
+  if (!w->stacks) return false;
+  for (uint32_t t = 0; t < n; ++t) mprotect(w->stacks + size_t(t) * w->stack_stride, ps, PROT_NONE);
+  size_t tg = round_up(std::max<uint64_t>(d->tg_bytes, 16), ps);
+  w->tg_map_size = tg;
+  w->tg_map = static_cast<char*>(map_or_die(tg + ps));
+  if (!w->tg_map) return false;
+  mprotect(w->tg_map + tg, ps, PROT_NONE);
+  w->tg_mem = w->tg_map + tg - round_up(d->tg_bytes, 16);
+  w->altstack = static_cast<char*>(map_or_die(1 << 16));
+  return w->altstack != nullptr;
+}
+
+void worker_teardown(Worker* w) {
+  if (w->stacks) munmap(w->stacks, w->stacks_map);
+  if (w->tg_map) munmap(w->tg_map, w->tg_map_size + page_size());
+  if (w->altstack) munmap(w->altstack, 1 << 16);
+}
+
+void worker_run(Worker* w) {
+  Launch* L = w->launch;
+  tl_worker = w;
+  stack_t ss, old_ss;
+  ss.ss_sp = w->altstack;
+  ss.ss_size = 1 << 16;
+  ss.ss_flags = 0;
+  sigaltstack(&ss, &old_ss);
+  if (sigsetjmp(w->fault_jmp, 1) == 0) {
+    for (;;) {
+      if (L->failed.load()) break;
+      uint64_t gid = L->next_group.fetch_add(1);
+      if (gid >= L->n_groups) break;
+      if (!run_group(w, gid)) break;
+    }
+  }
+  w->cur = nullptr;
+  sigaltstack(&old_ss, nullptr);
+  tl_worker = nullptr;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// Services for kernel code
+// ---------------------------------------------------------------------------
+XK_EXPORT void xk_threadgroup_barrier(const char* file, uint32_t line, uint32_t column) {
+  Worker* w = tl_worker;
+  Fiber* f = w->cur;
+  f->state = AT_BARRIER;
+  f->file = file;
+  f->line = line;
+  f->column = column;
+  ctx_switch(&f->ctx, &w->sched);
+}
+
+XK_EXPORT void xk_collective_wait(xk_collective* op) {
+  Worker* w = tl_worker;
+  Fiber* f = w->cur;
+  f->state = AT_COLLECTIVE;
+  f->file = op->file;
+  f->line = op->line;
+  f->column = op->column;
+  f->op = op;
+  ctx_switch(&f->ctx, &w->sched);
+  f->op = nullptr;
+}
+
+XK_EXPORT char* xk_threadgroup_memory(void) { return tl_worker->tg_mem; }
+XK_EXPORT uint32_t xk_lane(void) { return tl_worker->cur->attrs.thread_index_in_simdgroup; }
+XK_EXPORT uint32_t xk_simd_width(void) {
+  const xk_thread_attrs& a = tl_worker->cur->attrs;
+  uint32_t n = a.threads_per_threadgroup.x * a.threads_per_threadgroup.y * a.threads_per_threadgroup.z;
+  return std::min<uint32_t>(32, n - a.simdgroup_index_in_threadgroup * 32);
+}
+
+XK_EXPORT void xk_error(const char* message) {
+  Worker* w = tl_worker;
+  if (!w || !w->cur) {
+    fprintf(stderr, "xlstm_kernels.emulate: %s\n", message);
+    abort();
+  }
+  if (w->in_resolver) {
+    w->launch->fail(fmt("%s (simdgroup %u of threadgroup (%u,%u,%u))", message,
+                        w->cur->attrs.simdgroup_index_in_threadgroup, w->group_id[0], w->group_id[1],
+                        w->group_id[2]));
+    return;
+  }
+  Fiber* f = w->cur;
+  w->launch->fail(std::string(message) + " by " + who(w, f));
+  f->state = DONE;
+  ctx_switch(&f->ctx, &w->sched);
+  abort();
+}
+
+// ---------------------------------------------------------------------------
+// Entry points for Python (ctypes)
+// ---------------------------------------------------------------------------
+XK_EXPORT int xk_abi_version(void) { return 1; }
+
+XK_EXPORT int xk_launch(const LaunchDesc* d, char* err, size_t errlen) {
+  Launch L;
+  L.d = d;
+  uint32_t n = d->group[0] * d->group[1] * d->group[2];
+  if (n == 0 || n > 1024) {
+    snprintf(err, errlen, "threadgroup of %u threads (must be 1..1024)", n);
+    return 1;
+  }
+  L.n_groups = 1;
+  for (int i = 0; i < 3; ++i) {
+    L.groups[i] = d->grid[i] == 0 ? 0 : (d->grid[i] + d->group[i] - 1) / d->group[i];
+    L.n_groups *= L.groups[i];
+  }
+  if (L.n_groups == 0) return 0;
+  uint32_t nw = std::max<uint32_t>(1, std::min<uint64_t>(d->workers, L.n_groups));
+  std::vector<Worker> workers(nw);
+  bool ok = true;
+  for (auto& w : workers) ok = ok && worker_setup(&w, &L);
+  if (!ok) {
+    for (auto& w : workers) worker_teardown(&w);
+    snprintf(err, errlen, "could not map memory for %u emulated threads per group: %s", n, strerror(errno));
+    return 1;
+  }
+  signals_acquire();
+  if (nw == 1) {
+    worker_run(&workers[0]);
+  } else {
+    std::vector<std::thread> threads;
+    for (auto& w : workers) threads.emplace_back(worker_run, &w);
+    for (auto& t : threads) t.join();
+  }
+  signals_release();
+  for (auto& w : workers) worker_teardown(&w);
+  if (L.failed.load()) {
+    snprintf(err, errlen, "%s", L.error.c_str());
+    return 1;
+  }
+  return 0;
+}
+
+// Memory whose end abuts a PROT_NONE page: any read or write past the end faults.
+XK_EXPORT void* xk_guarded_alloc(size_t nbytes, void** map_base, size_t* map_size) {
+  const size_t ps = page_size();
+  size_t body = round_up(std::max<size_t>(nbytes, 1), ps);
+  char* base = static_cast<char*>(map_or_die(body + ps));
+  if (!base) return nullptr;
+  mprotect(base + body, ps, PROT_NONE);
+  *map_base = base;
+  *map_size = body + ps;
+  return base + body - nbytes;
+}
+
+XK_EXPORT void xk_guarded_free(void* map_base, size_t map_size) { munmap(map_base, map_size); }
+XK_EXPORT size_t xk_page_size(void) { return page_size(); }

@@ -1,0 +1,126 @@
+// xk_kernel.h -- everything a kernel translation unit sees before MLX's generated
+// text: the MSL types and math (msl_types.h), barriers and simd functions
+// (msl_sync.h), the parts of MLX's utils.h prelude kernels use, and the storage
+// behind rewritten `threadgroup` declarations.
+#pragma once
+#include "msl_sync.h"
+#include "msl_types.h"
+
+// ---------------------------------------------------------------------------
+// MLX prelude (utils.h): the helpers custom kernels commonly call
+// ---------------------------------------------------------------------------
+template <typename IdxT = int64_t>
+METAL_FUNC IdxT elem_to_loc(IdxT elem, constant const int* shape, constant const int64_t* strides, int ndim) {
+  IdxT loc = 0;
+  for (int i = ndim - 1; i >= 0 && elem > 0; --i) {
+    loc += (elem % shape[i]) * IdxT(strides[i]);
+    elem /= shape[i];
+  }
+  return loc;
+}
+
+template <typename IdxT = int64_t>
+METAL_FUNC IdxT elem_to_loc(uint3 elem, constant const int* shape, constant const int64_t* strides, int ndim) {
+  IdxT loc = IdxT(elem.x) * IdxT(strides[ndim - 1]) + IdxT(elem.y) * IdxT(strides[ndim - 2]);
+  for (int d = ndim - 3; d >= 0; --d) {
+    loc += IdxT(elem.z % shape[d]) * IdxT(strides[d]);
+    elem.z /= shape[d];
+  }
+  return loc;
+}
+
+template <typename IdxT = int64_t>
+METAL_FUNC IdxT elem_to_loc_1(uint elem, constant const int64_t& stride) {
+  return IdxT(elem) * IdxT(stride);
+}
+template <typename IdxT = int64_t>
+METAL_FUNC IdxT elem_to_loc_2(uint2 elem, constant const int64_t strides[2]) {
+  return IdxT(elem.x) * IdxT(strides[1]) + IdxT(elem.y) * IdxT(strides[0]);
+}
+template <typename IdxT = int64_t>
+METAL_FUNC IdxT elem_to_loc_3(uint3 elem, constant const int64_t strides[3]) {
+  return IdxT(elem.x) * IdxT(strides[2]) + IdxT(elem.y) * IdxT(strides[1]) + IdxT(elem.z) * IdxT(strides[0]);
+}
+
+template <typename T, typename U>
+inline T ceildiv(T n, U m) {
+  return (n + m - 1) / m;
+}
+
+template <typename U>
+struct Limits {
+  static constexpr U max() { return metal::numeric_limits<U>::max(); }
+};
+
+// ---------------------------------------------------------------------------
+// Threadgroup storage. `threadgroup float a[16][17];` in a body is rewritten (on
+// the same line) to `typedef float xk_tg_t3[16][17]; auto& a = xk_tg<xk_tg_t3, 3>();`.
+// Each declaration gets its own 16-byte-aligned slot, laid out once when the
+// library is loaded; all threads of a threadgroup see the same slot.
+// ---------------------------------------------------------------------------
+namespace {
+unsigned xk_tg_total_ = 0;
+unsigned xk_tg_sizes_[XK_TG_DECLS > 0 ? XK_TG_DECLS : 1];
+
+unsigned xk_tg_register(unsigned size, int id) {
+  unsigned off = (xk_tg_total_ + 15u) & ~15u;
+  xk_tg_total_ = off + size;
+  xk_tg_sizes_[id] = size;
+  return off;
+}
+template <class T, int ID>
+struct xk_tg_slot {
+  static const unsigned offset;
+};
+template <class T, int ID>
+const unsigned xk_tg_slot<T, ID>::offset = xk_tg_register(sizeof(T), ID);
+
+template <class T, int ID>
+inline T& xk_tg() {
+  return *reinterpret_cast<T*>(xk_threadgroup_memory() + xk_tg_slot<T, ID>::offset);
+}
+}  // namespace
+
+extern "C" __attribute__((visibility("default"))) unsigned xk_tg_total(void) { return xk_tg_total_; }
+extern "C" __attribute__((visibility("default"))) unsigned xk_tg_size(int id) {
+  return id >= 0 && id < XK_TG_DECLS ? xk_tg_sizes_[id] : 0;
+}
+
+// ---------------------------------------------------------------------------
+// Bounds checks on fixed-size arrays (threadgroup and thread-local), built with
+// -fsanitize=bounds: GCC calls these with the source location and the index.
+// ---------------------------------------------------------------------------
+#ifdef XK_CHECK_BOUNDS
+extern "C" int snprintf(char*, size_t, const char*, ...);
+namespace {
+struct xk_ubsan_loc {
+  const char* file;
+  uint32_t line, column;
+};
+struct xk_ubsan_type {
+  uint16_t kind, info;
+  char name[1];
+};
+struct xk_ubsan_oob {
+  xk_ubsan_loc loc;
+  const xk_ubsan_type* array_type;
+  const xk_ubsan_type* index_type;
+};
+void xk_report_oob(xk_ubsan_oob* d, uintptr_t index) {
+  char msg[512];
+  bool is_signed = d->index_type->info & 1;
+  unsigned bits = 1u << (d->index_type->info >> 1);
+  long long v = (long long)index;
+  if (is_signed && bits < 64) v = (long long)(int64_t(index << (64 - bits)) >> (64 - bits));
+  snprintf(msg, sizeof msg, "out-of-bounds index %lld into array of type %s at %s:%u:%u", v, d->array_type->name,
+           d->loc.file, d->loc.line, d->loc.column);
+  xk_error(msg);
+}
+}  // namespace
+extern "C" __attribute__((visibility("hidden"))) void __ubsan_handle_out_of_bounds(void* d, void* index) {
+  xk_report_oob(static_cast<xk_ubsan_oob*>(d), reinterpret_cast<uintptr_t>(index));
+}
+extern "C" __attribute__((visibility("hidden"))) void __ubsan_handle_out_of_bounds_abort(void* d, void* index) {
+  xk_report_oob(static_cast<xk_ubsan_oob*>(d), reinterpret_cast<uintptr_t>(index));
+}
+#endif

@@ -1,0 +1,110 @@
+"""Build kernel objects once and launch them on the active backend.
+
+A :class:`KernelSpec` names a body in ``metal_src/`` and its buffer names. The kernel
+object (``mx.fast.metal_kernel`` or the emulator's) is built once per backend and
+spec and cached (thread-safe); MLX caches the compiled library per template, so
+building per call would only waste time.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import mlx.core as mx
+
+from .backends import BackendUnavailableError, current_backend
+from .sources import family_header, kernel_body
+
+__all__ = ["KernelSpec", "get_kernel", "launch"]
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """One Metal kernel: ``metal_src/<family>.metal`` section `kernel`.
+
+    Attributes:
+        family: the source file stem (``"norm"``).
+        kernel: the section name (``"rms_norm"``); also the MLX kernel name.
+        input_names: buffer names of the inputs, in call order.
+        output_names: buffer names of the outputs.
+        header: extra header text before the family's ``@header`` section
+            (e.g. ``#include <metal_simdgroup_matrix>``).
+        atomic_outputs, ensure_row_contiguous: as for ``mx.fast.metal_kernel``.
+    """
+
+    family: str
+    kernel: str
+    input_names: tuple[str, ...]
+    output_names: tuple[str, ...]
+    header: str = ""
+    atomic_outputs: bool = False
+    ensure_row_contiguous: bool = True
+
+    def source(self) -> str:
+        return kernel_body(self.family, self.kernel)
+
+    def full_header(self) -> str:
+        return self.header + family_header(self.family)
+
+
+_cache: dict[tuple[str, KernelSpec], Any] = {}
+_lock = threading.Lock()
+
+
+def get_kernel(spec: KernelSpec, backend: str | None = None) -> Any:
+    """The kernel object for `spec` on `backend` (default: the active one)."""
+    backend = backend or current_backend()
+    key = (backend, spec)
+    with _lock:
+        k = _cache.get(key)
+        if k is not None:
+            return k
+    if backend == "metal":
+        if not mx.metal.is_available():
+            raise BackendUnavailableError(
+                "backend 'metal' was selected but MLX has no Metal device here; "
+                "use XLSTM_KERNELS_BACKEND=emulate (CPU emulator) or =reference"
+            )
+        factory = mx.fast.metal_kernel
+    elif backend == "emulate":
+        from ..emulate import metal_kernel as factory
+    else:
+        raise ValueError(f"backend {backend!r} runs no Metal kernels (ops use their reference path there)")
+    k = factory(
+        name=spec.kernel,
+        input_names=list(spec.input_names),
+        output_names=list(spec.output_names),
+        source=spec.source(),
+        header=spec.full_header(),
+        ensure_row_contiguous=spec.ensure_row_contiguous,
+        atomic_outputs=spec.atomic_outputs,
+    )
+    with _lock:
+        return _cache.setdefault(key, k)
+
+
+def launch(
+    spec: KernelSpec,
+    *,
+    inputs: Sequence[Any],
+    output_shapes: Sequence[Sequence[int]],
+    output_dtypes: Sequence[mx.Dtype],
+    grid: tuple[int, int, int],
+    threadgroup: tuple[int, int, int],
+    template: Sequence[tuple[str, Any]] | None = None,
+    init_value: float | None = None,
+    backend: str | None = None,
+) -> list[mx.array]:
+    """Run `spec` on `backend` (default: the active one). `grid` counts threads."""
+    kernel = get_kernel(spec, backend)
+    return kernel(
+        inputs=list(inputs),
+        output_shapes=[tuple(s) for s in output_shapes],
+        output_dtypes=list(output_dtypes),
+        grid=tuple(grid),
+        threadgroup=tuple(threadgroup),
+        template=list(template) if template else None,
+        init_value=init_value,
+    )

@@ -1,0 +1,65 @@
+"""Kernel bodies from ``metal_src/`` (shipped inside the package).
+
+A family file ``metal_src/<family>.metal`` holds named sections::
+
+    // @header            helpers shared by the family's kernels (passed as header=)
+    ...
+    // @kernel rms_norm   the body of one kernel
+    ...
+
+Lines before the first marker are a comment block and are ignored.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from importlib import resources
+
+__all__ = ["KernelSourceError", "family_sections", "kernel_body", "family_header", "families"]
+
+_MARKER = re.compile(r"^//\s*@(header|kernel)\b[ \t]*(\w*)[ \t]*$", re.M)
+
+
+class KernelSourceError(LookupError):
+    """A family or kernel section that does not exist in metal_src/."""
+
+
+def families() -> list[str]:
+    """Names of the shipped kernel families (``metal_src/*.metal``)."""
+    root = resources.files("xlstm_kernels.metal_src")
+    return sorted(p.name[: -len(".metal")] for p in root.iterdir() if p.name.endswith(".metal"))
+
+
+@functools.lru_cache(maxsize=None)
+def family_sections(family: str) -> dict[str, str]:
+    """``{"@header": text, "<kernel>": body, ...}`` for one family file."""
+    path = resources.files("xlstm_kernels.metal_src").joinpath(f"{family}.metal")
+    if not path.is_file():
+        raise KernelSourceError(f"no kernel family {family!r} in metal_src/ (have: {', '.join(families())})")
+    text = path.read_text()
+    sections: dict[str, str] = {}
+    marks = list(_MARKER.finditer(text))
+    for i, m in enumerate(marks):
+        end = marks[i + 1].start() if i + 1 < len(marks) else len(text)
+        key = "@header" if m.group(1) == "header" else m.group(2)
+        if not key:
+            raise KernelSourceError(f"metal_src/{family}.metal: '// @kernel' needs a name")
+        if key in sections:
+            raise KernelSourceError(f"metal_src/{family}.metal: section {key!r} appears twice")
+        sections[key] = text[m.end() + 1 : end]
+    return sections
+
+
+def kernel_body(family: str, kernel: str) -> str:
+    """The Metal body of `kernel` in `family`."""
+    sections = family_sections(family)
+    if kernel not in sections or kernel == "@header":
+        names = [k for k in sections if k != "@header"]
+        raise KernelSourceError(f"metal_src/{family}.metal has no kernel {kernel!r} (have: {', '.join(names)})")
+    return sections[kernel]
+
+
+def family_header(family: str) -> str:
+    """The family's shared header section ('' if none)."""
+    return family_sections(family).get("@header", "")
