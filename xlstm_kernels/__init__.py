@@ -4,9 +4,23 @@ Ops run on the active backend (``metal``, ``emulate`` or ``reference``); choose
 it with ``XLSTM_KERNELS_BACKEND`` or :func:`use_backend`.
 """
 
-from .ops import gemm_av, rms_norm
+from .ops import gemm_a_bt, gemm_at_b, gemm_av, linear, rms_norm
 from .runtime import current_backend, use_backend
+from .tiles import GemmConfig, explain, get_gemm_tiles, set_gemm_tiles
 
 __version__ = "0.1.0"
 
-__all__ = ["current_backend", "gemm_av", "rms_norm", "use_backend", "__version__"]
+__all__ = [
+    "GemmConfig",
+    "current_backend",
+    "explain",
+    "gemm_a_bt",
+    "gemm_at_b",
+    "gemm_av",
+    "get_gemm_tiles",
+    "linear",
+    "rms_norm",
+    "set_gemm_tiles",
+    "use_backend",
+    "__version__",
+]

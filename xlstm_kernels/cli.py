@@ -3,11 +3,22 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from . import runtime
 
 __all__ = ["main"]
+
+
+def _check_backend(explicit: str | None) -> str:
+    """`check` exercises kernels: Metal if there is a GPU, else the emulator,
+    unless a backend was chosen (flag or environment)."""
+    if explicit:
+        return explicit
+    if os.environ.get(runtime.ENV_VAR, "").strip():
+        return runtime.current_backend()
+    return "metal" if runtime.available("metal")[0] else "emulate"
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
@@ -38,12 +49,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.backend:
-        ok, why = runtime.available(args.backend)
+    try:
+        backend = _check_backend(args.backend) if args.command == "check" else args.backend
+    except ValueError as e:
+        print(f"xlstm-kernels: {e}", file=sys.stderr)
+        return 2
+    if backend:
+        ok, why = runtime.available(backend)
         if not ok:
-            print(f"xlstm-kernels: backend '{args.backend}' is not available: {why}", file=sys.stderr)
+            print(f"xlstm-kernels: backend '{backend}' is not available: {why}", file=sys.stderr)
             return 2
-        with runtime.use_backend(args.backend):
+        with runtime.use_backend(backend):
             return args.func(args)
     return args.func(args)
 

@@ -40,6 +40,7 @@ _BASE_FLAGS = [
     "-fvisibility=hidden",
     "-fno-strict-aliasing",
     "-ffp-contract=off",
+    "-fsigned-char",
     "-Wno-attributes",
     "-Wno-unknown-pragmas",
 ]

@@ -64,6 +64,7 @@ _NP_DTYPES = {
     mx.bool_: np.bool_,
 }
 _FLOATING = (mx.float32, mx.float16, mx.bfloat16)
+_CANARY = 0xA5
 
 
 def _np_dtype(dtype: mx.Dtype, what: str) -> Any:
@@ -81,9 +82,30 @@ def _to_host(x: mx.array, contiguous: bool) -> np.ndarray:
     if x.dtype == mx.bfloat16:
         x = x.view(mx.uint16)
     a = np.asarray(x)
-    if contiguous or a.size == 0:
-        a = np.ascontiguousarray(a)
+    if contiguous or a.size == 0 or a.flags.c_contiguous:
+        a = _aligned(a)
     return a
+
+
+BUFFER_ALIGNMENT = 64  # Metal buffers are at least this aligned; MLX's CPU arrays may be only 8
+
+
+def _aligned_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    """An uninitialised C-contiguous array whose data starts on a BUFFER_ALIGNMENT boundary."""
+    dt = np.dtype(dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+    raw = np.empty(nbytes + BUFFER_ALIGNMENT, dtype=np.uint8)
+    off = (-raw.__array_interface__["data"][0]) % BUFFER_ALIGNMENT
+    return raw[off : off + nbytes].view(dt).reshape(shape)
+
+
+def _aligned(a: np.ndarray) -> np.ndarray:
+    """`a` itself if contiguous and aligned like a Metal buffer, else an aligned copy."""
+    if a.flags.c_contiguous and a.__array_interface__["data"][0] % BUFFER_ALIGNMENT == 0:
+        return a
+    out = _aligned_empty(a.shape, a.dtype)
+    out[...] = a
+    return out
 
 
 def _from_host(a: np.ndarray, dtype: mx.Dtype) -> mx.array:
@@ -334,7 +356,7 @@ class EmulatedKernel:
         outs = []
         for n, shape, dt in zip(self.output_names, out_shapes, out_dtypes):
             npdt = _np_dtype(dt, f"output {n!r}")
-            o = np.empty(shape, dtype=npdt)
+            o = _aligned_empty(shape, npdt)
             if init_value is None:
                 o.view(np.uint8).fill(0xFF)
             elif dt == mx.bfloat16:
@@ -397,8 +419,9 @@ class _Guarded:
 
     def __init__(self) -> None:
         self.maps: list[tuple[int, int]] = []
+        self.slacks: list[tuple[str, np.ndarray]] = []
 
-    def place(self, a: np.ndarray) -> tuple[int, np.ndarray]:
+    def place(self, a: np.ndarray, name: str) -> tuple[int, np.ndarray]:
         rt = _runtime()
         base, size = ctypes.c_void_p(), ctypes.c_size_t()
         nbytes = a.nbytes
@@ -406,15 +429,28 @@ class _Guarded:
         if not ptr:
             raise MemoryError("could not map guarded memory for check_bounds")
         self.maps.append((base.value, size.value))
-        view = np.ctypeslib.as_array((ctypes.c_uint8 * max(nbytes, 1)).from_address(ptr))[:nbytes]
+        slack = base.value + size.value - rt.xk_page_size() - (ptr + nbytes)
+        whole = np.ctypeslib.as_array((ctypes.c_uint8 * (nbytes + slack)).from_address(ptr))
+        view = whole[:nbytes]
         view[:] = np.ascontiguousarray(a).view(np.uint8).reshape(-1)
+        whole[nbytes:] = _CANARY
+        self.slacks.append((name, whole[nbytes:]))
         return ptr, view
+
+    def check_canaries(self, kernel: str) -> None:
+        for name, slack in self.slacks:
+            if np.any(slack != _CANARY):
+                raise EmulatorError(
+                    f"[{kernel}] out-of-bounds write past the end of buffer '{name}' "
+                    f"(into the {slack.size} bytes after it)"
+                )
 
     def free(self) -> None:
         rt = _runtime()
         for base, size in self.maps:
             rt.xk_guarded_free(base, size)
         self.maps.clear()
+        self.slacks.clear()
 
 
 def _launch(kernel, gen, compiled, hosts, outs, grid, group, schedule, seed, check_bounds, workers) -> None:
@@ -427,9 +463,9 @@ def _launch(kernel, gen, compiled, hosts, outs, grid, group, schedule, seed, che
 
     def buffer(a: np.ndarray, name: str) -> int:
         if guarded is not None:
-            ptr, view = guarded.place(a)
+            ptr, view = guarded.place(a, name)
             end = ptr + a.nbytes
-            regions.append((ptr, end, end, end + page, name.encode(), a.itemsize))
+            regions.append((ptr, end, end, end + 2 * page, name.encode(), a.itemsize))
             return ptr
         keep.append(a)
         if a.size == 0:
@@ -461,9 +497,9 @@ def _launch(kernel, gen, compiled, hosts, outs, grid, group, schedule, seed, che
             elif p.kind == "output":
                 o = outs[p.index]
                 if guarded is not None:
-                    ptr, view = guarded.place(o)
+                    ptr, view = guarded.place(o, p.name)
                     end = ptr + o.nbytes
-                    regions.append((ptr, end, end, end + page, p.name.encode(), o.itemsize))
+                    regions.append((ptr, end, end, end + 2 * page, p.name.encode(), o.itemsize))
                     out_views.append((o, view))
                     slots.append(ptr)
                 else:
@@ -492,6 +528,8 @@ def _launch(kernel, gen, compiled, hosts, outs, grid, group, schedule, seed, che
         rc = _runtime().xk_launch(ctypes.byref(desc), err, len(err))
         if rc != 0:
             raise EmulatorError(f"[{kernel.name}] {err.value.decode(errors='replace')}")
+        if guarded is not None:
+            guarded.check_canaries(kernel.name)
         for o, view in out_views:
             o.view(np.uint8).reshape(-1)[:] = view
     finally:

@@ -1,61 +1,361 @@
-"""GEMM ops backed by ``metal_src/gemm.metal``."""
+"""GEMM ops backed by ``metal_src/gemm.metal``: gemm_av, gemm_at_b, gemm_a_bt, linear.
+
+Layouts (leading batch dimensions broadcast like ``mx.matmul``):
+
+    gemm_av(a, v)    a (..., m, n), v (..., n, k) -> (..., m, k)   C = A · V
+    gemm_at_b(a, b)  a (..., m, n), b (..., m, k) -> (..., n, k)   Z = Aᵀ · B
+    gemm_a_bt(a, b)  a (..., m, k), b (..., n, k) -> (..., m, n)   A · Bᵀ (nn.Linear)
+    linear(x, w, bias, activation, residual)      x (..., in), w (out, in) -> (..., out)
+
+float32, float16 and bfloat16 (mixed inputs promote like ``mx.matmul``), float32
+accumulation, output in the (promoted) input dtype. Every op is differentiable: the
+VJP of each layout runs the other layouts' kernels.
+
+The tile configuration comes from :mod:`xlstm_kernels.tiles` (argument > env >
+presets > default); ``tiles=`` takes a :class:`~xlstm_kernels.tiles.GemmConfig`, a
+dict of its fields or a ``"TMxTN[xTK]"`` string.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import mlx.core as mx
 
+from .. import tiles as tiles_mod
 from ..runtime import KernelSpec, current_backend, launch
-from ._validate import check_array, check_same_dtype
+from ._validate import check_array
 
-__all__ = ["gemm_av", "GEMM_AV_TILE"]
+__all__ = ["ACTIVATIONS", "gemm_a_bt", "gemm_at_b", "gemm_av", "linear", "gemm_reference"]
 
-GEMM_AV = KernelSpec("gemm", "gemm_av", ("A", "V"), ("C",))
-GEMM_AV_TILE = 16
+ACTIVATIONS = {None: 0, "none": 0, "relu": 1, "gelu": 2, "gelu_approx": 3, "silu": 4}
 
-
-def _gemm_av_kernel(a: mx.array, v: mx.array, backend: str, tile: int = GEMM_AV_TILE) -> mx.array:
-    m, n = a.shape
-    k = v.shape[1]
-    (c,) = launch(
-        GEMM_AV,
-        inputs=[a, v],
-        output_shapes=[(m, k)],
-        output_dtypes=[a.dtype],
-        grid=(-(-k // tile) * tile, -(-m // tile) * tile, 1),
-        threadgroup=(tile, tile, 1),
-        template=[("T", a.dtype), ("TILE", tile), ("PAD", 0)],
-        backend=backend,
-    )
-    return c
+_OPERANDS = ("A", "B", "bias", "residual", "params")
+SCALAR = KernelSpec("gemm", "gemm_scalar", _OPERANDS, ("C",))
+SIMD = KernelSpec("gemm", "gemm_simd", _OPERANDS, ("C", "P"))
+SPLIT_REDUCE = KernelSpec("gemm", "gemm_split_k_reduce", ("P", "bias", "residual", "params"), ("C",))
+GEMV = KernelSpec("gemm", "gemv", _OPERANDS, ("C",))
 
 
-def gemm_av(a: mx.array, v: mx.array) -> mx.array:
-    """C = A · V with a tiled Metal kernel (float32 accumulation).
+@dataclass(frozen=True)
+class _Layout:
+    op: str
+    trans_a: bool
+    trans_b: bool
 
-    Args:
-        a: (M, N) float32, float16 or bfloat16.
-        v: (N, K), same dtype as `a`.
 
-    Returns:
-        (M, K) in the inputs' dtype. Differentiable (the backward pass currently
-        uses mx.matmul).
-    """
-    check_array(a, "a", ndim=2)
-    check_array(v, "v", ndim=2)
-    check_same_dtype(a, "a", v, "v")
-    if a.shape[1] != v.shape[0]:
-        raise ValueError(f"a (M, N) and v (N, K) disagree on N: a has shape {tuple(a.shape)}, v has {tuple(v.shape)}")
+_LAYOUTS = {
+    "gemm_av": _Layout("gemm_av", False, False),
+    "gemm_at_b": _Layout("gemm_at_b", True, False),
+    "gemm_a_bt": _Layout("gemm_a_bt", False, True),
+}
+
+
+def _promote(a: mx.dtype, b: mx.dtype) -> mx.dtype:
+    if a == b:
+        return a
+    return mx.float32  # float32 with anything, and float16 with bfloat16, give float32 in MLX
+
+
+def _dims(layout: _Layout, a_shape, b_shape) -> tuple[int, int, int]:
+    """(M, N, K) of the output-centric product for the two operand shapes."""
+    if layout.op == "gemm_av":
+        m, k_a = a_shape[-2], a_shape[-1]
+        k_b, n = b_shape[-2], b_shape[-1]
+        names = ("a (..., m, n)", "v (..., n, k)", "n")
+    elif layout.op == "gemm_at_b":
+        k_a, m = a_shape[-2], a_shape[-1]
+        k_b, n = b_shape[-2], b_shape[-1]
+        names = ("a (..., m, n)", "b (..., m, k)", "m")
+    else:
+        m, k_a = a_shape[-2], a_shape[-1]
+        n, k_b = b_shape[-2], b_shape[-1]
+        names = ("a (..., m, k)", "b (..., n, k)", "k")
+    if k_a != k_b:
+        raise ValueError(
+            f"{layout.op}: {names[0]} and {names[1]} disagree on {names[2]}: "
+            f"got shapes {tuple(a_shape)} and {tuple(b_shape)}"
+        )
+    return m, n, k_a
+
+
+def gemm_reference(
+    op: str, a: mx.array, b: mx.array, bias=None, activation=None, residual=None
+) -> mx.array:
+    """The same op with plain mx ops (the ``reference`` backend and the tests' oracle)."""
+    x = a.swapaxes(-1, -2) if op == "gemm_at_b" else a
+    y = b.swapaxes(-1, -2) if op == "gemm_a_bt" else b
+    out = mx.matmul(x, y)
+    if bias is not None:
+        out = out + bias
+    out = _activate_reference(out, activation)
+    if residual is not None:
+        out = out + residual
+    return out
+
+
+def _activate_reference(x: mx.array, activation: str | None) -> mx.array:
+    if activation in (None, "none"):
+        return x
+    xf = x.astype(mx.float32)
+    if activation == "relu":
+        y = mx.maximum(xf, 0.0)
+    elif activation == "gelu":
+        y = 0.5 * xf * (1.0 + mx.erf(xf * 0.7071067811865476))
+    elif activation == "gelu_approx":
+        y = 0.5 * xf * (1.0 + mx.tanh(0.7978845608028654 * (xf + 0.044715 * xf * xf * xf)))
+    else:
+        y = xf * mx.sigmoid(xf)
+    return y.astype(x.dtype)
+
+
+def _batch_operand(x: mx.array, batch_shape: tuple[int, ...], rows: int, cols: int) -> tuple[mx.array, int]:
+    """`x` as (batch..., rows, cols) data plus its batch stride (0 = broadcast 2-D operand)."""
+    if x.ndim == 2 and batch_shape:
+        return x, 0
+    if tuple(x.shape[:-2]) != batch_shape:
+        x = mx.broadcast_to(x, (*batch_shape, rows, cols))
+    return x, rows * cols
+
+
+def _kernel_gemm(
+    layout: _Layout,
+    a: mx.array,
+    b: mx.array,
+    bias: mx.array | None,
+    act: int,
+    residual: mx.array | None,
+    tiles: Any,
+    backend: str,
+) -> mx.array:
+    """Forward on a kernel backend. a, b already promoted; residual broadcast to the output."""
+    m, n, k = _dims(layout, a.shape, b.shape)
+    batch_shape = tuple(mx.broadcast_shapes(tuple(a.shape[:-2]), tuple(b.shape[:-2]))) if a.ndim > 2 or b.ndim > 2 else ()
+    out_shape = (*batch_shape, m, n)
+    dtype = a.dtype
+
+    # A batched A times a shared 2-D B is one tall GEMM: fold the batch into M.
+    if batch_shape and b.ndim == 2 and not layout.trans_a and tuple(a.shape[:-2]) == batch_shape:
+        rows = 1
+        for d in batch_shape:
+            rows *= d
+        folded = _kernel_gemm(
+            layout, a.reshape(rows * m, a.shape[-1]), b, bias, act,
+            None if residual is None else residual.reshape(rows * m, n), tiles, backend,
+        )
+        return folded.reshape(out_shape)
+
+    nbatch = 1
+    for d in batch_shape:
+        nbatch *= d
+    a_rows, a_cols = (k, m) if layout.trans_a else (m, k)
+    b_rows, b_cols = (n, k) if layout.trans_b else (k, n)
+    a_data, sa = _batch_operand(a, batch_shape, a_rows, a_cols)
+    b_data, sb = _batch_operand(b, batch_shape, b_rows, b_cols)
+    if out_shape and 0 in out_shape:
+        return mx.zeros(out_shape, dtype=dtype)
+
+    cfg = tiles_mod.resolve_gemm_config(layout.op, m, n, k, dtype, tiles).config
+    bias_in = bias.astype(dtype) if bias is not None else mx.zeros((1,), dtype=dtype)
+    res_in = residual.astype(dtype) if residual is not None else mx.zeros((1,), dtype=dtype)
+    epilogue = [("HAS_BIAS", bias is not None), ("ACT", act), ("HAS_RES", residual is not None)]
+    split = cfg.split_k if cfg.path == "simd" else 1
+    k_per_split = -(-k // split) if split > 1 else k
+    params = mx.array([m, n, k, sa, sb, k_per_split, split, nbatch], dtype=mx.int64)
+    inputs = [a_data, b_data, bias_in, res_in, params]
+
+    if cfg.path == "gemv" and m == 1 and not layout.trans_a:
+        rows = max(1, cfg.gemv_threads // 32)
+        (c,) = launch(
+            GEMV, inputs=inputs, output_shapes=[(nbatch, 1, n)], output_dtypes=[dtype],
+            grid=(32, rows * -(-n // rows), nbatch), threadgroup=(32, rows, 1),
+            template=[("T", dtype), ("ROWS", rows), ("TRANS_B", layout.trans_b), *epilogue],
+            backend=backend,
+        )
+    elif cfg.path in ("simd", "gemv"):
+        if cfg.path == "gemv":  # gemv asked for a shape it does not cover: use the simd defaults
+            cfg = tiles_mod.resolve_gemm_config(layout.op, m, n, k, dtype, {"path": "simd"}).config
+            split = 1
+        grid = (32 * cfg.wn * -(-n // cfg.bn), cfg.wm * -(-m // cfg.bm), nbatch * split)
+        template = [
+            ("T", dtype), ("BM", cfg.bm), ("BN", cfg.bn), ("BK", cfg.bk), ("WM", cfg.wm), ("WN", cfg.wn),
+            ("TRANS_A", layout.trans_a), ("TRANS_B", layout.trans_b), *epilogue, ("SPLIT", split),
+        ]
+        partial_shape = (split, nbatch, m, n) if split > 1 else (1,)
+        c, p = launch(
+            SIMD, inputs=inputs, output_shapes=[(nbatch, m, n) if split == 1 else (1,), partial_shape],
+            output_dtypes=[dtype, mx.float32], grid=grid, threadgroup=(32 * cfg.wn, cfg.wm, 1),
+            template=template, backend=backend,
+            init_value=0.0,  # the unused one of C / P stays defined
+        )
+        if split > 1:
+            total = nbatch * m * n
+            (c,) = launch(
+                SPLIT_REDUCE, inputs=[p, bias_in, res_in, params], output_shapes=[(nbatch, m, n)],
+                output_dtypes=[dtype], grid=(total, 1, 1), threadgroup=(min(256, total), 1, 1),
+                template=[("T", dtype), *epilogue], backend=backend,
+            )
+    else:
+        rt, ct = cfg.tm // cfg.rm, cfg.tn // cfg.rn
+        template = [
+            ("T", dtype), ("TM", cfg.tm), ("TN", cfg.tn), ("TK", cfg.tk), ("RM", cfg.rm), ("RN", cfg.rn),
+            ("PAD", cfg.pad), ("DB", cfg.double_buffer), ("VEC4", cfg.vec4),
+            ("TRANS_A", layout.trans_a), ("TRANS_B", layout.trans_b), *epilogue,
+        ]
+        (c,) = launch(
+            SCALAR, inputs=inputs, output_shapes=[(nbatch, m, n)], output_dtypes=[dtype],
+            grid=(ct * -(-n // cfg.tn), rt * -(-m // cfg.tm), nbatch), threadgroup=(ct, rt, 1),
+            template=template, backend=backend,
+        )
+    return c.reshape(out_shape)
+
+
+def _sum_to_shape(g: mx.array, shape: tuple[int, ...]) -> mx.array:
+    """Reduce a broadcast gradient back to `shape`."""
+    extra = g.ndim - len(shape)
+    if extra > 0:
+        g = g.sum(axis=tuple(range(extra)))
+    axes = tuple(i for i, (s, gs) in enumerate(zip(shape, g.shape)) if s == 1 and gs != 1)
+    if axes:
+        g = g.sum(axis=axes, keepdims=True)
+    return g
+
+
+def _act_grad(pre: mx.array, activation: str | None) -> mx.array:
+    """d activation / d pre, in float32."""
+    x = pre.astype(mx.float32)
+    if activation == "relu":
+        return (x > 0).astype(mx.float32)
+    if activation == "gelu":
+        cdf = 0.5 * (1.0 + mx.erf(x * 0.7071067811865476))
+        pdf = mx.exp(-0.5 * x * x) * 0.3989422804014327
+        return cdf + x * pdf
+    if activation == "gelu_approx":
+        c = 0.7978845608028654
+        u = c * (x + 0.044715 * x * x * x)
+        t = mx.tanh(u)
+        return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * c * (1.0 + 3 * 0.044715 * x * x)
+    x_sig = mx.sigmoid(x)
+    return x_sig * (1.0 + x * (1.0 - x_sig))
+
+
+def _run(
+    op: str,
+    a: mx.array,
+    b: mx.array,
+    bias: mx.array | None = None,
+    activation: str | None = None,
+    residual: mx.array | None = None,
+    tiles: Any = None,
+) -> mx.array:
+    layout = _LAYOUTS[op]
+    check_array(a, "a", min_ndim=2)
+    check_array(b, "b" if op != "gemm_av" else "v", min_ndim=2)
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {[k for k in ACTIVATIONS if k]}, got {activation!r}")
+    m, n, k = _dims(layout, a.shape, b.shape)
+    dtype = _promote(a.dtype, b.dtype)
+    a, b = a.astype(dtype), b.astype(dtype)
+    try:
+        batch_shape = tuple(mx.broadcast_shapes(tuple(a.shape[:-2]), tuple(b.shape[:-2])))
+    except ValueError:
+        raise ValueError(
+            f"{op}: batch dimensions of a {tuple(a.shape)} and b {tuple(b.shape)} do not broadcast"
+        ) from None
+    out_shape = (*batch_shape, m, n)
+    if bias is not None:
+        check_array(bias, "bias", ndim=1)
+        if bias.shape[0] != n:
+            raise ValueError(f"bias must have shape ({n},) (one per output column), got {tuple(bias.shape)}")
+    if residual is not None:
+        check_array(residual, "residual")
+        try:
+            residual = mx.broadcast_to(residual, out_shape)
+        except ValueError:
+            raise ValueError(f"residual of shape {tuple(residual.shape)} does not broadcast to the output {out_shape}") from None
+    tiles_mod.resolve_gemm_config(op, m, n, k, dtype, tiles)  # a bad tiles= fails before anything runs
+
     backend = current_backend()
-    if backend == "reference" or a.size == 0 or v.size == 0:
-        return mx.matmul(a, v)
+    if backend == "reference" or 0 in out_shape or k == 0:
+        return gemm_reference(op, a, b, bias, activation, residual).astype(dtype)
+    act = ACTIVATIONS[activation]
+    has_bias, has_res = bias is not None, residual is not None
+
+    def forward(a, b, bias, residual, act_code):
+        return _kernel_gemm(
+            layout, a, b, bias if has_bias else None, act_code, residual if has_res else None, tiles, backend
+        )
 
     @mx.custom_function
-    def f(a, v):
-        return _gemm_av_kernel(a, v, backend)
+    def f(a, b, bias, residual):
+        return forward(a, b, bias, residual, act)
 
     @f.vjp
     def f_vjp(primals, cotangent, output):
-        a, v = primals
-        return mx.matmul(cotangent, v.T), mx.matmul(a.T, cotangent)
+        a, b, bias_p, residual_p = primals
+        dz = cotangent
+        if act:
+            pre = _kernel_gemm(layout, a, b, bias_p if has_bias else None, 0, None, tiles, backend)
+            dz = (dz.astype(mx.float32) * _act_grad(pre, activation)).astype(dtype)
+        if op == "gemm_av":  # C = A V: dA = dC V^T, dV = A^T dC
+            da, db = _run("gemm_a_bt", dz, b), _run("gemm_at_b", a, dz)
+        elif op == "gemm_at_b":  # Z = A^T B: dA = B dZ^T, dB = A dZ
+            da, db = _run("gemm_a_bt", b, dz), _run("gemm_av", a, dz)
+        else:  # C = A B^T: dA = dC B, dB = dC^T A
+            da, db = _run("gemm_av", dz, b), _run("gemm_at_b", dz, a)
+        dbias = dz.reshape(-1, n).astype(mx.float32).sum(axis=0).astype(dtype) if has_bias else mx.zeros_like(bias_p)
+        dres = cotangent if has_res else mx.zeros_like(residual_p)
+        return _sum_to_shape(da, tuple(a.shape)), _sum_to_shape(db, tuple(b.shape)), dbias, dres
 
-    return f(a, v)
+    placeholder = mx.zeros((1,), dtype=dtype)
+    return f(a, b, bias.astype(dtype) if has_bias else placeholder, residual.astype(dtype) if has_res else placeholder)
+
+
+def gemm_av(a: mx.array, v: mx.array, *, tiles: Any = None) -> mx.array:
+    """C = A · V.  a (..., m, n), v (..., n, k) -> (..., m, k)."""
+    return _run("gemm_av", a, v, tiles=tiles)
+
+
+def gemm_at_b(a: mx.array, b: mx.array, *, tiles: Any = None) -> mx.array:
+    """Z = Aᵀ · B.  a (..., m, n), b (..., m, k) -> (..., n, k)."""
+    return _run("gemm_at_b", a, b, tiles=tiles)
+
+
+def gemm_a_bt(a: mx.array, b: mx.array, *, tiles: Any = None) -> mx.array:
+    """A · Bᵀ.  a (..., m, k), b (..., n, k) -> (..., m, n) (the nn.Linear layout)."""
+    return _run("gemm_a_bt", a, b, tiles=tiles)
+
+
+def linear(
+    x: mx.array,
+    weight: mx.array,
+    bias: mx.array | None = None,
+    activation: str | None = None,
+    residual: mx.array | None = None,
+    *,
+    tiles: Any = None,
+) -> mx.array:
+    """``activation(x · weightᵀ + bias) + residual`` in one kernel (fused epilogue).
+
+    Args:
+        x: (..., in_features).
+        weight: (out_features, in_features).
+        bias: (out_features,) or None.
+        activation: None, "relu", "gelu", "gelu_approx" or "silu".
+        residual: broadcastable to (..., out_features), or None.
+    """
+    check_array(x, "x", min_ndim=1)
+    check_array(weight, "weight", ndim=2)
+    if x.shape[-1] != weight.shape[1]:
+        raise ValueError(
+            f"linear: x (..., in_features) has in_features={x.shape[-1]} but weight (out, in) has shape {tuple(weight.shape)}"
+        )
+    lead = tuple(x.shape[:-1])
+    x2 = x.reshape(-1, x.shape[-1])
+    res2 = None
+    if residual is not None:
+        check_array(residual, "residual")
+        res2 = mx.broadcast_to(residual, (*lead, weight.shape[0])).reshape(-1, weight.shape[0])
+    y = _run("gemm_a_bt", x2, weight, bias, activation, res2, tiles)
+    return y.reshape(*lead, weight.shape[0])

@@ -233,6 +233,9 @@ std::string describe_fault(Worker* w, const char* addr) {
       return fmt("stack overflow (each emulated thread has %llu KiB; set XLSTM_EMULATE_STACK_KB to raise it)",
                  (unsigned long long)(w->launch->d->stack_bytes / 1024));
   }
+  if (addr == nullptr)
+    return "invalid memory access (a null pointer, or a misaligned vector access: Metal buffers are "
+           "16-byte aligned, so e.g. float4 loads need element offsets that are multiples of 4)";
   return fmt("invalid memory access at address %p", (const void*)addr);
 }
 
@@ -611,7 +614,9 @@ XK_EXPORT int xk_launch(const LaunchDesc* d, char* err, size_t errlen) {
   return 0;
 }
 
-// Memory whose end abuts a PROT_NONE page: any read or write past the end faults.
+// Memory whose end abuts a PROT_NONE page: a read or write past the end faults. The
+// start is 16-byte aligned (as Metal buffers are, so vector loads work), which leaves
+// up to 15 bytes of slack before the guard page; the caller canary-checks them.
 XK_EXPORT void* xk_guarded_alloc(size_t nbytes, void** map_base, size_t* map_size) {
   const size_t ps = page_size();
   size_t body = round_up(std::max<size_t>(nbytes, 1), ps);
@@ -620,7 +625,8 @@ XK_EXPORT void* xk_guarded_alloc(size_t nbytes, void** map_base, size_t* map_siz
   mprotect(base + body, ps, PROT_NONE);
   *map_base = base;
   *map_size = body + ps;
-  return base + body - nbytes;
+  uintptr_t start = (reinterpret_cast<uintptr_t>(base + body) - nbytes) & ~uintptr_t(15);
+  return reinterpret_cast<void*>(start);
 }
 
 XK_EXPORT void xk_guarded_free(void* map_base, size_t map_size) { munmap(map_base, map_size); }

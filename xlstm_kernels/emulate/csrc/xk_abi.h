@@ -15,7 +15,7 @@ extern "C" {
 #endif
 
 /* A Metal uint3: 16 bytes, like Metal's (and the shim's) uint3. */
-typedef struct { uint32_t x, y, z, pad_; } xk_uint3;
+typedef struct __attribute__((aligned(16))) { uint32_t x, y, z, pad_; } xk_uint3;  /* aligned like uint3 */
 
 /* Every attribute MLX's wrapper can pass to a kernel, computed per thread. */
 typedef struct {
