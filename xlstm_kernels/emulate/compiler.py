@@ -20,6 +20,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 from importlib import resources
@@ -144,6 +145,8 @@ def compile_shared(
     """
     cxx, ident = compiler()
     flags = [opt, *_BASE_FLAGS, *extra_flags, f"-I{csrc_dir()}", f"-I{csrc_dir() / 'msl'}"]
+    link_flags = ["-undefined", "dynamic_lookup"] if sys.platform == "darwin" else []
+    flags += link_flags  # on macOS kernel libraries resolve the runtime's symbols at load time
     key = hashlib.sha256(
         "\0".join([source, " ".join(flags), ident, _headers_digest(), str(two_step)]).encode()
     ).hexdigest()[:24]
@@ -162,7 +165,7 @@ def compile_shared(
                 obj = Path(tmp) / f"{stem}.o"
                 cmds = [
                     [cxx, *flags, "-c", str(src_path), "-o", str(obj)],
-                    [cxx, "-shared", "-fPIC", str(obj), "-o", str(out_tmp)],
+                    [cxx, "-shared", "-fPIC", *link_flags, str(obj), "-o", str(out_tmp)],
                 ]
             else:
                 cmds = [[cxx, *flags, str(src_path), "-o", str(out_tmp)]]

@@ -165,7 +165,7 @@ def _kernel_gemm(
     params = mx.array([m, n, k, sa, sb, k_per_split, split, nbatch], dtype=mx.int64)
     inputs = [a_data, b_data, bias_in, res_in, params]
 
-    if cfg.path == "gemv" and m == 1 and not layout.trans_a:
+    if cfg.path == "gemv" and m == 1:  # op(A) is one row: A is a contiguous K-vector in every layout
         rows = max(1, cfg.gemv_threads // 32)
         (c,) = launch(
             GEMV, inputs=inputs, output_shapes=[(nbatch, 1, n)], output_dtypes=[dtype],

@@ -41,7 +41,13 @@
 #include <string.h>
 
 // ----------------------------------------------------------------- scalars
+#if defined(__aarch64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ < 13 && defined(__cplusplus)
+// GCC < 13 has no _Float16 in C++ on aarch64: use the ARM storage type, whose
+// arithmetic promotes to float (results round to half when stored, as in Metal).
+typedef __fp16 half;
+#else
 typedef _Float16 half;
+#endif
 typedef unsigned int uint;       // identical to glibc <sys/types.h>
 typedef unsigned short ushort;   // identical to glibc <sys/types.h>
 typedef unsigned long ulong;     // identical to glibc <sys/types.h> (64-bit, LP64)
@@ -74,7 +80,7 @@ template <class T> struct sk { static constexpr int v = 0; };
 MSL_SK_(bool, 1) MSL_SK_(char, 1) MSL_SK_(signed char, 1) MSL_SK_(unsigned char, 1)
 MSL_SK_(short, 1) MSL_SK_(unsigned short, 1) MSL_SK_(int, 1) MSL_SK_(unsigned, 1)
 MSL_SK_(long, 1) MSL_SK_(unsigned long, 1) MSL_SK_(long long, 1) MSL_SK_(unsigned long long, 1)
-MSL_SK_(float, 2) MSL_SK_(double, 2) MSL_SK_(_Float16, 2) MSL_SK_(bfloat, 2)
+MSL_SK_(float, 2) MSL_SK_(double, 2) MSL_SK_(half, 2) MSL_SK_(bfloat, 2)
 #undef MSL_SK_
 
 constexpr inline uint32_t f2u(float f) { return __builtin_bit_cast(uint32_t, f); }

@@ -25,7 +25,11 @@
 #include <thread>
 #include <vector>
 
-#if !defined(__x86_64__)
+#if !(defined(__x86_64__) || defined(__aarch64__)) || defined(__APPLE__)
+#define XK_UCONTEXT 1
+#if defined(__APPLE__)
+#define _XOPEN_SOURCE 600
+#endif
 #include <ucontext.h>
 #endif
 
@@ -36,8 +40,12 @@ namespace {
 // ---------------------------------------------------------------------------
 // Context switching
 // ---------------------------------------------------------------------------
-#if defined(__x86_64__)
-extern "C" void xk_ctx_switch(void** save_sp, void* load_sp);
+// Hand-written switches for x86-64 and aarch64 (ELF): save the callee-saved
+// registers and the FP control state on the current stack, store the stack pointer,
+// load the other one and restore. A new context is a fake frame whose return address
+// is the fiber's entry. Elsewhere (macOS, other CPUs) ucontext does the same, slower.
+#if !defined(XK_UCONTEXT) && defined(__x86_64__)
+extern "C" __attribute__((visibility("hidden"))) void xk_ctx_switch(void** save_sp, void* load_sp);
 asm(R"(
 .text
 .p2align 4
@@ -83,6 +91,61 @@ void ctx_make(Context* c, char* stack_lo, size_t size, void (*fn)()) {
   sp[7] = reinterpret_cast<uint64_t>(fn);  // return address
   sp[8] = 0;                               // fake caller of fn
   c->sp = sp;
+}
+#elif !defined(XK_UCONTEXT) && defined(__aarch64__)
+extern "C" __attribute__((visibility("hidden"))) void xk_ctx_switch(void** save_sp, void* load_sp);
+asm(R"(
+.text
+.p2align 4
+.hidden xk_ctx_switch
+.type xk_ctx_switch,%function
+xk_ctx_switch:
+    sub sp, sp, #176
+    stp x19, x20, [sp, #0]
+    stp x21, x22, [sp, #16]
+    stp x23, x24, [sp, #32]
+    stp x25, x26, [sp, #48]
+    stp x27, x28, [sp, #64]
+    stp x29, x30, [sp, #80]
+    stp d8, d9, [sp, #96]
+    stp d10, d11, [sp, #112]
+    stp d12, d13, [sp, #128]
+    stp d14, d15, [sp, #144]
+    mrs x9, fpcr
+    str x9, [sp, #160]
+    mov x9, sp
+    str x9, [x0]
+    mov sp, x1
+    ldr x9, [sp, #160]
+    msr fpcr, x9
+    ldp x19, x20, [sp, #0]
+    ldp x21, x22, [sp, #16]
+    ldp x23, x24, [sp, #32]
+    ldp x25, x26, [sp, #48]
+    ldp x27, x28, [sp, #64]
+    ldp x29, x30, [sp, #80]
+    ldp d8, d9, [sp, #96]
+    ldp d10, d11, [sp, #112]
+    ldp d12, d13, [sp, #128]
+    ldp d14, d15, [sp, #144]
+    add sp, sp, #176
+    ret
+.size xk_ctx_switch,.-xk_ctx_switch
+)");
+
+struct Context {
+  void* sp = nullptr;
+};
+inline void ctx_switch(Context* from, Context* to) { xk_ctx_switch(&from->sp, to->sp); }
+void ctx_make(Context* c, char* stack_lo, size_t size, void (*fn)()) {
+  uintptr_t top = (reinterpret_cast<uintptr_t>(stack_lo) + size) & ~uintptr_t(15);
+  uint64_t* frame = reinterpret_cast<uint64_t*>(top - 176);
+  memset(frame, 0, 176);
+  frame[11] = reinterpret_cast<uint64_t>(fn);  // x30: where `ret` goes
+  uint64_t fpcr;
+  asm volatile("mrs %0, fpcr" : "=r"(fpcr));
+  frame[20] = fpcr;
+  c->sp = frame;
 }
 #else
 struct Context {

@@ -1,0 +1,351 @@
+"""GEMM tile configurations: one frozen record per launch, its limits and its geometry.
+
+Notation (the kernels' own, ``metal_src/gemm.metal``): the output C has M rows and N
+columns and the reduction runs over K, whatever the op's operand layout.
+
+Three kernel paths share one record, :class:`GemmConfig`; each path reads its own fields:
+
+    scalar  TM x TN output tile, TK deep, RM x RN outputs per thread, PAD extra float
+            columns in the threadgroup tiles, DB double buffering, VEC4 vector loads,
+            ALIGN_EXECW (TN := 32 * RN, so one row of threads is one simdgroup).
+    simd    BM x BN block, BK deep, WM x WN simdgroups of 8x8 simdgroup_matrix fragments,
+            SPLIT_K partitions of K (1 = off).
+    gemv    M == 1: one simdgroup per output column, GEMV_THREADS threads per threadgroup.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import TileConfigError
+
+__all__ = [
+    "DTYPES",
+    "FIELDS",
+    "MAX_THREADGROUP_BYTES",
+    "MAX_THREADS",
+    "OPS",
+    "PATHS",
+    "SIMD_WIDTH",
+    "GemmConfig",
+    "check_field",
+    "dtype_name",
+    "dtype_size",
+    "parse_tile",
+]
+
+OPS = ("gemm_av", "gemm_at_b", "gemm_a_bt")
+DTYPES = ("float32", "float16", "bfloat16")
+PATHS = ("simd", "scalar", "gemv")
+
+MAX_THREADS = 1024  # threads per threadgroup on every Apple GPU
+MAX_THREADGROUP_BYTES = 32768  # 32 KiB of threadgroup memory on every Apple GPU
+SIMD_WIDTH = 32  # thread execution width
+
+# field -> kind; kinds are checked by check_field.
+FIELDS: dict[str, str] = {
+    "path": "path",
+    "tm": "pos",
+    "tn": "pos",
+    "tk": "pos",
+    "rm": "pos",
+    "rn": "pos",
+    "pad": "nonneg",
+    "double_buffer": "bool",
+    "vec4": "bool",
+    "align_execw": "bool",
+    "bm": "pos",
+    "bn": "pos",
+    "bk": "pos",
+    "wm": "pos",
+    "wn": "pos",
+    "split_k": "pos",
+    "gemv_threads": "gemv",
+}
+SCALAR_FIELDS = ("tm", "tn", "tk", "rm", "rn", "pad", "double_buffer", "vec4", "align_execw")
+SIMD_FIELDS = ("bm", "bn", "bk", "wm", "wn")
+
+_ACCEPTED = {
+    "path": "one of 'simd', 'scalar', 'gemv'",
+    "pos": "a positive integer",
+    "nonneg": "a non-negative integer",
+    "bool": "true or false",
+    "gemv": "a multiple of 32 from 32 to 1024",
+}
+
+
+def accepted_form(field: str) -> str:
+    """What `field` accepts, in words."""
+    return _ACCEPTED[FIELDS[field]]
+
+
+def check_field(field: str, value: Any) -> str | None:
+    """None if `value` is acceptable for `field`, else a message (without the source)."""
+    kind = FIELDS.get(field)
+    if kind is None:
+        return f"unknown field '{field}'; fields are {', '.join(FIELDS)}"
+    is_int = isinstance(value, int) and not isinstance(value, bool)
+    ok = {
+        "path": isinstance(value, str) and value in PATHS,
+        "pos": is_int and value >= 1,
+        "nonneg": is_int and value >= 0,
+        "bool": isinstance(value, bool),
+        "gemv": is_int and 32 <= value <= MAX_THREADS and value % 32 == 0,
+    }[kind]
+    if ok:
+        return None
+    return f"{field} must be {_ACCEPTED[kind]}, got {value!r} ({type(value).__name__})"
+
+
+_DTYPE_NAMES = {
+    "float32": "float32", "fp32": "float32", "f32": "float32", "float": "float32",
+    "float16": "float16", "fp16": "float16", "f16": "float16", "half": "float16",
+    "bfloat16": "bfloat16", "bf16": "bfloat16",
+}
+_DTYPE_SIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
+_DTYPE_CACHE: dict[Any, str] = {}
+
+
+def dtype_name(dtype: Any) -> str:
+    """'float32' | 'float16' | 'bfloat16' for an mx dtype, a numpy dtype or a name."""
+    try:
+        return _DTYPE_CACHE[dtype]
+    except (KeyError, TypeError):
+        pass
+    text = str(dtype).lower()
+    for prefix in ("mlx.core.", "<class 'numpy.", "numpy."):
+        text = text.removeprefix(prefix)
+    text = text.rstrip("'>")
+    name = _DTYPE_NAMES.get(text)
+    if name is None:
+        raise TileConfigError(
+            f"dtype {dtype!r}: GEMM kernels take float32, float16 or bfloat16"
+        )
+    try:
+        _DTYPE_CACHE[dtype] = name
+    except TypeError:
+        pass
+    return name
+
+
+def dtype_size(dtype: Any) -> int:
+    """Bytes per element of a GEMM dtype."""
+    return _DTYPE_SIZE[dtype_name(dtype)]
+
+
+def parse_tile(text: str, source: str) -> tuple[int, ...]:
+    """'TMxTN' or 'TMxTNxTK' (positive ints; 'x' or 'X', spaces allowed) -> 2 or 3 ints."""
+    form = "expected 'TMxTN' or 'TMxTNxTK' with positive integers, e.g. '32x32' or '64x64x16'"
+    if not isinstance(text, str):
+        raise TileConfigError(f"{source}: {text!r} is not a tile; {form}")
+    parts = [p.strip() for p in text.strip().lower().split("x")]
+    if len(parts) not in (2, 3) or not all(p.isdigit() for p in parts):
+        raise TileConfigError(f"{source}: {text!r} is not a tile; {form}")
+    sizes = tuple(int(p) for p in parts)
+    if min(sizes) < 1:
+        raise TileConfigError(f"{source}: {text!r} has a zero size; {form}")
+    return sizes
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    """One GEMM launch configuration (final: exactly what is dispatched).
+
+    Geometry (threadgroup and grid both count threads, as ``mx.fast.metal_kernel`` does):
+
+        scalar  threadgroup (TN/RN, TM/RM, 1)
+                grid        (ceil(N/TN) * TN/RN, ceil(M/TM) * TM/RM, batch)
+                threadgroup memory 4 * (TK*(TM+PAD) + TK*(TN+PAD)) * (2 if DB else 1) bytes
+                (tiles are float whatever the dtype)
+        simd    threadgroup (32*WN, WM, 1): WM x WN simdgroups, each (BM/WM) x (BN/WN)
+                grid        (32*WN * ceil(N/BN), WM * ceil(M/BM), batch * SPLIT_K)
+                threadgroup memory sizeof(T) * (BM*(BK+p) + BK*(BN+p)), p = 16 // sizeof(T)
+        gemv    threadgroup (32, GEMV_THREADS/32, 1): one simdgroup per output column
+                grid        (32, rows * ceil(N/rows), batch), rows = GEMV_THREADS/32
+                no threadgroup memory
+
+    With ``align_execw`` the scalar tile width is fixed at construction: TN = 32 * RN, so
+    a row of threads is one simdgroup; the stored ``tn`` is the adjusted, dispatched one.
+    ``split_k`` > 1 splits K on the simd path (float partial sums, then a reduce pass).
+
+    Limits (every Apple GPU): <= 1024 threads and <= 32 KiB threadgroup memory.
+    """
+
+    path: str = "simd"
+    tm: int = 32
+    tn: int = 32
+    tk: int = 16
+    rm: int = 4
+    rn: int = 4
+    pad: int = 0
+    double_buffer: bool = False
+    vec4: bool = False
+    align_execw: bool = False
+    bm: int = 32
+    bn: int = 32
+    bk: int = 16
+    wm: int = 2
+    wn: int = 2
+    split_k: int = 1
+    gemv_threads: int = 128
+
+    def __post_init__(self):
+        if self.align_execw is True and isinstance(self.rn, int) and not isinstance(self.rn, bool):
+            object.__setattr__(self, "tn", SIMD_WIDTH * self.rn)
+
+    # -- geometry -------------------------------------------------------------------
+    def threads(self) -> tuple[int, int, int]:
+        """Threadgroup size (x, y, z) in threads for this config's path."""
+        if self.path == "scalar":
+            return (self.tn // self.rn, self.tm // self.rm, 1)
+        if self.path == "gemv":
+            return (SIMD_WIDTH, self.gemv_threads // SIMD_WIDTH, 1)
+        return (SIMD_WIDTH * self.wn, self.wm, 1)
+
+    def grid(self, m: int, n: int, batch: int = 1) -> tuple[int, int, int]:
+        """Grid (x, y, z) in threads for an M x N output (see the class docstring)."""
+        if self.path == "scalar":
+            return (
+                _ceil_div(n, self.tn) * (self.tn // self.rn),
+                _ceil_div(m, self.tm) * (self.tm // self.rm),
+                batch,
+            )
+        if self.path == "gemv":
+            rows = self.gemv_threads // SIMD_WIDTH
+            return (SIMD_WIDTH, rows * _ceil_div(n, rows), batch)
+        return (
+            SIMD_WIDTH * self.wn * _ceil_div(n, self.bn),
+            self.wm * _ceil_div(m, self.bm),
+            batch * self.split_k,
+        )
+
+    def scalar_bytes(self) -> int:
+        return 4 * (self.tk * (self.tm + self.pad) + self.tk * (self.tn + self.pad)) * (2 if self.double_buffer else 1)
+
+    def simd_bytes(self, dtype: Any) -> int:
+        size = dtype_size(dtype)
+        p = 16 // size
+        return size * (self.bm * (self.bk + p) + self.bk * (self.bn + p))
+
+    def threadgroup_bytes(self, dtype: Any) -> int:
+        """Static threadgroup memory of this config's kernel for `dtype`."""
+        if self.path == "scalar":
+            return self.scalar_bytes()
+        if self.path == "gemv":
+            return 0
+        return self.simd_bytes(dtype)
+
+    def template_args(self, dtype: Any = None) -> list[tuple[str, Any]]:
+        """Template arguments (name, value) of this path's kernel, without T."""
+        if self.path == "scalar":
+            return [
+                ("TM", self.tm), ("TN", self.tn), ("TK", self.tk), ("RM", self.rm), ("RN", self.rn),
+                ("PAD", self.pad), ("DB", bool(self.double_buffer)), ("VEC4", bool(self.vec4)),
+            ]
+        if self.path == "gemv":
+            return [("ROWS", self.gemv_threads // SIMD_WIDTH)]
+        return [("BM", self.bm), ("BN", self.bn), ("BK", self.bk), ("WM", self.wm), ("WN", self.wn)]
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def replace(self, **changes: Any) -> GemmConfig:
+        return dataclasses.replace(self, **changes)
+
+    # -- limits ---------------------------------------------------------------------
+    def problems(self, dtype: Any) -> list[tuple[tuple[str, ...], str]]:
+        """Every violated limit as (fields involved, message); empty when valid.
+
+        Both the scalar and the simd fields are checked whatever the path, so a bad
+        setting fails where it is made, not when a shape happens to pick its path.
+        """
+        out: list[tuple[tuple[str, ...], str]] = []
+        for f in FIELDS:
+            msg = check_field(f, getattr(self, f))
+            if msg:
+                out.append(((f,), msg))
+        if out:
+            return out  # the relations below need well-typed fields
+        out += self._scalar_problems()
+        out += self._simd_problems(dtype)
+        return out
+
+    def _scalar_problems(self) -> list[tuple[tuple[str, ...], str]]:
+        out = []
+        tile = f"scalar tile TM={self.tm} TN={self.tn} TK={self.tk}"
+        if self.tm % self.rm:
+            out.append((("tm", "rm"), f"{tile}: TM={self.tm} is not a multiple of RM={self.rm} (rows per thread)"))
+        if self.tn % self.rn:
+            out.append((("tn", "rn"), f"{tile}: TN={self.tn} is not a multiple of RN={self.rn} (columns per thread)"))
+        if not out:
+            t = (self.tn // self.rn) * (self.tm // self.rm)
+            if t > MAX_THREADS:
+                out.append((
+                    ("tm", "tn", "rm", "rn"),
+                    (
+                        f"{tile} with RM={self.rm} RN={self.rn} needs (TN/RN)*(TM/RM) = {t} threads per "
+                        f"threadgroup, more than the {MAX_THREADS} Apple GPUs allow; use a smaller tile or larger RMxRN"
+                    ),
+                ))
+        need = self.scalar_bytes()
+        if need > MAX_THREADGROUP_BYTES:
+            out.append((
+                ("tm", "tn", "tk", "pad", "double_buffer"),
+                (
+                    f"{tile} PAD={self.pad} DB={int(self.double_buffer)} needs {need} bytes of threadgroup memory, "
+                    f"more than the 32 KiB ({MAX_THREADGROUP_BYTES} bytes) Apple GPUs have; "
+                    f"use a smaller TMxTNxTK{' or turn double buffering off' if self.double_buffer else ''}"
+                ),
+            ))
+        if self.vec4 and (self.tk % 4 or self.tn % 4):
+            out.append((
+                ("vec4", "tk", "tn"),
+                f"{tile}: VEC4 needs TK and TN to be multiples of 4; turn VEC4 off or change the tile",
+            ))
+        if self.align_execw and self.tn != SIMD_WIDTH * self.rn:
+            out.append((("align_execw", "tn", "rn"), f"{tile}: ALIGN_EXECW needs TN = 32*RN = {SIMD_WIDTH * self.rn}"))
+        return out
+
+    def _simd_problems(self, dtype: Any) -> list[tuple[tuple[str, ...], str]]:
+        out = []
+        tile = f"simd tile BM={self.bm} BN={self.bn} BK={self.bk} WM={self.wm} WN={self.wn}"
+        if self.bm % (8 * self.wm):
+            out.append((("bm", "wm"), f"{tile}: BM={self.bm} is not a multiple of 8*WM={8 * self.wm} (8x8 fragments per simdgroup)"))
+        if self.bn % (8 * self.wn):
+            out.append((("bn", "wn"), f"{tile}: BN={self.bn} is not a multiple of 8*WN={8 * self.wn} (8x8 fragments per simdgroup)"))
+        if self.bk % 8:
+            out.append((("bk",), f"{tile}: BK={self.bk} is not a multiple of 8"))
+        t = SIMD_WIDTH * self.wm * self.wn
+        if t > MAX_THREADS:
+            out.append((
+                ("wm", "wn"),
+                f"{tile} needs 32*WM*WN = {t} threads per threadgroup, more than the {MAX_THREADS} Apple GPUs allow",
+            ))
+        if dtype is not None:
+            need = self.simd_bytes(dtype)
+            if need > MAX_THREADGROUP_BYTES:
+                out.append((
+                    ("bm", "bn", "bk"),
+                    (
+                        f"{tile} needs {need} bytes of threadgroup memory for {dtype_name(dtype)}, more than the "
+                        f"32 KiB ({MAX_THREADGROUP_BYTES} bytes) Apple GPUs have; use a smaller BMxBNxBK"
+                    ),
+                ))
+        return out
+
+    def validate(self, dtype: Any = None, source: str = "argument") -> GemmConfig:
+        """Raise :class:`TileConfigError` naming `source` if this config cannot run.
+
+        `dtype` (float32/float16/bfloat16) sizes the simd path's threadgroup tiles; with
+        None that one check is skipped. Returns self.
+        """
+        probs = self.problems(dtype)
+        if probs:
+            raise TileConfigError(f"{source}: " + "; ".join(msg for _, msg in probs))
+        return self
