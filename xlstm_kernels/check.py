@@ -82,19 +82,51 @@ def _rms_case(rows: int, d: int) -> CheckCase:
     return CheckCase("rms_norm", f"{rows}x{d}", make, lambda x, w: ops.rms_norm(x, w, 1e-5), reference)
 
 
-def _gemm_case(m: int, n: int, k: int) -> CheckCase:
-    def make(rng, dtype):
-        return _normal(rng, (m, n), dtype), _normal(rng, (n, k), dtype)
+def _gemm_case(op: str, m: int, n: int, k: int) -> CheckCase:
+    """`op` on operands of its own layout; the shape reads as in the op's docstring."""
+    a_shape, b_shape = {
+        "gemm_av": ((m, n), (n, k)),
+        "gemm_at_b": ((m, n), (m, k)),
+        "gemm_a_bt": ((m, k), (n, k)),
+    }[op]
 
-    return CheckCase("gemm_av", f"{m}x{n}x{k}", make, ops.gemm_av, lambda a, v: to_f64(a) @ to_f64(v))
+    def make(rng, dtype):
+        return _normal(rng, a_shape, dtype), _normal(rng, b_shape, dtype)
+
+    def reference(a, b):
+        a64, b64 = to_f64(a), to_f64(b)
+        return {"gemm_av": lambda: a64 @ b64, "gemm_at_b": lambda: a64.T @ b64, "gemm_a_bt": lambda: a64 @ b64.T}[op]()
+
+    return CheckCase(op, f"{m}x{n}x{k}", make, getattr(ops, op), reference)
+
+
+def _linear_case(rows: int, d_in: int, d_out: int) -> CheckCase:
+    def make(rng, dtype):
+        return (_normal(rng, (rows, d_in), dtype), _normal(rng, (d_out, d_in), dtype), _normal(rng, (d_out,), dtype),
+                _normal(rng, (rows, d_out), dtype))
+
+    def reference(x, w, b, r):
+        from math import erf
+
+        z = to_f64(x) @ to_f64(w).T + to_f64(b)
+        return 0.5 * z * (1.0 + np.vectorize(erf)(z / np.sqrt(2.0))) + to_f64(r)
+
+    return CheckCase(
+        "linear", f"{rows}x{d_in}x{d_out}", make,
+        lambda x, w, b, r: ops.linear(x, w, b, activation="gelu", residual=r), reference,
+    )
 
 
 CASES: list[CheckCase] = [
     _rms_case(3, 100),
     _rms_case(5, 1031),
-    _gemm_case(2, 3, 5),
-    _gemm_case(33, 29, 31),
-    _gemm_case(64, 48, 40),
+    _gemm_case("gemm_av", 2, 3, 5),
+    _gemm_case("gemm_av", 33, 29, 31),
+    _gemm_case("gemm_av", 1, 70, 130),
+    _gemm_case("gemm_at_b", 33, 29, 31),
+    _gemm_case("gemm_a_bt", 64, 48, 40),
+    _gemm_case("gemm_a_bt", 8, 8, 1024),
+    _linear_case(21, 40, 24),
 ]
 
 

@@ -190,7 +190,9 @@ def _build(gen: sig.GeneratedKernel, display: str, math_mode: str, check_bounds:
         name=gen.name,
         opt="-O0" if check_bounds else "-O1",
         extra_flags=tuple(flags),
-        two_step=check_bounds,
+        # Link without the sanitizer runtime, and without crtfastmath.o: a -ffast-math
+        # shared library would otherwise switch the whole process to flush-to-zero.
+        two_step=check_bounds or math_mode == "fast",
     )
     lib = ctypes.CDLL(str(path))
     lib.xk_tg_total.restype = ctypes.c_uint
@@ -337,6 +339,10 @@ class EmulatedKernel:
 
         arrays = [_as_array(v) for v in inputs]
         out_dtypes = list(output_dtypes)
+        for n, a in zip(self.input_names, arrays):
+            _np_dtype(a.dtype, f"input {n!r}")
+        for n, dt in zip(self.output_names, out_dtypes):
+            _np_dtype(dt, f"output {n!r}")
         out_shapes = [tuple(int(d) for d in s) for s in output_shapes]
         gen = self.generate(arrays, out_dtypes, template)
         if verbose:

@@ -10,14 +10,10 @@
 #include "msl_types.h"
 #include "xk_abi.h"
 
-#if defined(__has_builtin)
-#if __has_builtin(__builtin_COLUMN)
-#define XK_COLUMN() __builtin_COLUMN()
-#endif
-#endif
-#ifndef XK_COLUMN
-#define XK_COLUMN() 0u  // GCC < 13 has no __builtin_COLUMN: call sites are told apart by line
-#endif
+// Call sites: file and line from the caller; the third number tells apart several
+// calls on one line. xk_kernel.h wraps every barrier and collective in a macro that
+// passes __COUNTER__ there (GCC < 13 has no __builtin_COLUMN).
+#define XK_COLUMN() 0u
 #define XK_SITE_PARAMS \
   const char *xk_file = __builtin_FILE(), unsigned xk_line = __builtin_LINE(), unsigned xk_col = XK_COLUMN()
 #define XK_SITE_ARGS xk_file, xk_line, xk_col
@@ -80,10 +76,14 @@ struct acc<bfloat> {
 struct op_sum {
   template <class A>
   static A apply(A a, A b) { return a + b; }
+  template <class A>
+  static A identity() { return A(0); }
 };
 struct op_product {
   template <class A>
   static A apply(A a, A b) { return a * b; }
+  template <class A>
+  static A identity() { return A(1); }
 };
 struct op_max {
   template <class A>
@@ -149,17 +149,13 @@ void resolve_prefix(xk_collective* const* lanes, int) {
   typedef typename acc<E>::type A;
   for (int k = 0; k < elems<T>::n; ++k) {
     for (int g0 = 0; g0 < 32; g0 += G) {
-      A run = Op::apply(A(0), A(0)) == A(0) && !Op::apply(A(1), A(1)) ? A(0) : A(0);
-      bool started = false;
+      A run = Op::template identity<A>();  // what the first active lane's exclusive scan sees
       for (int l = g0; l < g0 + G; ++l) {
         if (!lanes[l]) continue;
         A v = A(elems<T>::at(*static_cast<const T*>(lanes[l]->in), k));
-        A identity = A(Op::apply(A(1), A(0)) == A(1) && Op::apply(A(2), A(1)) == A(2) ? 1 : 0);
-        A before = started ? run : identity;
-        A after = started ? Op::apply(run, v) : v;
-        elems<T>::at(*static_cast<T*>(lanes[l]->out), k) = E(Inclusive ? after : before);
+        A after = Op::apply(run, v);
+        elems<T>::at(*static_cast<T*>(lanes[l]->out), k) = E(Inclusive ? after : run);
         run = after;
-        started = true;
       }
     }
   }

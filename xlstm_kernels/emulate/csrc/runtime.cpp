@@ -264,9 +264,8 @@ std::string who(const Worker* w, const Fiber* f) {
              a.simdgroup_index_in_threadgroup, a.thread_index_in_simdgroup);
 }
 
-std::string site(const char* file, uint32_t line, uint32_t col) {
-  return fmt("%s:%u:%u", file ? file : "?", line, col);
-}
+// The third number only tells apart several calls on one line: not printed.
+std::string site(const char* file, uint32_t line, uint32_t) { return fmt("%s:%u", file ? file : "?", line); }
 
 // ---------------------------------------------------------------------------
 // Faults: SIGSEGV/SIGBUS/SIGFPE in a fiber become launch errors
@@ -501,10 +500,11 @@ bool run_group(Worker* w, uint64_t gid) {
         at = f;
       } else if (!site_eq(f, at)) {
         L->fail(fmt("barrier mismatch in threadgroup (%u,%u,%u): threads wait at different "
-                    "threadgroup_barrier calls, %s (e.g. thread_index_in_threadgroup %u) and %s (thread %u)",
+                    "threadgroup_barrier calls, %s (e.g. thread_index_in_threadgroup %u) and %s (thread %u)%s",
                     g[0], g[1], g[2], site(at->file, at->line, at->column).c_str(),
                     at->attrs.thread_index_in_threadgroup, site(f->file, f->line, f->column).c_str(),
-                    f->attrs.thread_index_in_threadgroup));
+                    f->attrs.thread_index_in_threadgroup,
+                    at->line == f->line ? " (two different calls on that line)" : ""));
         return false;
       }
     }
