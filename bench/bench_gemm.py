@@ -68,17 +68,50 @@ def timed(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
+def bench_one(layout, path, m, k, n, dtype, rng, emulated, repeats, roof) -> dict:
+    """Time one (layout, path, shape, dtype) against mx.matmul and print its row."""
+    a, b, ref = operands(layout, m, k, n, dtype, rng)
+    op = getattr(xk, layout)
+    tiles_arg = None if path == "preset" else {"path": path}
+    if m == 1 and path == "preset":
+        tiles_arg = None  # the preset picks gemv for M == 1
+    info = xk.explain(layout, (m, n, k), dtype, tiles_arg)  # output rows, output columns, reduction
+    fn = lambda: op(a, b, tiles=tiles_arg)  # noqa: E731
+    t_ours = timed(fn, 1 if emulated else repeats)
+    err = float(np.max(np.abs(np.asarray(fn().astype(mx.float32), dtype=np.float64) - ref)) / np.max(np.abs(ref)))
+    shape = f"{m}x{k}x{n}"
+    row = {"layout": layout, "dtype": str(dtype).split(".")[-1], "shape": [m, k, n], "path": info["path"],
+           "config": info["config"], "max_rel_err": err}
+    if emulated:
+        threads = int(np.prod(info["grid"]))
+        row.update({"emulated_s": t_ours, "emulated_threads_per_s": threads / t_ours})
+        print(f"{layout:<10} {row['dtype']:<9} {shape:<16} {info['path']:<7} {t_ours * 1e3:>9.1f} "
+              f"{threads / t_ours / 1e6:>8.2f}M thr/s {'-':>6} {err:>9.1e}")
+    else:
+        t_mx = timed(lambda: baseline(layout, a, b), repeats)
+        peak = roof["fp32_tflops"] if dtype == mx.float32 else roof.get("fp16_tflops", roof["fp32_tflops"])
+        gflops = 2.0 * m * n * k / t_ours / 1e9
+        row.update({"ms": t_ours * 1e3, "mx_matmul_ms": t_mx * 1e3, "gflops": gflops,
+                    "ratio_vs_mx": t_mx / t_ours, "pct_roofline": 100 * gflops / (peak * 1e3)})
+        print(f"{layout:<10} {row['dtype']:<9} {shape:<16} {info['path']:<7} {t_ours * 1e3:>9.3f} "
+              f"{gflops:>9.1f} {row['ratio_vs_mx']:>7.2f} {row['pct_roofline']:>6.1f} {err:>9.1e}")
+    return row
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--backend", choices=("metal", "emulate"), default="metal" if mx.metal.is_available() else "emulate")
     p.add_argument("--dtypes", default="float32,float16,bfloat16")
     p.add_argument("--shapes", default=None)
     p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--paths", default=None,
+                   help="comma list of preset,scalar,simd (default: preset on Metal, scalar,simd on the emulator)")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     emulated = args.backend == "emulate"
     shapes = (args.shapes or ",".join(EMULATE_SHAPES if emulated else METAL_SHAPES)).split(",")
     dtypes = [getattr(mx, d) for d in args.dtypes.split(",")]
+    paths = (args.paths or ("scalar,simd" if emulated else "preset")).split(",")
     roof = tiles.roofline()
     rng = np.random.default_rng(0)
     rows = []
@@ -90,30 +123,9 @@ def main(argv=None) -> int:
         for shape in shapes:
             m, k, n = (int(v) for v in shape.split("x"))
             for dtype in dtypes:
-                for layout in LAYOUTS:
-                    a, b, ref = operands(layout, m, k, n, dtype, rng)
-                    fn = getattr(xk, layout)
-                    info = xk.explain(layout, (m, n, k), dtype)  # output rows, output columns, reduction
-                    t_ours = timed(lambda: fn(a, b), 1 if emulated else args.repeats)
-                    out = fn(a, b)
-                    err = float(np.max(np.abs(np.asarray(out.astype(mx.float32), dtype=np.float64) - ref)) / np.max(np.abs(ref)))
-                    flops = 2.0 * m * n * k
-                    row = {"layout": layout, "dtype": str(dtype).split(".")[-1], "shape": [m, k, n],
-                           "path": info["path"], "max_rel_err": err}
-                    if emulated:
-                        threads = int(np.prod(info["grid"]))
-                        row.update({"emulated_s": t_ours, "emulated_threads_per_s": threads / t_ours})
-                        print(f"{layout:<10} {row['dtype']:<9} {shape:<16} {info['path']:<7} {t_ours * 1e3:>9.1f} "
-                              f"{'-':>9} {'-':>7} {'-':>6} {err:>9.1e}")
-                    else:
-                        t_mx = timed(lambda: baseline(layout, a, b), args.repeats)
-                        peak = roof["fp32_tflops"] if dtype == mx.float32 else roof.get("fp16_tflops", roof["fp32_tflops"])
-                        gflops = flops / t_ours / 1e9
-                        row.update({"ms": t_ours * 1e3, "mx_matmul_ms": t_mx * 1e3, "gflops": gflops,
-                                    "ratio_vs_mx": t_mx / t_ours, "pct_roofline": 100 * gflops / (peak * 1e3)})
-                        print(f"{layout:<10} {row['dtype']:<9} {shape:<16} {info['path']:<7} {t_ours * 1e3:>9.3f} "
-                              f"{gflops:>9.1f} {row['ratio_vs_mx']:>7.2f} {row['pct_roofline']:>6.1f} {err:>9.1e}")
-                    rows.append(row)
+                for path in paths:
+                    for layout in LAYOUTS:
+                        rows.append(bench_one(layout, path, m, k, n, dtype, rng, emulated, args.repeats, roof))
     out = Path(args.out or Path(__file__).parent / "results" / f"gemm-{args.backend}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({
