@@ -4,7 +4,11 @@ Ops run on the active backend (``metal``, ``emulate`` or ``reference``); choose
 it with ``XLSTM_KERNELS_BACKEND`` or :func:`use_backend`.
 """
 
-from .ops import gemm_a_bt, gemm_at_b, gemm_av, linear, rms_norm
+from .ops.gemm import gemm_a_bt, gemm_at_b, gemm_av, linear
+from .ops.mlstm import mlstm, mlstm_step
+from .ops.norm import rms_norm
+from .ops.rope import rope
+from .ops.slstm import slstm, slstm_step
 from .runtime import current_backend, use_backend
 from .tiles import GemmConfig, explain, get_gemm_tiles, set_gemm_tiles
 
@@ -19,7 +23,12 @@ __all__ = [
     "gemm_av",
     "get_gemm_tiles",
     "linear",
+    "mlstm",
+    "mlstm_step",
     "rms_norm",
+    "rope",
+    "slstm",
+    "slstm_step",
     "set_gemm_tiles",
     "use_backend",
     "__version__",

@@ -87,7 +87,25 @@ def rewrite_threadgroup_decls(body: str, first_id: int = 0) -> tuple[str, list[T
             out.append(f"typedef {ty} xk_tg_t{i}{dims}; auto& {name} = xk_tg<xk_tg_t{i}, {i}>();")
         return " ".join(out) + "\n" * text.count("\n")
 
-    return _TG_DECL.sub(replace, body), decls
+    # Match on a copy with comments and string literals blanked (same length, newlines
+    # kept), so "threadgroup" in a comment is not taken for a declaration.
+    masked = _blank_comments(body)
+    out, last = [], 0
+    for m in _TG_DECL.finditer(masked):
+        original = _TG_DECL.match(body, m.start(), m.end())
+        out.append(body[last : m.start()])
+        out.append(replace(original) if original else body[m.start() : m.end()])
+        last = m.end()
+    out.append(body[last:])
+    return "".join(out), decls
+
+
+_COMMENT_OR_STRING = re.compile(r'//[^\n]*|/\*.*?\*/|"(?:\\.|[^"\\\n])*"', re.S)
+
+
+def _blank_comments(text: str) -> str:
+    """`text` with comments and string literals replaced by spaces (newlines kept)."""
+    return _COMMENT_OR_STRING.sub(lambda m: re.sub(r"[^\n]", " ", m.group(0)), text)
 
 
 def rewrite_half_literals(text: str) -> str:

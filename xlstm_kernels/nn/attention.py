@@ -9,7 +9,8 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 
-from .. import ops
+from ..ops.attention import scaled_dot_product_attention
+from ..ops.rope import rope
 from .config import AttentionBlockConfig
 from .feedforward import FeedForward
 from .linear import Linear
@@ -40,12 +41,12 @@ class MultiHeadAttention(nn.Module):
         k = self.k_proj(x).reshape(b, s, self.num_kv_heads, -1).transpose(0, 2, 1, 3)
         v = self.v_proj(x).reshape(b, s, self.num_kv_heads, -1).transpose(0, 2, 1, 3)
         offset = 0 if cache is None else cache[0].shape[2]
-        q = ops.rope(q, self.head_dim, base=self.rope_base, offset=offset)
-        k = ops.rope(k, self.head_dim, base=self.rope_base, offset=offset)
+        q = rope(q, self.head_dim, base=self.rope_base, offset=offset)
+        k = rope(k, self.head_dim, base=self.rope_base, offset=offset)
         if cache is not None:
             k = mx.concatenate([cache[0], k], axis=2)
             v = mx.concatenate([cache[1], v], axis=2)
-        o = ops.scaled_dot_product_attention(q, k, v, scale=self.head_dim**-0.5, mask="causal")
+        o = scaled_dot_product_attention(q, k, v, scale=self.head_dim**-0.5, mask="causal")
         y = self.o_proj(o.transpose(0, 2, 1, 3).reshape(b, s, -1))
         return (y, (k, v)) if return_state else y
 

@@ -7,7 +7,7 @@ import math
 import mlx.core as mx
 import mlx.nn as nn
 
-from .. import ops
+from ..ops.gemm import linear
 
 
 class Linear(nn.Module):
@@ -32,7 +32,7 @@ class Linear(nn.Module):
 
     def __call__(self, x: mx.array, residual: mx.array | None = None) -> mx.array:
         """x (..., input_dims) -> (..., output_dims); `residual` is added after the activation."""
-        return ops.linear(x, self.weight, self.get("bias"), activation=self.activation, residual=residual)
+        return linear(x, self.weight, self.get("bias"), activation=self.activation, residual=residual)
 
 
 class HeadwiseLinear(nn.Module):

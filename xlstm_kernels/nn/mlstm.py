@@ -18,7 +18,7 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 
-from .. import ops
+from ..ops.mlstm import mlstm, mlstm_step
 from .config import mLSTMBlockConfig, mLSTMLayerConfig
 from .conv import CausalConv1d
 from .linear import HeadwiseLinear, Linear
@@ -78,7 +78,7 @@ class mLSTMLayer(nn.Module):  # noqa: N801
         """x (B, S, E) -> y (B, S, E) (and the final state if asked): the chunkwise path."""
         conv_state, cell_state = state if state is not None else (None, None)
         q, k, v, i_pre, f_pre, x_c, z, conv_state = self._cell_inputs(x, conv_state)
-        h, cell_state = ops.mlstm(
+        h, cell_state = mlstm(
             self._heads(q), self._heads(k), self._heads(v), i_pre, f_pre,
             state=cell_state, chunk_size=self.config.chunk_size, return_state=True,
         )
@@ -94,7 +94,7 @@ class mLSTMLayer(nn.Module):  # noqa: N801
             dh = d // self.num_heads
             cell_state = (mx.zeros((b, self.num_heads, dh, dh)), mx.zeros((b, self.num_heads, dh)),
                           mx.zeros((b, self.num_heads)))
-        h, cell_state = ops.mlstm_step(
+        h, cell_state = mlstm_step(
             self._heads(q)[:, :, 0], self._heads(k)[:, :, 0], self._heads(v)[:, :, 0],
             i_pre[:, :, 0], f_pre[:, :, 0], cell_state,
         )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 
-from .. import ops
+from ..ops.norm import layer_norm, multihead_layer_norm, rms_norm
 
 
 class RMSNorm(nn.Module):
@@ -17,7 +17,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def __call__(self, x: mx.array) -> mx.array:
-        return ops.rms_norm(x, self.weight.astype(x.dtype), self.eps)
+        return rms_norm(x, self.weight.astype(x.dtype), self.eps)
 
 
 class LayerNorm(nn.Module):
@@ -32,7 +32,7 @@ class LayerNorm(nn.Module):
 
     def __call__(self, x: mx.array) -> mx.array:
         b = self.get("bias")
-        return ops.layer_norm(x, self.weight.astype(x.dtype), None if b is None else b.astype(x.dtype), self.eps)
+        return layer_norm(x, self.weight.astype(x.dtype), None if b is None else b.astype(x.dtype), self.eps)
 
 
 class MultiHeadLayerNorm(nn.Module):
@@ -53,6 +53,6 @@ class MultiHeadLayerNorm(nn.Module):
 
     def __call__(self, x: mx.array) -> mx.array:
         b = self.get("bias")
-        return ops.multihead_layer_norm(
+        return multihead_layer_norm(
             x, self.weight.astype(x.dtype), None if b is None else b.astype(x.dtype), self.num_heads, self.eps
         )

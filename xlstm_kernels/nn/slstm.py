@@ -16,7 +16,7 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 
-from .. import ops
+from ..ops.slstm import slstm, slstm_step
 from .config import sLSTMBlockConfig, sLSTMLayerConfig
 from .conv import CausalConv1d
 from .feedforward import FeedForward
@@ -60,7 +60,7 @@ class sLSTMLayer(nn.Module):  # noqa: N801
         """x (B, S, E) -> y (B, S, E) (and the final state): the fused sequence kernel."""
         conv_state, cell_state = state if state is not None else (None, None)
         wx, conv_state = self._gates(x, conv_state)
-        y, cell_state = ops.slstm(wx, self.recurrent.astype(x.dtype), self.bias.astype(x.dtype),
+        y, cell_state = slstm(wx, self.recurrent.astype(x.dtype), self.bias.astype(x.dtype),
                                   state=cell_state, return_state=True)
         y = self.group_norm(y.reshape(x.shape))
         return (y, (conv_state, cell_state)) if return_state else y
@@ -69,7 +69,7 @@ class sLSTMLayer(nn.Module):  # noqa: N801
         """One token: x (B, E) -> (y (B, E), state) with the step kernel."""
         conv_state, cell_state = state if state is not None else (None, None)
         wx, conv_state = self._gates(x[:, None], conv_state)
-        y, cell_state = ops.slstm_step(wx[:, 0], self.recurrent.astype(x.dtype), self.bias.astype(x.dtype), cell_state)
+        y, cell_state = slstm_step(wx[:, 0], self.recurrent.astype(x.dtype), self.bias.astype(x.dtype), cell_state)
         return self.group_norm(y.reshape(x.shape)), (conv_state, cell_state)
 
 

@@ -1,6 +1,26 @@
-"""Differentiable ops; each runs a Metal kernel on the active backend."""
+"""Differentiable ops; each runs a Metal kernel on the active backend.
 
+The op functions whose names equal their module's (``mlstm``, ``slstm``, ``rope``) are
+exported by the top-level package (``xlstm_kernels.mlstm``) and by their modules
+(``xlstm_kernels.ops.mlstm.mlstm``), so ``xlstm_kernels.ops.mlstm`` stays the module.
+"""
+
+from . import mlstm, rope, slstm
 from .gemm import ACTIVATIONS, gemm_a_bt, gemm_at_b, gemm_av, linear
+from .mlstm import mlstm_step
 from .norm import rms_norm
+from .slstm import slstm_step
 
-__all__ = ["ACTIVATIONS", "gemm_a_bt", "gemm_at_b", "gemm_av", "linear", "rms_norm"]
+__all__ = [
+    "ACTIVATIONS",
+    "gemm_a_bt",
+    "gemm_at_b",
+    "gemm_av",
+    "linear",
+    "mlstm",
+    "mlstm_step",
+    "rms_norm",
+    "rope",
+    "slstm",
+    "slstm_step",
+]

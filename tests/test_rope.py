@@ -1,0 +1,256 @@
+"""RoPE family (metal_src/rope.metal, xlstm_kernels/ops/rope.py) vs a float64 NumPy reference.
+
+Runs on the backend chosen with ``pytest --backend`` (default: the emulator).
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from xlstm_kernels import runtime
+from xlstm_kernels.ops.rope import ROPE, _launch_geometry, rope, rope_reference
+
+DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
+TOL = {"float32": 1e-5, "float16": 1e-2, "bfloat16": 1e-2}
+
+
+def np_rope(x, dims, *, traditional=False, base=10000.0, scale=1.0, offset=0, freqs=None):
+    """float64 reference: pairs (2j, 2j+1) or (j, j+dims/2), theta = scale*(pos+offset)*inv_freq."""
+    x = np.asarray(x, dtype=np.float64)
+    half = dims // 2
+    seq_len = x.shape[-2]
+    if freqs is not None:
+        inv = 1.0 / np.asarray(freqs, dtype=np.float64)
+    else:
+        inv = float(base) ** (-np.arange(half, dtype=np.float64) / half)
+    off = np.asarray(offset, dtype=np.float64)
+    if off.ndim == 1 and off.size > 1:  # per batch element: (B, 1, ..., 1)
+        off = off.reshape((-1,) + (1,) * (x.ndim - 3))
+    pos = off[..., None] + np.arange(seq_len, dtype=np.float64)  # (..., L)
+    theta = scale * pos[..., None] * inv  # (..., L, half)
+    c, s = np.cos(theta), np.sin(theta)
+    out = x.copy()
+    if traditional:
+        x0, x1 = x[..., 0:dims:2], x[..., 1:dims:2]
+        out[..., 0:dims:2] = x0 * c - x1 * s
+        out[..., 1:dims:2] = x0 * s + x1 * c
+    else:
+        x0, x1 = x[..., :half], x[..., half:dims]
+        out[..., :half] = x0 * c - x1 * s
+        out[..., half:dims] = x0 * s + x1 * c
+    return out
+
+
+def to_np(a: mx.array) -> np.ndarray:
+    return np.asarray(a.astype(mx.float32), dtype=np.float64)
+
+
+def rel_err(out: mx.array, ref: np.ndarray) -> float:
+    return float(np.max(np.abs(to_np(out) - ref)) / np.max(np.abs(ref)))
+
+
+def rand(shape, dtype, seed) -> mx.array:
+    rng = np.random.default_rng(seed)
+    return mx.array(rng.standard_normal(shape).astype(np.float32)).astype(dtype)
+
+
+def as_kwargs(case: dict) -> dict:
+    """Op keyword arguments of a case (offset lists become int32 arrays, freqs an array)."""
+    kw = {k: v for k, v in case.items() if k not in ("shape", "dims")}
+    if isinstance(kw.get("offset"), list):
+        kw["offset"] = mx.array(kw["offset"], dtype=mx.int32)
+    if kw.get("freqs") is not None:
+        kw["freqs"] = mx.array(np.asarray(kw["freqs"], dtype=np.float32))
+        kw["base"] = None
+    return kw
+
+
+def np_kwargs(case: dict) -> dict:
+    kw = {k: v for k, v in case.items() if k not in ("shape", "dims")}
+    if kw.get("freqs") is not None:
+        kw["freqs"] = np.asarray(kw["freqs"], dtype=np.float32)
+    return kw
+
+
+CASES = [
+    pytest.param(dict(shape=(2, 3, 7, 64), dims=64), id="b2h3L7d64"),
+    pytest.param(dict(shape=(2, 3, 7, 64), dims=32, offset=5, scale=0.5), id="dims32of64-off5-scale"),
+    pytest.param(dict(shape=(1, 1, 1, 128), dims=128, offset=37), id="decode-d128"),
+    pytest.param(dict(shape=(3, 33, 80), dims=64, offset=[0, 7, 19]), id="b3L33d80-perbatch"),
+    pytest.param(dict(shape=(3, 5, 17, 24), dims=24, offset=[4, 0, 9], base=500.0), id="rows5-perbatch-base500"),
+    pytest.param(dict(shape=(2, 2, 9, 11), dims=8, scale=2.0, freqs=[1.0, 3.0, 17.0, 250.0]), id="oddD11-freqs"),
+    pytest.param(dict(shape=(1, 2, 301, 16), dims=16, offset=3), id="L301-d16"),
+]
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("traditional", [False, True], ids=["split", "trad"])
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_forward(kernel_backend, case, traditional, dtype):
+    x = rand(case["shape"], DTYPES[dtype], seed=zlib.crc32(f"{case}{traditional}".encode()))
+    out = rope(x, case["dims"], traditional=traditional, **as_kwargs(case))
+    mx.eval(out)
+    assert out.shape == x.shape and out.dtype == x.dtype
+    ref = np_rope(to_np(x), case["dims"], traditional=traditional, **np_kwargs(case))
+    assert rel_err(out, ref) < TOL[dtype]
+    d = case["dims"]
+    if d < x.shape[-1]:  # the pass-through features are bit-exact copies
+        assert mx.array_equal(out[..., d:], x[..., d:]).item()
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        dict(shape=(2, 3, 7, 64), dims=64),
+        dict(shape=(2, 3, 7, 64), dims=48, offset=9, scale=0.25, base=1000.0),
+        dict(shape=(3, 33, 80), dims=64, offset=[0, 7, 19]),
+        dict(shape=(2, 4, 5, 32), dims=32, offset=[2, 6]),
+        dict(shape=(1, 1, 1, 128), dims=128, offset=41),
+        dict(shape=(2, 3, 6, 40), dims=40, freqs=list(np.linspace(1.0, 300.0, 20))),
+    ],
+    ids=["full", "partial-base1000", "perbatch-3d", "perbatch-4d", "decode", "freqs"],
+)
+@pytest.mark.parametrize("traditional", [False, True], ids=["split", "trad"])
+def test_matches_mx_fast_rope(kernel_backend, case, traditional):
+    x = rand(case["shape"], mx.float32, seed=3)
+    kw = as_kwargs(case)
+    ours = rope(x, case["dims"], traditional=traditional, **kw)
+    theirs = mx.fast.rope(
+        x, case["dims"], traditional=traditional, base=kw.get("base", 10000.0), scale=kw.get("scale", 1.0),
+        offset=kw.get("offset", 0), freqs=kw.get("freqs"),
+    )
+    assert rel_err(ours, to_np(theirs)) < 2e-5
+
+
+def test_offset_forms_agree(kernel_backend):
+    """int, 0-d array and a constant per-batch vector give the same result."""
+    x = rand((3, 2, 5, 16), mx.float32, seed=5)
+    a = rope(x, 16, offset=6)
+    b = rope(x, 16, offset=mx.array(6))
+    c = rope(x, 16, offset=mx.array([6, 6, 6]))
+    assert mx.array_equal(a, b).item() and mx.array_equal(a, c).item()
+
+
+def test_non_contiguous_input(kernel_backend):
+    """(B, L, H, D) data seen as (B, H, L, D) through swapaxes, the usual attention layout."""
+    blhd = rand((2, 9, 3, 32), mx.float32, seed=6)
+    x = blhd.swapaxes(1, 2)
+    out = rope(x, 32, traditional=True, offset=mx.array([1, 4]))
+    ref = np_rope(to_np(x), 32, traditional=True, offset=np.array([1, 4]))
+    assert rel_err(out, ref) < TOL["float32"]
+
+
+@pytest.mark.parametrize(
+    "dtype,traditional,shape,dims,offset",
+    [
+        ("float32", False, (2, 3, 7, 64), 64, 0),
+        ("float32", True, (2, 3, 7, 64), 48, 5),
+        ("float32", False, (3, 33, 80), 64, [0, 7, 19]),
+        ("float32", True, (1, 1, 1, 128), 128, 37),
+        ("float16", False, (2, 2, 5, 24), 16, [3, 1]),
+        ("bfloat16", True, (2, 2, 5, 24), 24, 2),
+    ],
+)
+def test_grad(kernel_backend, dtype, traditional, shape, dims, offset):
+    x = rand(shape, DTYPES[dtype], seed=7)
+    cot = rand(shape, DTYPES[dtype], seed=8)
+    kw = dict(traditional=traditional, offset=mx.array(offset, dtype=mx.int32) if isinstance(offset, list) else offset)
+    _, (dx,) = mx.vjp(lambda x: rope(x, dims, **kw), [x], [cot])
+    _, (dref,) = mx.vjp(lambda x: rope_reference(x.astype(mx.float32), dims, **kw), [x.astype(mx.float32)], [cot.astype(mx.float32)])
+    assert dx.dtype == x.dtype and dx.shape == x.shape
+    assert rel_err(dx, to_np(dref)) < TOL[dtype]
+    # mx.grad through a scalar loss as well
+    w = rand(shape, mx.float32, seed=9)
+    g = mx.grad(lambda x: (rope(x, dims, **kw).astype(mx.float32) * w).sum())(x)
+    gref = mx.grad(lambda x: (rope_reference(x, dims, **kw) * w).sum())(x.astype(mx.float32))
+    assert rel_err(g, to_np(gref)) < TOL[dtype]
+
+
+def test_reference_matches_numpy():
+    x = rand((2, 3, 6, 40), mx.float32, seed=10)
+    out = rope_reference(x, 32, traditional=True, offset=mx.array([2, 5]), scale=0.5)
+    ref = np_rope(to_np(x), 32, traditional=True, offset=np.array([2, 5]), scale=0.5)
+    assert rel_err(out, ref) < TOL["float32"]
+
+
+@pytest.mark.emulator_only
+def test_check_schedules():
+    """Every thread order gives bit-identical outputs; bounds checked (partial threadgroups in x, y, z)."""
+    from xlstm_kernels.emulate import check_schedules
+
+    shape, dims, d = (3, 5, 13, 22), 16, 22  # 5 rows per batch (not a multiple of N=4), copy features 16..21
+    x = rand(shape, mx.bfloat16, seed=11)
+    offsets = mx.array([2, 0, 7], dtype=mx.int32)
+    half = dims // 2
+    freqs = mx.array((10000.0 ** (np.arange(half) / half)).astype(np.float32))
+    z_per_group = -(-5 // 4)
+    gx, gz = half + d - dims, 3 * z_per_group
+    kernel = runtime.get_kernel(ROPE, "emulate")
+    (y,) = check_schedules(
+        kernel,
+        inputs=[x.reshape(15, 13, d), offsets, freqs, mx.array([half, d, 13, 5, z_per_group], dtype=mx.int32),
+                mx.array(1.0, dtype=mx.float32)],
+        output_shapes=[(15, 13, d)], output_dtypes=[mx.bfloat16],
+        grid=(gx, 13, gz), threadgroup=(8, 4, 2),
+        template=[("T", mx.bfloat16), ("TRADITIONAL", True), ("BACKWARD", False), ("N", 4)],
+        check_bounds=True,
+    )
+    ref = np_rope(to_np(x), dims, traditional=True, offset=np.array([2, 0, 7]))
+    assert rel_err(y.reshape(shape), ref) < TOL["bfloat16"]
+
+
+def test_launch_geometry():
+    assert _launch_geometry(64, 7, 2) == (64, 4, 1)
+    assert _launch_geometry(64, 1, 8) == (64, 1, 4)
+    tx, ty, tz = _launch_geometry(300, 1000, 1000)
+    assert tx * ty * tz <= 256
+
+
+def test_empty(kernel_backend):
+    x = mx.zeros((2, 0, 8), dtype=mx.float32)
+    assert rope(x, 8).shape == (2, 0, 8)
+
+
+@pytest.mark.parametrize(
+    "kwargs,exc,match",
+    [
+        (dict(dims=7), ValueError, "even"),
+        (dict(dims=0), ValueError, "even"),
+        (dict(dims=34), ValueError, "must be <= x's last axis D=32"),
+        (dict(dims=8.0), TypeError, "dims must be an int"),
+        (dict(dims=8, freqs=mx.ones((3,))), ValueError, r"freqs must have shape \(dims // 2,\) = \(4,\)"),
+        (dict(dims=8, freqs=mx.ones((4,), dtype=mx.int32), base=None), TypeError, "freqs has dtype"),
+        (dict(dims=8, freqs=mx.ones((4,)), base=500.0), ValueError, "either base or freqs"),
+        (dict(dims=8, base=None), ValueError, "one of base and freqs"),
+        (dict(dims=8, base=-2.0), ValueError, "base must be a positive"),
+        (dict(dims=8, offset=mx.array([1, 2, 3])), ValueError, r"shape \(2,\).*got shape \(3,\)"),
+        (dict(dims=8, offset=mx.array([1.0, 2.0])), TypeError, "offset must be an integer array"),
+        (dict(dims=8, offset=1.5), TypeError, "offset must be an int"),
+        (dict(dims=8, scale=float("nan")), ValueError, "scale must be finite"),
+    ],
+)
+def test_errors(kwargs, exc, match):
+    x = rand((2, 3, 4, 32), mx.float32, seed=12)
+    dims = kwargs.pop("dims")
+    with pytest.raises(exc, match=match):
+        rope(x, dims, **kwargs)
+
+
+def test_errors_on_x():
+    with pytest.raises(TypeError, match="x has dtype .*int32"):
+        rope(mx.ones((2, 4, 8), dtype=mx.int32), 8)
+    with pytest.raises(ValueError, match="at least 2 dimension"):
+        rope(mx.ones((8,)), 8)
+    with pytest.raises(TypeError, match="x must be an mx.array"):
+        rope(np.ones((2, 4, 8), dtype=np.float32), 8)
+
+
+def test_freqs_with_default_base_is_accepted(kernel_backend):
+    """freqs without base=None: the default base is ignored (only an explicit base conflicts)."""
+    x = rand((1, 2, 3, 8), mx.float32, seed=13)
+    f = mx.array([1.0, 2.0, 4.0, 8.0])
+    assert mx.array_equal(rope(x, 8, freqs=f), rope(x, 8, base=None, freqs=f)).item()

@@ -1,0 +1,265 @@
+"""Rotary position embedding backed by ``metal_src/rope.metal``, like ``mx.fast.rope``.
+
+    rope(x, dims, traditional=False, base=10000.0, scale=1.0, offset=0, freqs=None)
+    x (..., L, D) -> (..., L, D), positions along L
+
+Pair j (0 <= j < dims/2) of a row at position l is rotated by
+``theta = scale * (l + offset) * inv_freq[j]`` with ``inv_freq[j] = base^(-j/(dims/2))``
+or ``1 / freqs[j]``; traditional pairs are ``(2j, 2j+1)``, the default (split-half) pairs
+``(j, j + dims/2)``; features ``[dims, D)`` pass through unchanged. ``offset`` is an int,
+a 0-d integer array or one integer per batch element (shape ``(x.shape[0],)``).
+
+The kernel rotates one pair for N rows sharing a position per thread (cos/sin in float
+with precise math, computed once per N rows); the VJP is the same kernel rotating by
+``-theta`` (the rotation is orthogonal).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+
+from ..runtime import KernelSpec, current_backend, launch
+from ._validate import check_array
+
+__all__ = ["rope", "rope_reference"]
+
+ROPE = KernelSpec("rope", "rope", ("x", "offsets", "freqs", "params", "scale"), ("y",))
+
+ROWS_PER_THREAD = 4  # N: rows that share one cos/sin evaluation (MLX's rope uses 4 too)
+_MAX_THREADS = 256
+
+
+class _DefaultBase(float):
+    """The default ``base`` (10000.0), distinguishable from an explicit ``base=10000.0``."""
+
+    def __repr__(self) -> str:
+        return "10000.0"
+
+
+DEFAULT_BASE = _DefaultBase(10000.0)
+
+
+@functools.lru_cache(maxsize=64)
+def _base_freqs(half: int, base: float) -> mx.array:
+    """``base^(j / half)`` for j < half, computed in float64 and rounded to float32 (cached)."""
+    freqs = np.power(np.float64(base), np.arange(half, dtype=np.float64) / half)
+    out = mx.array(freqs.astype(np.float32))
+    mx.eval(out)
+    return out
+
+
+# ---------------------------------------------------------------------------
+# Validation
+# ---------------------------------------------------------------------------
+def _check_args(x, dims, traditional, base, scale, offset, freqs) -> tuple[mx.array, mx.array | int]:
+    """Validate everything; return (freqs as float32 (dims//2,), offset as int or int32 array)."""
+    check_array(x, "x", min_ndim=2)
+    d = x.shape[-1]
+    if isinstance(dims, bool) or not isinstance(dims, (int, np.integer)):
+        raise TypeError(f"dims must be an int, got {type(dims).__name__}")
+    dims = int(dims)
+    if dims <= 0 or dims % 2:
+        raise ValueError(f"dims must be a positive even number (features are rotated in pairs), got {dims}")
+    if dims > d:
+        raise ValueError(f"dims ({dims}) must be <= x's last axis D={d} (x has shape {tuple(x.shape)})")
+    if not isinstance(traditional, (bool, np.bool_)):
+        raise TypeError(f"traditional must be a bool, got {type(traditional).__name__}")
+    if isinstance(scale, bool) or not isinstance(scale, (int, float, np.floating, np.integer)):
+        raise TypeError(f"scale must be a float, got {type(scale).__name__}")
+    if not math.isfinite(float(scale)):
+        raise ValueError(f"scale must be finite, got {scale!r}")
+    half = dims // 2
+
+    if freqs is not None:
+        if base is not None and base is not DEFAULT_BASE:
+            raise ValueError(
+                f"give either base or freqs, not both: got base={base!r} and freqs; pass base=None with freqs"
+            )
+        if not isinstance(freqs, mx.array):
+            raise TypeError(f"freqs must be an mx.array, got {type(freqs).__name__}")
+        if not mx.issubdtype(freqs.dtype, mx.floating):
+            raise TypeError(f"freqs has dtype {freqs.dtype}; expected a floating dtype (float32, float16, bfloat16)")
+        if tuple(freqs.shape) != (half,):
+            raise ValueError(f"freqs must have shape (dims // 2,) = ({half},), got {tuple(freqs.shape)}")
+        freqs32 = freqs.astype(mx.float32)
+    else:
+        if base is None:
+            raise ValueError("one of base and freqs must be given (both are None)")
+        if isinstance(base, bool) or not isinstance(base, (int, float, np.floating, np.integer)):
+            raise TypeError(f"base must be a float, got {type(base).__name__}")
+        if not (math.isfinite(float(base)) and float(base) > 0):
+            raise ValueError(f"base must be a positive finite float, got {base!r}")
+        freqs32 = _base_freqs(half, float(base))
+
+    if isinstance(offset, mx.array):
+        if not mx.issubdtype(offset.dtype, mx.integer):
+            raise TypeError(f"offset must be an integer array, got dtype {offset.dtype}")
+        nb = x.shape[0] if x.ndim >= 3 else 1
+        if offset.ndim == 0:
+            offset = offset.reshape(1)
+        elif tuple(offset.shape) != (nb,):
+            raise ValueError(
+                f"offset must be an int, a 0-d integer array or one offset per batch element, shape ({nb},) "
+                f"for x of shape {tuple(x.shape)}; got shape {tuple(offset.shape)}"
+            )
+        offset = offset.astype(mx.int32)
+    elif isinstance(offset, (int, np.integer)) and not isinstance(offset, bool):
+        offset = int(offset)
+        if not -(2**31) <= offset < 2**31:
+            raise ValueError(f"offset must fit in int32, got {offset}")
+    else:
+        raise TypeError(f"offset must be an int or an integer mx.array, got {type(offset).__name__}")
+    return freqs32, offset
+
+
+# ---------------------------------------------------------------------------
+# Reference (plain mx ops)
+# ---------------------------------------------------------------------------
+def _reference(x: mx.array, dims: int, traditional: bool, scale: float, offset, freqs32: mx.array) -> mx.array:
+    half = dims // 2
+    seq_len = x.shape[-2]
+    pos = mx.arange(seq_len, dtype=mx.int32)
+    if isinstance(offset, mx.array) and offset.size > 1:  # per batch: (B, 1, ..., 1, L)
+        pos = offset.reshape((-1,) + (1,) * (x.ndim - 2)) + pos
+    else:
+        pos = pos + (offset.reshape(()) if isinstance(offset, mx.array) else offset)
+    theta = (scale * pos.astype(mx.float32))[..., None] * (1.0 / freqs32)  # (..., L, half)
+    c, s = mx.cos(theta), mx.sin(theta)
+    xr = x[..., :dims].astype(mx.float32)
+    if traditional:
+        x0, x1 = xr[..., 0::2], xr[..., 1::2]
+        rot = mx.stack([x0 * c - x1 * s, x0 * s + x1 * c], axis=-1)
+        rot = rot.reshape(*rot.shape[:-2], dims)
+    else:
+        x0, x1 = xr[..., :half], xr[..., half:]
+        rot = mx.concatenate([x0 * c - x1 * s, x0 * s + x1 * c], axis=-1)
+    rot = rot.astype(x.dtype)
+    if dims < x.shape[-1]:
+        rot = mx.concatenate([rot, x[..., dims:]], axis=-1)
+    return rot
+
+
+def rope_reference(
+    x: mx.array,
+    dims: int,
+    *,
+    traditional: bool = False,
+    base: float | None = DEFAULT_BASE,
+    scale: float = 1.0,
+    offset: int | mx.array = 0,
+    freqs: mx.array | None = None,
+) -> mx.array:
+    """:func:`rope` with plain mx ops (float32 math); the ``reference`` backend."""
+    freqs32, offset = _check_args(x, dims, traditional, base, scale, offset, freqs)
+    return _reference(x, int(dims), bool(traditional), float(scale), offset, freqs32)
+
+
+# ---------------------------------------------------------------------------
+# Kernel
+# ---------------------------------------------------------------------------
+@functools.lru_cache(maxsize=256)
+def _launch_constants(half: int, d: int, seq_len: int, rows_per_group: int, z_per_group: int, scale: float):
+    """The kernel's small constant inputs, built once per geometry (saves host work per call)."""
+    params = mx.array([half, d, seq_len, rows_per_group, z_per_group], dtype=mx.int32)
+    scale_arr = mx.array(scale, dtype=mx.float32)
+    mx.eval(params, scale_arr)
+    return params, scale_arr
+
+
+def _pow2_at_least(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def _launch_geometry(gx: int, seq_len: int, gz: int) -> tuple[int, int, int]:
+    """Threadgroup (tx, ty, tz): x along features (coalesced), then positions, then rows."""
+    tx = min(_pow2_at_least(gx), _MAX_THREADS)
+    ty = min(_pow2_at_least(seq_len), _MAX_THREADS // tx)
+    tz = min(_pow2_at_least(gz), _MAX_THREADS // (tx * ty))
+    return tx, ty, tz
+
+
+def _rope_kernel(
+    x: mx.array, dims: int, traditional: bool, scale: float, offset, freqs32: mx.array, backward: bool, backend: str
+) -> mx.array:
+    d = x.shape[-1]
+    seq_len = x.shape[-2]
+    rows = x.size // (seq_len * d)
+    half = dims // 2
+    if isinstance(offset, mx.array):
+        offsets = offset
+    else:
+        offsets = mx.array([offset], dtype=mx.int32)
+    groups = offsets.size  # 1, or B (per-batch offsets)
+    rows_per_group = rows // groups
+    n = ROWS_PER_THREAD
+    z_per_group = -(-rows_per_group // n)
+    gx = half + (d - dims)
+    gz = groups * z_per_group
+    params, scale_arr = _launch_constants(half, d, seq_len, rows_per_group, z_per_group, scale)
+    (y,) = launch(
+        ROPE,
+        inputs=[x.reshape(rows, seq_len, d), offsets, freqs32, params, scale_arr],
+        output_shapes=[(rows, seq_len, d)],
+        output_dtypes=[x.dtype],
+        grid=(gx, seq_len, gz),
+        threadgroup=_launch_geometry(gx, seq_len, gz),
+        template=[("T", x.dtype), ("TRADITIONAL", bool(traditional)), ("BACKWARD", bool(backward)), ("N", n)],
+        backend=backend,
+    )
+    return y.reshape(x.shape)
+
+
+def rope(
+    x: mx.array,
+    dims: int,
+    *,
+    traditional: bool = False,
+    base: float | None = DEFAULT_BASE,
+    scale: float = 1.0,
+    offset: int | mx.array = 0,
+    freqs: mx.array | None = None,
+) -> mx.array:
+    """Rotary position embedding, like ``mx.fast.rope``.
+
+    Args:
+        x: (..., L, D) float32, float16 or bfloat16; positions along the second-to-last
+            axis. With per-batch offsets the first axis is the batch (x at least 3-D).
+        dims: features rotated, even and <= D; features ``[dims, D)`` are copied through.
+        traditional: pair consecutive features ``(2j, 2j+1)`` instead of ``(j, j+dims/2)``.
+        base: inv_freq[j] = base^(-j/(dims/2)). Give ``base=None`` when passing freqs
+            (the default base is ignored when freqs is given; an explicit one is an error).
+        scale: multiplies the positions.
+        offset: int, 0-d integer array, or integer array of shape (x.shape[0],) (one
+            starting position per batch element).
+        freqs: (dims // 2,) floating array; inv_freq[j] = 1 / freqs[j] (computed in float32).
+
+    Returns:
+        (..., L, D) in x's dtype (mx.fast.rope promotes to float32 when freqs is float32
+        and x is not; this op keeps x's dtype). Math in float32.
+
+    Differentiable in x: the VJP rotates the cotangent by ``-theta`` with the same kernel.
+    offset and freqs get no gradient.
+    """
+    freqs32, offset = _check_args(x, dims, traditional, base, scale, offset, freqs)
+    dims, traditional, scale = int(dims), bool(traditional), float(scale)
+    backend = current_backend()
+    if backend == "reference" or x.size == 0:
+        return _reference(x, dims, traditional, scale, offset, freqs32)
+
+    def run(inp: mx.array, backward: bool) -> mx.array:
+        return _rope_kernel(inp, dims, traditional, scale, offset, freqs32, backward, backend)
+
+    @mx.custom_function
+    def f(x):
+        return run(x, False)
+
+    @f.vjp
+    def f_vjp(primals, cotangent, output):
+        return run(cotangent.astype(primals[0].dtype), True)
+
+    return f(x)
