@@ -22,16 +22,20 @@ from dataclasses import dataclass
 
 from .signature import GeneratedKernel
 
-__all__ = ["ThreadgroupDecl", "TranslationUnit", "rewrite_threadgroup_decls", "translate"]
+__all__ = ["ThreadgroupDecl", "TranslationError", "TranslationUnit", "rewrite_threadgroup_decls", "translate"]
 
 _TG_DECL = re.compile(
     r"\bthreadgroup\b(?!_)\s+"  # the address space (not threadgroup_barrier)
     r"(?P<type>(?:const\s+)?[A-Za-z_][\w:]*(?:\s*<[^;{}()]*?>)?)"  # element type
-    r"\s+(?P<decls>[A-Za-z_][^;{}()=*&]*?)\s*;",  # declarators, no pointers or initialisers
+    r"\s+(?P<decls>[A-Za-z_][^;{}]*?)\s*;",  # declarators (pointers start with * or &: no match)
     re.S,
 )
 _DECLARATOR = re.compile(r"^\s*(?P<name>[A-Za-z_]\w*)\s*(?P<dims>(?:\[[^\[\]]*\]\s*)*)$", re.S)
 _HALF_LITERAL = re.compile(r"(?<![\w.])((?:\d+\.\d*|\.\d+|\d+)(?:[eE][+-]?\d+)?)[hH]\b")
+
+
+class TranslationError(ValueError):
+    """A kernel body uses a construct the emulator cannot translate."""
 
 
 @dataclass(frozen=True)
@@ -74,12 +78,15 @@ def rewrite_threadgroup_decls(body: str, first_id: int = 0) -> tuple[str, list[T
         text = m.group(0)
         ty = " ".join(m.group("type").split())
         pieces = []
+        line = body.count("\n", 0, m.start()) + 1
         for declarator in _split_top_level(m.group("decls")):
             d = _DECLARATOR.match(declarator)
             if not d:
-                return text  # not a plain variable declaration: leave it to the compiler
+                raise TranslationError(
+                    f"line {line}: cannot read the threadgroup declaration {' '.join(text.split())!r}; "
+                    "the emulator supports `threadgroup T name[dim]...;` with one or more declarators"
+                )
             pieces.append((d.group("name"), " ".join(d.group("dims").split())))
-        line = body.count("\n", 0, m.start()) + 1
         out = []
         for name, dims in pieces:
             i = first_id + len(decls)

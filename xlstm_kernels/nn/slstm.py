@@ -69,6 +69,9 @@ class sLSTMLayer(nn.Module):  # noqa: N801
         """One token: x (B, E) -> (y (B, E), state) with the step kernel."""
         conv_state, cell_state = state if state is not None else (None, None)
         wx, conv_state = self._gates(x[:, None], conv_state)
+        if cell_state is None:  # the zero state: the first step sets m from the input gate
+            zero = mx.zeros((x.shape[0], self.num_heads, self.head_dim))
+            cell_state = (zero, zero, zero, zero)
         y, cell_state = slstm_step(wx[:, 0], self.recurrent.astype(x.dtype), self.bias.astype(x.dtype), cell_state)
         return self.group_norm(y.reshape(x.shape)), (conv_state, cell_state)
 

@@ -6,9 +6,10 @@ exported by the top-level package (``xlstm_kernels.mlstm``) and by their modules
 """
 
 from . import mlstm, rope, slstm
+from .attention import scaled_dot_product_attention
 from .gemm import ACTIVATIONS, gemm_a_bt, gemm_at_b, gemm_av, linear
 from .mlstm import mlstm_step
-from .norm import rms_norm
+from .norm import layer_norm, multihead_layer_norm, rms_norm
 from .slstm import slstm_step
 
 __all__ = [
@@ -16,11 +17,14 @@ __all__ = [
     "gemm_a_bt",
     "gemm_at_b",
     "gemm_av",
+    "layer_norm",
     "linear",
     "mlstm",
     "mlstm_step",
+    "multihead_layer_norm",
     "rms_norm",
     "rope",
+    "scaled_dot_product_attention",
     "slstm",
     "slstm_step",
 ]

@@ -1,47 +1,324 @@
-"""Normalisation ops backed by ``metal_src/norm.metal``."""
+"""Normalisation ops backed by ``metal_src/norm.metal``: RMSNorm, LayerNorm, multi-head LayerNorm.
+
+    rms_norm(x, weight, eps)                               like mx.fast.rms_norm
+    layer_norm(x, weight, bias, eps)                       like mx.fast.layer_norm
+    multihead_layer_norm(x, weight, bias, num_heads, eps)  LayerNorm of each head slice
+
+x is (..., D) float32, float16 or bfloat16; weight and bias are (D,) or None. Statistics
+are reduced in float32; the output has the promoted dtype of x, weight and bias (as
+mx.fast does: float16 with bfloat16 gives float32). Every op is differentiable: the
+VJP runs the ``*_vjp`` kernels (dx directly; dweight/dbias as per-group float32 partial
+sums of shape (groups, D) from the same kernel, reduced with ``mx.sum`` over groups).
+
+Kernel choice (``_plan``): rows of n <= 128 elements run one simdgroup per row (8 rows
+per threadgroup, no barriers); rows of n <= 4096 one threadgroup per row with the row
+cached in registers (4 elements per thread); longer rows the looped kernels (1024
+threads striding over the row). Multi-head LayerNorm is the LayerNorm kernels on
+(rows * num_heads, head_dim) rows with the weight slice of head ``row % num_heads``.
+"""
 
 from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from typing import Any
 
 import mlx.core as mx
 
 from ..runtime import KernelSpec, current_backend, launch
-from ._validate import check_array, check_same_dtype
+from ._validate import check_array
 
-__all__ = ["rms_norm", "rms_norm_reference"]
+__all__ = [
+    "layer_norm",
+    "layer_norm_reference",
+    "multihead_layer_norm",
+    "multihead_layer_norm_reference",
+    "rms_norm",
+    "rms_norm_reference",
+]
 
-RMS_NORM = KernelSpec("norm", "rms_norm", ("x", "w", "eps", "axis_size"), ("y",))
+RMS_NORM = KernelSpec("norm", "rms_norm", ("x", "w", "eps", "params"), ("y",))
+RMS_NORM_LOOPED = KernelSpec("norm", "rms_norm_looped", ("x", "w", "eps", "params"), ("y",))
+LAYER_NORM = KernelSpec("norm", "layer_norm", ("x", "w", "b", "eps", "params"), ("y",))
+LAYER_NORM_LOOPED = KernelSpec("norm", "layer_norm_looped", ("x", "w", "b", "eps", "params"), ("y",))
+RMS_NORM_VJP = KernelSpec("norm", "rms_norm_vjp", ("x", "w", "g", "eps", "params"), ("dx", "dwp"))
+RMS_NORM_VJP_LOOPED = KernelSpec("norm", "rms_norm_vjp_looped", ("x", "w", "g", "eps", "params"), ("dx", "dwp"))
+LAYER_NORM_VJP = KernelSpec("norm", "layer_norm_vjp", ("x", "w", "g", "eps", "params"), ("dx", "dwp", "dbp"))
+LAYER_NORM_VJP_LOOPED = KernelSpec(
+    "norm", "layer_norm_vjp_looped", ("x", "w", "g", "eps", "params"), ("dx", "dwp", "dbp")
+)
+
+_SPECS = {
+    ("rms", False, False): RMS_NORM,
+    ("rms", True, False): RMS_NORM_LOOPED,
+    ("ln", False, False): LAYER_NORM,
+    ("ln", True, False): LAYER_NORM_LOOPED,
+    ("rms", False, True): RMS_NORM_VJP,
+    ("rms", True, True): RMS_NORM_VJP_LOOPED,
+    ("ln", False, True): LAYER_NORM_VJP,
+    ("ln", True, True): LAYER_NORM_VJP_LOOPED,
+}
+
+N_READS = 4  # elements per thread per step (contiguous)
+CACHED_MAX = 4096  # longest row kept in registers: 1024 threads x N_READS (as MLX)
+SIMD_MAX = 32 * N_READS  # rows up to this length run one simdgroup per row
+SIMD_ROWS = 8  # rows (simdgroups) per threadgroup in the simdgroup-per-row layout
+LOOPED_THREADS = 1024
+# Backward: enough (group, head) units to fill the GPU (about this many threads in
+# all); each unit sums dw/db over rows_per_group rows, so the float32 partials stay
+# near 2 MiB whatever the batch.
+VJP_TARGET_THREADS = 131072
+
+
+# ---------------------------------------------------------------------------------------
+# References (plain mx ops, float32 statistics): the ``reference`` backend
+# ---------------------------------------------------------------------------------------
+
+
+def _affine(normed: mx.array, weight: mx.array | None, bias: mx.array | None) -> mx.array:
+    """``bias + weight * normed`` in normed's dtype, each step rounded like the kernels."""
+    y = normed
+    if weight is not None:
+        y = weight.astype(normed.dtype) * y
+    if bias is not None:
+        y = y + bias.astype(normed.dtype)
+    return y
 
 
 def rms_norm_reference(x: mx.array, weight: mx.array | None, eps: float) -> mx.array:
-    """RMSNorm with plain mx ops (float32 accumulation); the ``reference`` backend."""
+    """RMSNorm with plain mx ops (float32 statistics); the ``reference`` backend."""
     xf = x.astype(mx.float32)
     normed = (xf * mx.rsqrt(mx.mean(xf * xf, axis=-1, keepdims=True) + eps)).astype(x.dtype)
-    return normed if weight is None else weight.astype(x.dtype) * normed
+    return _affine(normed, weight, None)
 
 
-def _threads_for(axis_size: int) -> int:
-    """Threads per row: about 4 elements each, a multiple of 32, at most 1024."""
-    needed = -(-axis_size // 4)
-    return min(1024, max(32, -(-needed // 32) * 32))
+def _ln_normed(xf: mx.array, eps: float) -> mx.array:
+    mean = mx.mean(xf, axis=-1, keepdims=True)
+    xc = xf - mean
+    return xc * mx.rsqrt(mx.mean(xc * xc, axis=-1, keepdims=True) + eps)
 
 
-def _rms_norm_kernel(x: mx.array, weight: mx.array | None, eps: float, backend: str) -> mx.array:
+def layer_norm_reference(x: mx.array, weight: mx.array | None, bias: mx.array | None, eps: float) -> mx.array:
+    """LayerNorm with plain mx ops (float32 two-pass statistics); the ``reference`` backend."""
+    normed = _ln_normed(x.astype(mx.float32), eps).astype(x.dtype)
+    return _affine(normed, weight, bias)
+
+
+def multihead_layer_norm_reference(
+    x: mx.array, weight: mx.array | None, bias: mx.array | None, num_heads: int, eps: float
+) -> mx.array:
+    """Multi-head LayerNorm with plain mx ops; each head slice of the last axis is normalised."""
     d = x.shape[-1]
-    rows = x.size // d
-    x2 = x.reshape(rows, d)
-    w = weight.astype(x.dtype) if weight is not None else mx.ones((1,), dtype=x.dtype)
-    threads = _threads_for(d)
-    (y,) = launch(
-        RMS_NORM,
-        inputs=[x2, w, mx.array(float(eps), dtype=mx.float32), mx.array(d, dtype=mx.int32)],
-        output_shapes=[(rows, d)],
-        output_dtypes=[x.dtype],
-        grid=(threads, rows, 1),
-        threadgroup=(threads, 1, 1),
-        template=[("T", x.dtype), ("HAS_WEIGHT", weight is not None)],
-        backend=backend,
+    xh = x.astype(mx.float32).reshape(*x.shape[:-1], num_heads, d // num_heads)
+    normed = _ln_normed(xh, eps).reshape(x.shape).astype(x.dtype)
+    return _affine(normed, weight, bias)
+
+
+# ---------------------------------------------------------------------------------------
+# Launch plans
+# ---------------------------------------------------------------------------------------
+
+
+# Small constant inputs, made once (mx arrays are immutable): saves host work per call.
+@functools.lru_cache(maxsize=256)
+def _ints(*values: int) -> mx.array:
+    return mx.array(list(values), dtype=mx.int32)
+
+
+@functools.lru_cache(maxsize=64)
+def _eps(eps: float) -> mx.array:
+    return mx.array(eps, dtype=mx.float32)
+
+
+@functools.lru_cache(maxsize=8)
+def _dummy(dtype: mx.Dtype) -> mx.array:
+    """Stand-in buffer for an absent weight or bias (never read)."""
+    return mx.array([0], dtype=dtype)
+
+
+@dataclass(frozen=True)
+class _Layout:
+    looped: bool
+    one_simd: bool
+    tpr: int  # threads per row (threadgroup x)
+    rows_per_tg: int  # threadgroup y (simdgroup-per-row layout), else 1
+
+
+def _layout(n: int, units: int) -> _Layout:
+    if n > CACHED_MAX:
+        return _Layout(True, False, LOOPED_THREADS, 1)
+    needed = -(-n // N_READS)
+    tpr = max(32, -(-needed // 32) * 32)
+    if tpr == 32:
+        return _Layout(False, True, 32, max(1, min(SIMD_ROWS, units)))
+    return _Layout(False, False, tpr, 1)
+
+
+def _plan(
+    kind: str,
+    x: mx.array,
+    weight: mx.array | None,
+    bias: mx.array | None,
+    eps: float,
+    num_heads: int = 1,
+) -> tuple[KernelSpec, dict[str, Any]]:
+    """(spec, launch keywords) of the forward kernel; x (..., num_heads * n), contiguous dtypes."""
+    n = x.shape[-1] // num_heads
+    rows = x.size // n
+    lay = _layout(n, rows)
+    dtype = x.dtype
+    dummy = _dummy(dtype)
+    template: list[tuple[str, Any]] = [("T", dtype), ("HAS_W", weight is not None)]
+    inputs = [x.reshape(rows, n), weight if weight is not None else dummy]
+    if kind == "ln":
+        template.append(("HAS_B", bias is not None))
+        inputs.append(bias if bias is not None else dummy)
+    template.append(("N_READS", N_READS))
+    if not lay.looped:
+        template.append(("ONE_SIMD", lay.one_simd))
+    inputs += [_eps(float(eps)), _ints(rows, n, num_heads)]
+    r = lay.rows_per_tg
+    kwargs = dict(
+        inputs=inputs,
+        output_shapes=[(rows, n)],
+        output_dtypes=[dtype],
+        grid=(lay.tpr, r * -(-rows // r), 1),
+        threadgroup=(lay.tpr, r, 1),
+        template=template,
     )
+    return _SPECS[(kind, lay.looped, False)], kwargs
+
+
+def _vjp_plan(
+    kind: str,
+    x: mx.array,
+    weight: mx.array | None,
+    has_bias: bool,
+    cotangent: mx.array,
+    eps: float,
+    num_heads: int = 1,
+) -> tuple[KernelSpec, dict[str, Any], int]:
+    """(spec, launch keywords, groups) of the backward kernel."""
+    n = x.shape[-1] // num_heads
+    m = x.size // (n * num_heads)  # outer rows
+    dtype = x.dtype
+    lay = _layout(n, m * num_heads)
+    if weight is None and not has_bias:
+        rpg = 1  # no partials to keep small: one row per unit, most parallelism
+    else:
+        target_units = max(1, VJP_TARGET_THREADS // lay.tpr)
+        rpg = -(-m // max(1, target_units // num_heads))
+    groups = -(-m // rpg)
+    units = groups * num_heads
+    if lay.one_simd:
+        lay = _Layout(False, True, 32, max(1, min(SIMD_ROWS, units)))
+    template: list[tuple[str, Any]] = [("T", dtype), ("HAS_W", weight is not None)]
+    partial = (groups, num_heads * n)
+    out_shapes: list[tuple[int, ...]] = [(m * num_heads, n), partial if weight is not None else (1,)]
+    if kind == "ln":
+        template.append(("HAS_B", has_bias))
+        out_shapes.append(partial if has_bias else (1,))
+    template.append(("N_READS", N_READS))
+    if not lay.looped:
+        template.append(("ONE_SIMD", lay.one_simd))
+    r = lay.rows_per_tg
+    kwargs = dict(
+        inputs=[
+            x.reshape(m * num_heads, n),
+            weight if weight is not None else _dummy(dtype),
+            cotangent.astype(dtype).reshape(m * num_heads, n),
+            _eps(float(eps)),
+            _ints(m, n, num_heads, rpg, units),
+        ],
+        output_shapes=out_shapes,
+        output_dtypes=[dtype] + [mx.float32] * (len(out_shapes) - 1),
+        grid=(lay.tpr, r * -(-units // r), 1),
+        threadgroup=(lay.tpr, r, 1),
+        template=template,
+    )
+    return _SPECS[(kind, lay.looped, True)], kwargs, groups
+
+
+def _forward(kind, x, weight, bias, eps, num_heads, backend) -> mx.array:
+    spec, kwargs = _plan(kind, x, weight, bias, eps, num_heads)
+    (y,) = launch(spec, **kwargs, backend=backend)
     return y.reshape(x.shape)
+
+
+def _backward(kind, x, weight, has_bias, cotangent, eps, num_heads, backend):
+    """(dx, dweight or None, dbias or None) through the *_vjp kernels."""
+    spec, kwargs, _ = _vjp_plan(kind, x, weight, has_bias, cotangent, eps, num_heads)
+    outs = launch(spec, **kwargs, backend=backend)
+    dx = outs[0].reshape(x.shape)
+    dw = outs[1].sum(axis=0).astype(x.dtype) if weight is not None else None
+    db = outs[2].sum(axis=0).astype(x.dtype) if has_bias else None
+    return dx, dw, db
+
+
+# ---------------------------------------------------------------------------------------
+# Validation and the differentiable wrapper
+# ---------------------------------------------------------------------------------------
+
+
+def _promote(*dtypes: mx.Dtype) -> mx.Dtype:
+    """The result dtype of the float inputs, as MLX promotes them (f16 with bf16 -> f32)."""
+    out = dtypes[0]
+    for d in dtypes[1:]:
+        if d != out:
+            out = mx.float32
+    return out
+
+
+def _validate(op: str, x, weight, bias, eps, num_heads: int = 1) -> tuple[mx.array, mx.array | None, mx.array | None]:
+    check_array(x, "x", min_ndim=1)
+    d = x.shape[-1]
+    if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads < 1:
+        raise ValueError(f"{op}: num_heads must be a positive int, got {num_heads!r}")
+    if d % num_heads:
+        raise ValueError(
+            f"{op}: num_heads={num_heads} does not divide the last axis of x (shape {tuple(x.shape)}, D={d})"
+        )
+    for arr, name in ((weight, "weight"), (bias, "bias")):
+        if arr is None:
+            continue
+        check_array(arr, name, ndim=1)
+        if arr.shape[0] != d:
+            raise ValueError(
+                f"{op}: {name} must have shape ({d},) to match the last axis of x {tuple(x.shape)}, "
+                f"got {tuple(arr.shape)}"
+            )
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
+        raise ValueError(f"{op}: eps must be a finite non-negative float, got {eps!r}")
+    dtype = _promote(x.dtype, *(a.dtype for a in (weight, bias) if a is not None))
+    cast = lambda a: None if a is None else (a if a.dtype == dtype else a.astype(dtype))  # noqa: E731
+    return cast(x), cast(weight), cast(bias)
+
+
+def _differentiable(kind: str, x, weight, bias, eps: float, num_heads: int, backend: str) -> mx.array:
+    has_w, has_b = weight is not None, bias is not None
+
+    def unpack(args):
+        return args[0], (args[1] if has_w else None), (args[1 + has_w] if has_b else None)
+
+    @mx.custom_function
+    def f(*args):
+        xa, wa, ba = unpack(args)
+        return _forward(kind, xa, wa, ba, eps, num_heads, backend)
+
+    @f.vjp
+    def f_vjp(primals, cotangent, output):
+        if isinstance(primals, mx.array):  # a single primal comes unwrapped
+            primals = (primals,)
+        if isinstance(cotangent, (list, tuple)):
+            cotangent = cotangent[0]
+        xa, wa, _ = unpack(primals)
+        dx, dw, db = _backward(kind, xa, wa, has_b, cotangent, eps, num_heads, backend)
+        grads = [dx] + ([dw] if has_w else []) + ([db] if has_b else [])
+        return tuple(grads) if len(grads) > 1 else grads[0]
+
+    args = [x] + ([weight] if has_w else []) + ([bias] if has_b else [])
+    return f(*args)
 
 
 def rms_norm(x: mx.array, weight: mx.array | None, eps: float = 1e-5) -> mx.array:
@@ -50,45 +327,64 @@ def rms_norm(x: mx.array, weight: mx.array | None, eps: float = 1e-5) -> mx.arra
     Args:
         x: (..., D) float32, float16 or bfloat16.
         weight: (D,) scale, or None.
-        eps: added to the mean square before the reciprocal square root.
+        eps: finite, >= 0; added to the mean square before the reciprocal square root.
 
     Returns:
-        (..., D) in x's dtype: ``weight * (x / sqrt(mean(x^2) + eps))``, reduced in float32.
+        (..., D) in the promoted dtype: ``weight * T(x * rsqrt(mean(x^2) + eps))``,
+        statistics in float32.
 
-    Differentiable; the backward pass currently runs through the reference ops.
+    Differentiable (dx and dweight through the ``rms_norm_vjp`` kernels).
     """
-    check_array(x, "x", min_ndim=1)
-    if weight is not None:
-        check_array(weight, "weight", ndim=1)
-        check_same_dtype(x, "x", weight, "weight")
-        if weight.shape[0] != x.shape[-1]:
-            raise ValueError(f"weight must have shape ({x.shape[-1]},) to match x's last axis, got {tuple(weight.shape)}")
-    if not isinstance(eps, (int, float)) or eps < 0:
-        raise ValueError(f"eps must be a non-negative float, got {eps!r}")
+    x, weight, _ = _validate("rms_norm", x, weight, None, eps)
     backend = current_backend()
     if backend == "reference" or x.size == 0:
         return rms_norm_reference(x, weight, eps)
+    return _differentiable("rms", x, weight, None, eps, 1, backend)
 
-    if weight is None:
 
-        @mx.custom_function
-        def f(x):
-            return _rms_norm_kernel(x, None, eps, backend)
+def layer_norm(x: mx.array, weight: mx.array | None, bias: mx.array | None, eps: float = 1e-5) -> mx.array:
+    """Layer normalisation over the last axis, like ``mx.fast.layer_norm``.
 
-        @f.vjp
-        def f_vjp(primals, cotangent, output):
-            _, vjp = mx.vjp(lambda x: rms_norm_reference(x, None, eps), list(primals), [cotangent])
-            return vjp[0]
+    Args:
+        x: (..., D) float32, float16 or bfloat16.
+        weight: (D,) scale, or None.
+        bias: (D,) shift, or None.
+        eps: finite, >= 0; added to the variance.
 
-        return f(x)
+    Returns:
+        (..., D) in the promoted dtype: ``bias + weight * T((x - mean) * rsqrt(var + eps))``,
+        mean and (centred, two-pass) variance in float32.
 
-    @mx.custom_function
-    def g(x, w):
-        return _rms_norm_kernel(x, w, eps, backend)
+    Differentiable (dx, dweight, dbias through the ``layer_norm_vjp`` kernels).
+    """
+    x, weight, bias = _validate("layer_norm", x, weight, bias, eps)
+    backend = current_backend()
+    if backend == "reference" or x.size == 0:
+        return layer_norm_reference(x, weight, bias, eps)
+    return _differentiable("ln", x, weight, bias, eps, 1, backend)
 
-    @g.vjp
-    def g_vjp(primals, cotangent, output):
-        _, vjp = mx.vjp(lambda x, w: rms_norm_reference(x, w, eps), list(primals), [cotangent])
-        return tuple(vjp)
 
-    return g(x, weight)
+def multihead_layer_norm(
+    x: mx.array, weight: mx.array | None, bias: mx.array | None, num_heads: int, eps: float = 1e-5
+) -> mx.array:
+    """LayerNorm of each head slice of the last axis separately (xLSTM's multi-head / group norm).
+
+    Args:
+        x: (..., num_heads * head_dim) float32, float16 or bfloat16; head h is the slice
+            ``[h * head_dim, (h + 1) * head_dim)`` of the last axis.
+        weight: (num_heads * head_dim,) scale, or None.
+        bias: (num_heads * head_dim,) shift, or None.
+        num_heads: a positive divisor of x's last axis.
+        eps: finite, >= 0.
+
+    Returns:
+        (..., num_heads * head_dim) in the promoted dtype; each head slice normalised with
+        its own mean and variance (float32), then scaled and shifted over all features.
+
+    Differentiable (the ``layer_norm_vjp`` kernels with per-head weight slices).
+    """
+    x, weight, bias = _validate("multihead_layer_norm", x, weight, bias, eps, num_heads)
+    backend = current_backend()
+    if backend == "reference" or x.size == 0:
+        return multihead_layer_norm_reference(x, weight, bias, num_heads, eps)
+    return _differentiable("ln", x, weight, bias, eps, num_heads, backend)

@@ -1,0 +1,219 @@
+"""Norm family vs MLX, in the same run: rms_norm and layer_norm vs mx.fast.rms_norm /
+mx.fast.layer_norm, multihead_layer_norm vs an mx-ops composite (reshape to heads,
+mx.fast.layer_norm without affine, reshape back, * weight + bias), forward and backward
+(mx.vjp of each side).
+
+    python bench/ops_norm.py [--backend metal|emulate] [--dtypes float32,float16,bfloat16] [--quick]
+
+`run(backend, dtypes, quick)` returns one dict per (op, shape, dtype): op, shape, dtype,
+ours_ms, mlx_ms, ratio (mlx_ms / ours_ms, > 1 = ours faster), gbps, pct_roofline,
+max_rel_err (vs float64 NumPy, or vs the float32 reference ops' gradients for *_vjp rows).
+GB/s counts the bytes the op must move: x read + y written + weight/bias read (forward);
+x, g read + dx written + weight read + dweight/dbias written (backward); % of
+`tiles.roofline()["bandwidth_gbs"]`. On the emulator there is no GPU to time: rows report
+correctness and `emulated_s` (wall time of the emulated launch) only.
+
+Design target: >= 1.0x mx.fast on Apple GPUs (not measured here: no Apple GPU in this
+environment; bench/bench_ops.py runs this module on a Mac). What the design relies on:
+* The same minimum traffic as MLX: the forward reads x once (rows up to 4096 stay in
+  registers, N_READS = 4 contiguous elements per thread, through the reductions and the
+  write) and writes y once; one launch, no extra pass. MLX's single-row kernels re-read x
+  for the write (from cache), so at best this matches them and removes that L1/L2 read.
+* Cheaper reductions: simd_sum, one threadgroup round trip and a simd_sum that every
+  simdgroup does itself, alternating scratch arrays, so one barrier per reduction
+  (MLX: two or three). LayerNorm's two-pass statistics run on registers, at no traffic.
+* Short rows and heads (n <= 128, e.g. xLSTM heads) run one simdgroup per row, 8 rows per
+  threadgroup, no barriers; MLX launches a 32-thread threadgroup per row, which caps the
+  resident threads per core by the threadgroup limit. This is where multi-head LN gains
+  most against a composite that needs reshapes plus a separate affine pass.
+* Backward: one kernel computes dx and per-group partial dweight/dbias sums kept in
+  registers over rpg rows, so the (groups, D) float partials stay near 2 MiB; MLX's VJP
+  writes a per-row g * xhat matrix of x's size and reduces it. Expect the largest
+  ratios there.
+Risks on hardware: the looped variant (rows > 4096) re-reads x 2-4 times from cache, as
+MLX does; small rows are launch-bound for both sides.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+
+from xlstm_kernels import runtime, tiles
+from xlstm_kernels.ops import norm as norm_ops
+
+EPS = 1e-5
+# (op, rows, d, num_heads)
+METAL_CASES = [
+    ("rms_norm", 1, 4096, 1),
+    ("rms_norm", 4096, 4096, 1),
+    ("rms_norm", 16384, 1024, 1),
+    ("rms_norm", 2048, 8192, 1),
+    ("layer_norm", 4096, 4096, 1),
+    ("layer_norm", 16384, 1024, 1),
+    ("layer_norm", 2048, 8192, 1),
+    ("multihead_layer_norm", 8192, 4 * 64, 4),
+    ("multihead_layer_norm", 4096, 8 * 512, 8),
+]
+METAL_QUICK = [METAL_CASES[1], METAL_CASES[4], METAL_CASES[7], METAL_CASES[8]]
+EMULATE_CASES = [
+    ("rms_norm", 8, 100, 1),
+    ("rms_norm", 4, 1031, 1),
+    ("rms_norm", 2, 4097, 1),
+    ("layer_norm", 8, 100, 1),
+    ("layer_norm", 4, 1031, 1),
+    ("layer_norm", 2, 4097, 1),
+    ("multihead_layer_norm", 6, 4 * 48, 4),
+]
+EMULATE_QUICK = [EMULATE_CASES[1], EMULATE_CASES[4], EMULATE_CASES[6]]
+
+
+def _ours(op, x, w, b, nh):
+    if op == "rms_norm":
+        return norm_ops.rms_norm(x, w, EPS)
+    if op == "layer_norm":
+        return norm_ops.layer_norm(x, w, b, EPS)
+    return norm_ops.multihead_layer_norm(x, w, b, nh, EPS)
+
+
+def _mlx(op, x, w, b, nh):
+    if op == "rms_norm":
+        return mx.fast.rms_norm(x, w, EPS)
+    if op == "layer_norm":
+        return mx.fast.layer_norm(x, w, b, EPS)
+    shape = x.shape
+    y = mx.fast.layer_norm(x.reshape(*shape[:-1], nh, shape[-1] // nh), None, None, EPS).reshape(shape)
+    return y * w + b
+
+
+def _ref64(op, x, w, b, nh):
+    x = np.asarray(x.astype(mx.float32), dtype=np.float64)
+    w = np.asarray(w.astype(mx.float32), dtype=np.float64)
+    if op == "rms_norm":
+        return w * x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + EPS)
+    b = np.asarray(b.astype(mx.float32), dtype=np.float64)
+    xh = x.reshape(*x.shape[:-1], nh, x.shape[-1] // nh)
+    mean = xh.mean(-1, keepdims=True)
+    y = ((xh - mean) / np.sqrt(((xh - mean) ** 2).mean(-1, keepdims=True) + EPS)).reshape(x.shape)
+    return y * w + b
+
+
+def _rel(out, ref) -> float:
+    out = np.asarray(out.astype(mx.float32), dtype=np.float64)
+    ref = np.asarray(ref.astype(mx.float32), dtype=np.float64) if isinstance(ref, mx.array) else ref
+    return float(np.max(np.abs(out - ref)) / np.max(np.abs(ref)))
+
+
+def _timed(fn, repeats: int) -> float:
+    mx.eval(fn())  # warm-up (compiles)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        mx.eval(fn())
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _vjp_fn(fwd, op, x, w, b, nh, cot):
+    args = [x, w] if op == "rms_norm" else [x, w, b]
+
+    def f(*a):
+        return fwd(op, a[0], a[1], a[2] if len(a) > 2 else None, nh)
+
+    return lambda: mx.vjp(f, args, [cot])[1]
+
+
+def _bench_case(op, rows, d, nh, dtype, emulated, repeats, roof, rng) -> list[dict]:
+    x = mx.array(rng.standard_normal((rows, d)).astype(np.float32)).astype(dtype)
+    w = mx.array(rng.standard_normal((d,)).astype(np.float32)).astype(dtype)
+    b = mx.array(rng.standard_normal((d,)).astype(np.float32)).astype(dtype)
+    cot = mx.array(rng.standard_normal((rows, d)).astype(np.float32)).astype(dtype)
+    item = x.itemsize
+    nparams = 1 if op == "rms_norm" else 2
+    fwd_bytes = 2 * rows * d * item + nparams * d * item
+    bwd_bytes = 3 * rows * d * item + d * item + nparams * d * item
+    dtype_name = str(dtype).split(".")[-1]
+    base = {"shape": [rows, d] if nh == 1 else [rows, nh, d // nh], "dtype": dtype_name}
+    out = []
+
+    fwd = lambda: _ours(op, x, w, b, nh)  # noqa: E731
+    bwd = _vjp_fn(_ours, op, x, w, b, nh, cot)
+    fwd_err = _rel(fwd(), _ref64(op, x, w, b, nh))
+    got = bwd()
+    with runtime.use_backend("reference"):
+        f32 = [a.astype(mx.float32) for a in (x, w, b)]
+        want = _vjp_fn(_ours, op, *f32, nh, cot.astype(mx.float32))()
+    bwd_err = max(_rel(g, r) for g, r in zip(got, want))
+
+    for name, fn, mlx_fn, nbytes, err in (
+        (op, fwd, lambda: _mlx(op, x, w, b, nh), fwd_bytes, fwd_err),
+        (op + "_vjp", bwd, _vjp_fn(_mlx, op, x, w, b, nh, cot), bwd_bytes, bwd_err),
+    ):
+        row = {"op": name, **base, "max_rel_err": err}
+        if emulated:
+            t0 = time.perf_counter()
+            mx.eval(fn())
+            row["emulated_s"] = time.perf_counter() - t0
+            print(f"{name:<26} {dtype_name:<9} {str(row['shape']):<18} emulated {row['emulated_s']:8.3f} s  err {err:.1e}")
+        else:
+            t_ours = _timed(fn, repeats)
+            t_mlx = _timed(mlx_fn, repeats)
+            gbps = nbytes / t_ours / 1e9
+            row.update({
+                "ours_ms": t_ours * 1e3, "mlx_ms": t_mlx * 1e3, "ratio": t_mlx / t_ours, "gbps": gbps,
+                "pct_roofline": 100.0 * gbps / roof["bandwidth_gbs"],
+            })
+            print(f"{name:<26} {dtype_name:<9} {str(row['shape']):<18} {row['ours_ms']:8.3f} ms "
+                  f"{row['mlx_ms']:8.3f} ms  x{row['ratio']:5.2f} {gbps:8.1f} GB/s "
+                  f"{row['pct_roofline']:5.1f}%  err {err:.1e}")
+        out.append(row)
+    return out
+
+
+def run(backend: str, dtypes: list, quick: bool) -> list[dict]:
+    """Benchmark rows for `backend` ("metal" or "emulate") and `dtypes` (mx dtypes or names)."""
+    emulated = backend == "emulate"
+    if emulated:
+        cases = EMULATE_QUICK if quick else EMULATE_CASES
+    else:
+        cases = METAL_QUICK if quick else METAL_CASES
+    repeats = 5 if quick else 20
+    roof = tiles.roofline()
+    rng = np.random.default_rng(0)
+    rows = []
+    with runtime.use_backend(backend):
+        for dtype in dtypes:
+            dtype = getattr(mx, dtype) if isinstance(dtype, str) else dtype
+            for op, r, d, nh in cases:
+                rows.extend(_bench_case(op, r, d, nh, dtype, emulated, repeats, roof, rng))
+    return rows
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--backend", choices=("metal", "emulate"), default="metal" if mx.metal.is_available() else "emulate")
+    p.add_argument("--dtypes", default="float32,float16,bfloat16")
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--out", default=None, help="write the rows as JSON here")
+    args = p.parse_args(argv)
+    print(f"backend {args.backend}; device {tiles.detect_device().family_key}; roofline {tiles.roofline()}")
+    rows = run(args.backend, args.dtypes.split(","), args.quick)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps({
+            "backend": args.backend, "machine": platform.platform(), "mlx": mx.__version__, "rows": rows,
+        }, indent=2) + "\n")
+        print(f"saved {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,517 @@
+"""Attention family (metal_src/attention.metal, xlstm_kernels/ops/attention.py).
+
+Oracles: a float64 NumPy attention (and its analytic gradients) computed from the
+dtype-rounded inputs, and mx.fast.scaled_dot_product_attention (MLX's CPU path) for the
+float32 semantics (masked rows, NaN rows, causal alignment). Shapes stay small: the
+emulator runs about 1M threads/s and compiles each template once.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from xlstm_kernels import emulate, runtime
+from xlstm_kernels.ops import attention as att
+
+DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
+MASKS = ("none", "causal", "bool", "additive")
+
+
+# ---------------------------------------------------------------------------------------
+# Inputs and references
+# ---------------------------------------------------------------------------------------
+
+
+def seed_of(*parts) -> int:
+    return zlib.crc32(repr(parts).encode())
+
+
+def rand(rng, shape, dtype, scale=1.0) -> mx.array:
+    x = rng.standard_normal(shape).astype(np.float32) * scale
+    x[x == 0] = 0.5
+    return mx.array(x).astype(dtype)
+
+
+def f64(x: mx.array) -> np.ndarray:
+    return np.asarray(x.astype(mx.float32)).astype(np.float64)
+
+
+def make_qkv(b, hq, hkv, lq, lk, d, dv, dtype, seed):
+    rng = np.random.default_rng(seed)
+    return rand(rng, (b, hq, lq, d), dtype), rand(rng, (b, hkv, lk, d), dtype), rand(rng, (b, hkv, lk, dv), dtype)
+
+
+def make_mask(kind: str, b, hq, lq, lk, dtype, seed, layout: str = "default"):
+    """None, "causal", a boolean (B, 1, Lq, Lk) mask with row 1 fully masked, or an
+    additive mask ((Lq, Lk), or (Hq, 1, Lk) with layout="head") with some -inf entries
+    (key 0 always finite, so no row is all -inf)."""
+    rng = np.random.default_rng(seed + 1)
+    if kind == "none":
+        return None
+    if kind == "causal":
+        return "causal"
+    if kind == "bool":
+        m = rng.random((b, 1, lq, lk)) < 0.7
+        if lq > 1:
+            m[:, :, 1, :] = False  # a row with every key masked: uniform average, as in MLX
+        return mx.array(m)
+    shape = (hq, 1, lk) if layout == "head" else (lq, lk)
+    a = rng.standard_normal(shape).astype(np.float32)
+    a[rng.random(shape) < 0.15] = -np.inf
+    a[..., 0] = 0.25
+    return mx.array(a).astype(dtype)
+
+
+def np_mask4(mask, b, hq, lq, lk):
+    """(kind, float64/bool array broadcast to (B, Hq, Lq, Lk) or None)."""
+    if mask is None:
+        return "none", None
+    if isinstance(mask, str):
+        allowed = np.arange(lk)[None, :] <= np.arange(lq)[:, None] + (lk - lq)
+        return "bool", np.broadcast_to(allowed, (b, hq, lq, lk))
+    arr = np.asarray(mask) if mask.dtype == mx.bool_ else f64(mask)
+    return ("bool" if mask.dtype == mx.bool_ else "add"), np.broadcast_to(arr, (b, hq, lq, lk))
+
+
+def np_attention(q, k, v, scale, mask, with_probs=False):
+    """float64 attention of mx inputs; masked scores -> finfo(float64).min like MLX."""
+    qd, kd, vd = f64(q), f64(k), f64(v)
+    b, hq, lq, _ = qd.shape
+    lk = kd.shape[2]
+    g = hq // kd.shape[1]
+    kk, vv = np.repeat(kd, g, axis=1), np.repeat(vd, g, axis=1)
+    s = np.einsum("bhqd,bhkd->bhqk", qd, kk) * scale
+    kind, m = np_mask4(mask, b, hq, lq, lk)
+    if kind == "bool":
+        s = np.where(m, s, np.finfo(np.float64).min)
+    elif kind == "add":
+        s = s + m
+    s = s - s.max(axis=-1, keepdims=True)
+    p = np.exp(s)
+    p /= p.sum(axis=-1, keepdims=True)
+    o = p @ vv
+    return (o, p, kk, vv, qd) if with_probs else o
+
+
+def np_attention_grads(q, k, v, scale, mask, do):
+    """Analytic float64 (dq, dk, dv, d(additive mask) summed to the mask's shape)."""
+    _, p, kk, vv, qd = np_attention(q, k, v, scale, mask, with_probs=True)
+    b, hq, lq, _ = qd.shape
+    hkv, lk = k.shape[1], k.shape[2]
+    g = hq // hkv
+    dv_full = np.einsum("bhqk,bhqd->bhkd", p, do)
+    dp = np.einsum("bhqd,bhkd->bhqk", do, vv)
+    ds = p * (dp - (dp * p).sum(axis=-1, keepdims=True))
+    kind, m = np_mask4(mask, b, hq, lq, lk)
+    if kind == "bool":
+        ds = np.where(m, ds, 0.0)  # a masked score is a constant: no gradient flows through it
+    dq = scale * np.einsum("bhqk,bhkd->bhqd", ds, kk)
+    dk_full = scale * np.einsum("bhqk,bhqd->bhkd", ds, qd)
+    dk = dk_full.reshape(b, hkv, g, lk, -1).sum(axis=2)
+    dv = dv_full.reshape(b, hkv, g, lk, -1).sum(axis=2)
+    dm = None
+    if isinstance(mask, mx.array) and mask.dtype != mx.bool_:
+        shape4 = (1,) * (4 - mask.ndim) + tuple(mask.shape)
+        axes = tuple(i for i, s in enumerate(shape4) if s == 1)
+        dm = ds.sum(axis=axes, keepdims=True).reshape(mask.shape)
+    return dq, dk, dv, dm
+
+
+def tolerance(dtype) -> float:
+    return 1e-5 if dtype == mx.float32 else 1e-2 if dtype == mx.float16 else 2e-2
+
+
+def rel_err(out: np.ndarray, ref: np.ndarray) -> float:
+    return float(np.max(np.abs(out - ref)) / np.max(np.abs(ref)))
+
+
+def assert_close(out: mx.array, ref: np.ndarray, dtype, what: str, tol: float | None = None) -> None:
+    assert tuple(out.shape) == tuple(ref.shape), f"{what}: shape {tuple(out.shape)} != {tuple(ref.shape)}"
+    assert out.dtype == dtype, f"{what}: dtype {out.dtype} != {dtype}"
+    got = f64(out)
+    assert np.all(np.isfinite(got)), f"{what}: non-finite values"
+    assert np.max(np.abs(ref)) > 0, f"{what}: degenerate reference"
+    tol = tolerance(dtype) if tol is None else tol
+    err = rel_err(got, ref)
+    assert err <= tol, f"{what}: relative error {err:.3e} > {tol:.0e}"
+
+
+class LaunchSpy:
+    """Records the kernels the attention ops launch (and still runs them)."""
+
+    def __init__(self, monkeypatch):
+        self.kernels: list[str] = []
+        self.templates: list[dict] = []
+        real = att.launch
+
+        def spy(spec, **kwargs):
+            self.kernels.append(spec.kernel)
+            self.templates.append(dict(kwargs.get("template") or []))
+            return real(spec, **kwargs)
+
+        monkeypatch.setattr(att, "launch", spy)
+
+
+# (B, Hq, Hkv, Lq, Lk, D, DV, additive mask layout): GQA ratios 1/4/8, query lengths
+# 1/3/8/33, key lengths 37/130 (not multiples of the KV tiles or blocks), head dims 64/128/80.
+CASES = {
+    "b2_gqa1_q33_k37_d64": (2, 2, 2, 33, 37, 64, 64, "default"),
+    "b1_gqa4_q8_k130_d128": (1, 4, 1, 8, 130, 128, 128, "head"),
+    "b1_gqa8_q3_k37_d64": (1, 8, 1, 3, 37, 64, 64, "default"),
+    "b1_gqa4_q1_k130_d80": (1, 4, 1, 1, 130, 80, 80, "head"),
+}
+
+
+# ---------------------------------------------------------------------------------------
+# Forward: prefill kernel and split-KV pair against float64
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("mask_kind", MASKS)
+@pytest.mark.parametrize("dtype_name", list(DTYPES))
+def test_prefill_matches_float64(kernel_backend, case, mask_kind, dtype_name):
+    b, hq, hkv, lq, lk, d, dv, layout = CASES[case]
+    dtype = DTYPES[dtype_name]
+    seed = seed_of("prefill", case, mask_kind, dtype_name)
+    q, k, v = make_qkv(b, hq, hkv, lq, lk, d, dv, dtype, seed)
+    mask = make_mask(mask_kind, b, hq, lq, lk, dtype, seed, layout)
+    scale = d**-0.5
+    out = att.attention_prefill(q, k, v, scale=scale, mask=mask)
+    assert_close(out, np_attention(q, k, v, scale, mask), dtype, f"prefill {case} {mask_kind}")
+
+
+SPLIT_CASES = {
+    "b1_gqa4_q1_k130_d128_bs32": (1, 4, 1, 1, 130, 128, 128, "head", 32),
+    "b2_gqa8_q3_k37_d64_bs16": (2, 8, 1, 3, 37, 64, 64, "default", 16),
+    "b1_gqa1_q8_k130_d80_bs64": (1, 2, 2, 8, 130, 80, 80, "default", 64),
+}
+
+
+@pytest.mark.parametrize("case", list(SPLIT_CASES))
+@pytest.mark.parametrize("mask_kind", MASKS)
+@pytest.mark.parametrize("dtype_name", list(DTYPES))
+def test_split_kv_matches_float64(kernel_backend, case, mask_kind, dtype_name):
+    b, hq, hkv, lq, lk, d, dv, layout, bs = SPLIT_CASES[case]
+    dtype = DTYPES[dtype_name]
+    seed = seed_of("split", case, mask_kind, dtype_name)
+    q, k, v = make_qkv(b, hq, hkv, lq, lk, d, dv, dtype, seed)
+    mask = make_mask(mask_kind, b, hq, lq, lk, dtype, seed, layout)
+    scale = d**-0.5
+    out = att.attention_decode_split_kv(q, k, v, scale=scale, mask=mask, block_size=bs)
+    assert_close(out, np_attention(q, k, v, scale, mask), dtype, f"split-KV {case} {mask_kind}")
+
+
+@pytest.mark.parametrize("mask_kind", MASKS)
+@pytest.mark.parametrize("block_size", [16, 48, 256])
+def test_split_kv_equals_single_pass(kernel_backend, mask_kind, block_size):
+    b, hq, hkv, lq, lk, d = 1, 4, 1, 3, 130, 64
+    seed = seed_of("split=single", mask_kind, block_size)
+    q, k, v = make_qkv(b, hq, hkv, lq, lk, d, d, mx.float32, seed)
+    mask = make_mask(mask_kind, b, hq, lq, lk, mx.float32, seed)
+    single = att.attention_prefill(q, k, v, scale=0.125, mask=mask)
+    split = att.attention_decode_split_kv(q, k, v, scale=0.125, mask=mask, block_size=block_size)
+    assert_close(split, f64(single), mx.float32, f"split-KV (block {block_size}) vs single pass", tol=2e-6)
+
+
+@pytest.mark.parametrize(
+    "d, dv, dtype_name, block_q, block_k",
+    [
+        (36, 20, "float32", None, None),  # head dims not multiples of 8 (zero-padded tiles), D != DV
+        (96, 96, "bfloat16", 16, 32),
+        (256, 256, "float32", 32, 16),  # K and V tiles share threadgroup memory (> 32 KiB apart)
+        (64, 64, "float16", 64, 8),
+        (128, 64, "float32", 8, 24),
+    ],
+)
+def test_head_dims_and_tiles(kernel_backend, d, dv, dtype_name, block_q, block_k):
+    dtype = DTYPES[dtype_name]
+    b, hq, hkv, lq, lk = 1, 2, 1, 19, 45
+    seed = seed_of("tiles", d, dv, dtype_name, block_q, block_k)
+    q, k, v = make_qkv(b, hq, hkv, lq, lk, d, dv, dtype, seed)
+    scale = d**-0.5
+    ref = np_attention(q, k, v, scale, "causal")
+    out = att.attention_prefill(q, k, v, scale=scale, mask="causal", block_q=block_q, block_k=block_k)
+    assert_close(out, ref, dtype, f"prefill D={d} DV={dv} tiles {block_q}x{block_k}")
+    out = att.attention_decode_split_kv(q, k, v, scale=scale, mask="causal", block_size=16)
+    assert_close(out, ref, dtype, f"split-KV D={d} DV={dv}")
+
+
+def test_partial_lse_and_reduce(kernel_backend):
+    """Pass 1's per-block log-sum-exp and normalised outputs, and pass 2 on its own."""
+    if kernel_backend == "reference":
+        pytest.skip("attention_partial / attention_reduce are kernels; the reference backend has none")
+    b, hq, hkv, lq, lk, d, bs = 1, 2, 1, 4, 37, 64, 16
+    q, k, v = make_qkv(b, hq, hkv, lq, lk, d, d, mx.float32, seed_of("lse"))
+    o_part, lse = att.attention_partial(q, k, v, scale=0.125, mask="causal", block_size=bs)
+    nb = -(-lk // bs)
+    assert tuple(o_part.shape) == (b, hq, lq, nb, d) and tuple(lse.shape) == (b, hq, lq, nb)
+    qd, kd, vd = f64(q), f64(k), f64(v)
+    got_lse, got_o = np.asarray(lse), np.asarray(o_part)
+    for h in range(hq):
+        for i in range(lq):
+            s = kd[0, 0] @ qd[0, h, i] * 0.125
+            visible = np.arange(lk) <= i + lk - lq
+            for blk in range(nb):
+                sel = visible & (np.arange(lk) // bs == blk)
+                if not sel.any():
+                    assert got_lse[0, h, i, blk] == -np.inf
+                    continue
+                ref_lse = np.log(np.exp(s[sel]).sum())
+                assert abs(got_lse[0, h, i, blk] - ref_lse) < 1e-5 * max(1.0, abs(ref_lse))
+                p = np.exp(s[sel] - s[sel].max())
+                ref_o = (p / p.sum()) @ vd[0, 0, sel]
+                assert rel_err(got_o[0, h, i, blk].astype(np.float64), ref_o) < 1e-5
+    out = att.attention_reduce(o_part, lse, block_size=bs, num_keys=lk, dtype=mx.float16)
+    assert_close(out, np_attention(q, k, v, 0.125, "causal"), mx.float16, "attention_reduce")
+
+
+# ---------------------------------------------------------------------------------------
+# Semantics against mx.fast.scaled_dot_product_attention (float32)
+# ---------------------------------------------------------------------------------------
+
+
+def _mx_fast_cases():
+    rng = np.random.default_rng(7)
+    lq, lk = 6, 70
+    full_min = np.full((lq, lk), np.finfo(np.float32).min, dtype=np.float32)
+    neg_inf_row = rng.standard_normal((lq, lk)).astype(np.float32)
+    neg_inf_row[2] = -np.inf
+    return {
+        "none": (lq, lk, None),
+        "causal_lq_lt_lk": (lq, lk, "causal"),
+        "causal_lq_gt_lk": (9, 5, "causal"),  # the first 4 rows see no key: uniform average
+        "bool_all_false": (lq, lk, mx.zeros((lq, lk), dtype=mx.bool_)),
+        "bool_random": (lq, lk, mx.array(rng.random((1, 4, lq, lk)) < 0.5)),
+        "additive_finfo_min": (lq, lk, mx.array(full_min)),
+        "additive_inf_row": (lq, lk, mx.array(neg_inf_row)),  # an all -inf row gives NaN
+    }
+
+
+MX_FAST_CASES = _mx_fast_cases()
+
+
+@pytest.mark.parametrize("case", list(MX_FAST_CASES))
+@pytest.mark.parametrize("path", ["auto", "prefill", "split"])
+def test_matches_mx_fast_float32(kernel_backend, case, path):
+    lq, lk, mask = MX_FAST_CASES[case]
+    q, k, v = make_qkv(2, 4, 2, lq, lk, 64, 64, mx.float32, seed_of("mxfast", case))
+    ref = np.asarray(mx.fast.scaled_dot_product_attention(q, k, v, scale=0.125, mask=mask)).astype(np.float64)
+    if path == "auto":
+        out = att.scaled_dot_product_attention(q, k, v, scale=0.125, mask=mask)
+    elif path == "prefill":
+        out = att.attention_prefill(q, k, v, scale=0.125, mask=mask)
+    else:
+        out = att.attention_decode_split_kv(q, k, v, scale=0.125, mask=mask, block_size=32)
+    got = f64(out)
+    assert np.array_equal(np.isnan(got), np.isnan(ref)), f"{case}: NaN rows differ from mx.fast"
+    fin = ~np.isnan(ref)
+    assert fin.any()
+    err = float(np.max(np.abs(got[fin] - ref[fin])) / np.max(np.abs(ref[fin])))
+    assert err <= 1e-5, f"{case} ({path}): relative error {err:.3e} vs mx.fast"
+
+
+def test_non_contiguous_inputs(kernel_backend):
+    """q/k/v as transposed views of (B, L, H, D) projections, as in a transformer layer."""
+    rng = np.random.default_rng(seed_of("noncontig"))
+    x = rand(rng, (1, 21, 4, 64), mx.float32)
+    kv = rand(rng, (1, 21, 2, 64), mx.float32)
+    q, k = x.transpose(0, 2, 1, 3), kv.transpose(0, 2, 1, 3)
+    out = att.scaled_dot_product_attention(q, k, k, scale=0.125, mask="causal")
+    ref = np.asarray(mx.fast.scaled_dot_product_attention(q, k, k, scale=0.125, mask="causal")).astype(np.float64)
+    assert_close(out, ref, mx.float32, "transposed views")
+
+
+# ---------------------------------------------------------------------------------------
+# Dispatch
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "lq, lk, min_keys, env, expect",
+    [
+        (1, 40, 32, None, ["attention_partial", "attention_reduce"]),
+        (8, 40, 32, None, ["attention_partial", "attention_reduce"]),
+        (9, 40, 32, None, ["attention_prefill"]),
+        (1, 40, None, None, ["attention_prefill"]),  # Lk < 1024
+        (1, 40, None, "40", ["attention_partial", "attention_reduce"]),
+    ],
+)
+def test_auto_dispatch(kernel_backend, monkeypatch, lq, lk, min_keys, env, expect):
+    if kernel_backend == "reference":
+        pytest.skip("the reference backend launches no kernels")
+    if env is None:
+        monkeypatch.delenv(att.ENV_SPLIT_MIN_KEYS, raising=False)
+    else:
+        monkeypatch.setenv(att.ENV_SPLIT_MIN_KEYS, env)
+    spy = LaunchSpy(monkeypatch)
+    q, k, v = make_qkv(1, 2, 1, lq, lk, 64, 64, mx.float32, seed_of("dispatch", lq))
+    out = att.scaled_dot_product_attention(q, k, v, scale=0.125, mask="causal", split_kv_min_keys=min_keys)
+    assert spy.kernels == expect
+    assert_close(out, np_attention(q, k, v, 0.125, "causal"), mx.float32, "dispatch")
+
+
+# ---------------------------------------------------------------------------------------
+# Gradients
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mask_kind", MASKS)
+@pytest.mark.parametrize("path", ["auto", "split"])
+@pytest.mark.parametrize("chunked", [False, True])
+def test_gradients(kernel_backend, monkeypatch, mask_kind, path, chunked):
+    if chunked:  # the backward recomputes in query chunks: force several
+        monkeypatch.setattr(att, "BACKWARD_CHUNK_ELEMENTS", 4 * 37)
+    b, hq, hkv, lq, lk, d = 1, 4, 1, 5, 37, 64
+    seed = seed_of("grad", mask_kind, path)
+    q, k, v = make_qkv(b, hq, hkv, lq, lk, d, d, mx.float32, seed)
+    mask = make_mask(mask_kind, b, hq, lq, lk, mx.float32, seed, layout="default")
+    do = rand(np.random.default_rng(seed + 2), (b, hq, lq, d), mx.float32)
+    fn = att.scaled_dot_product_attention if path == "auto" else att.attention_decode_split_kv
+    additive = mask_kind == "additive"
+
+    def loss(q, k, v, m):
+        return (fn(q, k, v, scale=0.125, mask=m if additive else mask) * do).sum()
+
+    argnums = (0, 1, 2, 3) if additive else (0, 1, 2)
+    grads = mx.grad(loss, argnums=argnums)(q, k, v, mask if additive else mx.zeros((1,)))
+    ref = np_attention_grads(q, k, v, 0.125, mask, f64(do))
+    for name, g, r in zip(("dq", "dk", "dv", "dmask"), grads, ref):
+        assert_close(g, r, mx.float32, f"{name} ({mask_kind}, {path}, chunked={chunked})", tol=2e-5)
+
+
+def test_gradients_low_precision(kernel_backend):
+    b, hq, hkv, lq, lk, d = 1, 2, 2, 4, 20, 64
+    q, k, v = make_qkv(b, hq, hkv, lq, lk, d, d, mx.bfloat16, seed_of("grad-bf16"))
+    do = rand(np.random.default_rng(3), (b, hq, lq, d), mx.bfloat16)
+    grads = mx.grad(
+        lambda q, k, v: (att.scaled_dot_product_attention(q, k, v, scale=0.125, mask="causal") * do).sum(),
+        argnums=(0, 1, 2),
+    )(q, k, v)
+    ref = np_attention_grads(q, k, v, 0.125, "causal", f64(do))
+    for name, g, r in zip(("dq", "dk", "dv"), grads, ref):
+        assert_close(g, r, mx.bfloat16, f"bf16 {name}", tol=3e-2)
+
+
+# ---------------------------------------------------------------------------------------
+# Validation, zero sizes, reference backend
+# ---------------------------------------------------------------------------------------
+
+
+def _bad_calls():
+    q = mx.ones((1, 4, 3, 8))
+    k = mx.ones((1, 2, 5, 8))
+    h = mx.ones((1, 4, 3, 8), dtype=mx.float16)
+    return {
+        "head dim": (lambda: att.scaled_dot_product_attention(q, k[..., :4], k, scale=1.0), ValueError, "head dim"),
+        "hq multiple": (lambda: att.scaled_dot_product_attention(mx.ones((1, 3, 3, 8)), k, k, scale=1.0), ValueError, "multiple"),
+        "mask shape": (lambda: att.scaled_dot_product_attention(q, k, k, scale=1.0, mask=mx.ones((4, 5))), ValueError, "broadcast"),
+        "mask rank": (lambda: att.scaled_dot_product_attention(q, k, k, scale=1.0, mask=mx.ones((1, 1, 1, 3, 5))), ValueError, "4 dimensions"),
+        "mask string": (lambda: att.scaled_dot_product_attention(q, k, k, scale=1.0, mask="upper"), ValueError, "causal"),
+        "mask dtype": (lambda: att.scaled_dot_product_attention(h, h[:, :2], h[:, :2], scale=1.0, mask=mx.ones((3, 3))), TypeError, "promote"),
+        "dtype mismatch": (lambda: att.scaled_dot_product_attention(h, k, k, scale=1.0), TypeError, "same dtype"),
+        "integer dtype": (lambda: att.scaled_dot_product_attention(q.astype(mx.int32), k, k, scale=1.0), TypeError, "int32"),
+        "rank": (lambda: att.scaled_dot_product_attention(q[0], k[0], k[0], scale=1.0), ValueError, "4 dimensions"),
+        "batch": (lambda: att.scaled_dot_product_attention(mx.ones((2, 4, 3, 8)), k, k, scale=1.0), ValueError, "batch"),
+        "v length": (lambda: att.scaled_dot_product_attention(q, k, k[:, :, :4], scale=1.0), ValueError, "Lk"),
+        "scale": (lambda: att.scaled_dot_product_attention(q, k, k, scale=None), TypeError, "scale"),
+        "block_q": (lambda: att.attention_prefill(q, k, k, scale=1.0, block_q=12), ValueError, "block_q"),
+        "block_size": (lambda: att.attention_decode_split_kv(q, k, k, scale=1.0, block_size=0), ValueError, "block_size"),
+    }
+
+
+BAD_CALLS = _bad_calls()
+
+
+@pytest.mark.parametrize("name", list(BAD_CALLS))
+def test_validation_errors(kernel_backend, name):
+    call, exc, text = BAD_CALLS[name]
+    with pytest.raises(exc, match=text):
+        call()
+
+
+@pytest.mark.parametrize(
+    "qs, ks, vs",
+    [
+        ((1, 2, 3, 8), (1, 2, 0, 8), (1, 2, 0, 8)),  # no keys: zeros, as in MLX
+        ((1, 2, 0, 8), (1, 2, 5, 8), (1, 2, 5, 8)),  # no queries
+        ((0, 2, 3, 8), (0, 2, 5, 8), (0, 2, 5, 8)),  # no batch
+        ((1, 2, 3, 0), (1, 2, 5, 0), (1, 2, 5, 4)),  # D = 0: uniform average of v
+        ((1, 2, 3, 8), (1, 2, 5, 8), (1, 2, 5, 0)),  # DV = 0
+    ],
+)
+def test_zero_size(kernel_backend, qs, ks, vs):
+    rng = np.random.default_rng(0)
+    q, k, v = rand(rng, qs, mx.float32), rand(rng, ks, mx.float32), rand(rng, vs, mx.float32)
+    out = att.scaled_dot_product_attention(q, k, v, scale=1.0, mask="causal")
+    ref = mx.fast.scaled_dot_product_attention(q, k, v, scale=1.0, mask="causal")
+    assert tuple(out.shape) == tuple(ref.shape) == (*qs[:3], vs[3])
+    assert np.allclose(np.asarray(out), np.asarray(ref), atol=1e-6)
+    g = mx.grad(lambda q: att.scaled_dot_product_attention(q, k, v, scale=1.0).sum())(q)
+    assert tuple(g.shape) == qs
+
+
+@pytest.mark.parametrize("mask_kind", MASKS)
+def test_reference_backend(mask_kind):
+    b, hq, hkv, lq, lk, d = 2, 4, 2, 5, 23, 32
+    seed = seed_of("reference", mask_kind)
+    q, k, v = make_qkv(b, hq, hkv, lq, lk, d, d, mx.float32, seed)
+    mask = make_mask(mask_kind, b, hq, lq, lk, mx.float32, seed)
+    with runtime.use_backend("reference"):
+        out = att.scaled_dot_product_attention(q, k, v, scale=0.2, mask=mask)
+    assert_close(out, np_attention(q, k, v, 0.2, mask), mx.float32, "reference backend")
+
+
+# ---------------------------------------------------------------------------------------
+# Races (emulator)
+# ---------------------------------------------------------------------------------------
+
+
+def _mask_obj(mask, q, k):
+    return att._check_mask(mask, (q.shape[0], q.shape[1], q.shape[2], k.shape[2]), q.dtype)
+
+
+@pytest.mark.emulator_only
+@pytest.mark.parametrize("mask_kind, d, dtype_name", [("bool", 64, "float16"), ("causal", 256, "float32")])
+def test_check_schedules_prefill(backend, mask_kind, d, dtype_name):
+    dtype = DTYPES[dtype_name]
+    q, k, v = make_qkv(1, 2, 1, 11, 21, d, d, dtype, seed_of("sched-prefill", d))
+    mask = make_mask(mask_kind, 1, 2, 11, 21, dtype, 5)
+    spec, kwargs = att._prefill_launch(q, k, v, _mask_obj(mask, q, k), 0.125, block_q=16, block_k=8)
+    (out,) = emulate.check_schedules(runtime.get_kernel(spec, "emulate"), **kwargs)
+    assert_close(out, np_attention(q, k, v, 0.125, mask), dtype, "prefill (schedules)")
+
+
+@pytest.mark.emulator_only
+def test_check_schedules_split_kv(backend):
+    q, k, v = make_qkv(1, 2, 1, 2, 45, 64, 64, mx.float32, seed_of("sched-split"))
+    m = _mask_obj("causal", q, k)
+    spec, kwargs = att._partial_launch(q, k, v, m, 0.125, 16)
+    o_part, lse = emulate.check_schedules(runtime.get_kernel(spec, "emulate"), **kwargs)
+    spec, kwargs = att._reduce_launch(o_part, lse, 16, 45, mx.float32)
+    (out,) = emulate.check_schedules(runtime.get_kernel(spec, "emulate"), **kwargs)
+    assert_close(out.reshape(1, 2, 2, 64), np_attention(q, k, v, 0.125, "causal"), mx.float32, "split-KV (schedules)")
+
+
+@pytest.mark.emulator_only
+@pytest.mark.parametrize("d, dv, dtype_name, mask_kind", [(36, 20, "float32", "additive"), (64, 64, "float16", "bool")])
+def test_bounds(backend, d, dv, dtype_name, mask_kind):
+    """Every kernel against guard pages: tile edges, vector loads, mask strides."""
+    dtype = DTYPES[dtype_name]
+    b, hq, hkv, lq, lk = 1, 4, 2, 9, 37
+    q, k, v = make_qkv(b, hq, hkv, lq, lk, d, dv, dtype, seed_of("bounds", d))
+    mask = make_mask(mask_kind, b, hq, lq, lk, dtype, 3, layout="head")
+    m = _mask_obj(mask, q, k)
+    ref = np_attention(q, k, v, 0.125, mask)
+    spec, kwargs = att._prefill_launch(q, k, v, m, 0.125)
+    (out,) = runtime.get_kernel(spec, "emulate")(**kwargs, check_bounds=True)
+    assert_close(out, ref, dtype, "prefill (bounds)")
+    spec, kwargs = att._partial_launch(q, k, v, m, 0.125, 16)
+    o_part, lse = runtime.get_kernel(spec, "emulate")(**kwargs, check_bounds=True)
+    spec, kwargs = att._reduce_launch(o_part, lse, 16, lk, dtype)
+    (out,) = runtime.get_kernel(spec, "emulate")(**kwargs, check_bounds=True)
+    assert_close(out.reshape(ref.shape), ref, dtype, "split-KV (bounds)")

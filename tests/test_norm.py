@@ -1,0 +1,371 @@
+"""Norm family (metal_src/norm.metal, ops/norm.py): RMSNorm, LayerNorm, multi-head LayerNorm.
+
+Forward outputs against float64 NumPy references for every dtype, row lengths on every
+kernel layout (7, 16: rows shorter than a simdgroup; 32, 100: simdgroup per row; 1031:
+threadgroup per row, cached; 4097: looped), weight/bias absent and present; against
+mx.fast in float32; gradients (dx, dweight, dbias) against mx.vjp of the reference ops;
+schedules and bounds through the emulator.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from xlstm_kernels import runtime
+from xlstm_kernels.ops import norm as norm_mod
+from xlstm_kernels.ops.norm import layer_norm, multihead_layer_norm, rms_norm
+
+DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
+ROW_LENGTHS = (7, 16, 32, 100, 1031, 4097)
+WB = [(False, False), (True, False), (False, True), (True, True)]
+EPS = 1e-5
+
+
+def seed_of(*parts) -> int:
+    return zlib.crc32(repr(parts).encode())
+
+
+def rand(rng, shape, dtype=mx.float32, scale: float = 1.0, shift: float = 0.0) -> mx.array:
+    """Fresh normal data (never exactly zero) in `dtype`."""
+    x = rng.standard_normal(shape).astype(np.float32) * scale + shift
+    x[x == 0] = 0.5
+    return mx.array(x).astype(dtype)
+
+
+def f64(x: mx.array) -> np.ndarray:
+    return np.asarray(x.astype(mx.float32)).astype(np.float64)
+
+
+def rel_err(out: mx.array, ref) -> float:
+    ref = f64(ref) if isinstance(ref, mx.array) else np.asarray(ref, dtype=np.float64)
+    out = f64(out)
+    assert out.shape == ref.shape, (out.shape, ref.shape)
+    return float(np.max(np.abs(out - ref)) / np.max(np.abs(ref)))
+
+
+def tol(dtype) -> float:
+    return 1e-5 if dtype == mx.float32 else 1e-2
+
+
+# float64 references -------------------------------------------------------------------
+
+
+def rms_ref64(x, w, eps=EPS):
+    x = f64(x)
+    y = x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
+    return y if w is None else y * f64(w)
+
+
+def ln_ref64(x, w, b, eps=EPS, num_heads=1):
+    x = f64(x)
+    xh = x.reshape(*x.shape[:-1], num_heads, x.shape[-1] // num_heads)
+    mean = xh.mean(axis=-1, keepdims=True)
+    var = ((xh - mean) ** 2).mean(axis=-1, keepdims=True)
+    y = ((xh - mean) / np.sqrt(var + eps)).reshape(x.shape)
+    if w is not None:
+        y = y * f64(w)
+    if b is not None:
+        y = y + f64(b)
+    return y
+
+
+def make(rng, shape, dtype, has_w, has_b):
+    d = shape[-1]
+    x = rand(rng, shape, dtype, scale=2.0, shift=0.5)  # a non-zero mean exercises the centring
+    w = rand(rng, (d,), dtype) if has_w else None
+    b = rand(rng, (d,), dtype) if has_b else None
+    return x, w, b
+
+
+# forward ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("d", ROW_LENGTHS)
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("has_w", [False, True])
+def test_rms_norm_forward(kernel_backend, d, dtype, has_w):
+    dt = DTYPES[dtype]
+    rng = np.random.default_rng(seed_of("rms", d, dtype, has_w))
+    shape = (2, 3, d) if d < 4096 else (3, d)
+    x, w, _ = make(rng, shape, dt, has_w, False)
+    y = rms_norm(x, w, EPS)
+    assert y.dtype == dt and y.shape == x.shape
+    assert rel_err(y, rms_ref64(x, w)) < tol(dt)
+
+
+@pytest.mark.parametrize("d", ROW_LENGTHS)
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("has_w,has_b", WB)
+def test_layer_norm_forward(kernel_backend, d, dtype, has_w, has_b):
+    dt = DTYPES[dtype]
+    rng = np.random.default_rng(seed_of("ln", d, dtype, has_w, has_b))
+    shape = (2, 3, d) if d < 4096 else (3, d)
+    x, w, b = make(rng, shape, dt, has_w, has_b)
+    y = layer_norm(x, w, b, EPS)
+    assert y.dtype == dt and y.shape == x.shape
+    assert rel_err(y, ln_ref64(x, w, b)) < tol(dt)
+
+
+@pytest.mark.parametrize("d", (7, 100, 1031, 4097))
+@pytest.mark.parametrize("has_w,has_b", WB)
+def test_matches_mx_fast_float32(kernel_backend, d, has_w, has_b):
+    rng = np.random.default_rng(seed_of("fast", d, has_w, has_b))
+    x, w, b = make(rng, (5, d), mx.float32, has_w, has_b)
+    assert rel_err(layer_norm(x, w, b, EPS), mx.fast.layer_norm(x, w, b, EPS)) < 1e-5
+    if not has_b:
+        assert rel_err(rms_norm(x, w, EPS), mx.fast.rms_norm(x, w, EPS)) < 1e-5
+
+
+@pytest.mark.parametrize("nh,dh", [(1, 16), (1, 48), (4, 16), (4, 48)])
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("has_w,has_b", [(False, False), (True, True)])
+def test_multihead_layer_norm_forward(kernel_backend, nh, dh, dtype, has_w, has_b):
+    dt = DTYPES[dtype]
+    rng = np.random.default_rng(seed_of("mh", nh, dh, dtype, has_w, has_b))
+    x, w, b = make(rng, (2, 5, nh * dh), dt, has_w, has_b)
+    y = multihead_layer_norm(x, w, b, nh, EPS)
+    assert y.dtype == dt and y.shape == x.shape
+    assert rel_err(y, ln_ref64(x, w, b, num_heads=nh)) < tol(dt)
+    if nh > 1:  # the per-head statistics matter: whole-row LayerNorm differs
+        assert rel_err(y, ln_ref64(x, w, b)) > 10 * tol(dt)
+
+
+def test_multihead_layer_norm_head_offsets(kernel_backend):
+    """Heads with very different scales and means are normalised independently."""
+    rng = np.random.default_rng(3)
+    nh, dh = 4, 48
+    x = rand(rng, (3, nh, dh)) * mx.array([0.01, 1.0, 30.0, 500.0])[:, None] + mx.array([0.05, -3.0, 0.0, 1e3])[:, None]
+    x = x.reshape(3, nh * dh)
+    w, b = rand(rng, (nh * dh,)), rand(rng, (nh * dh,))
+    y = multihead_layer_norm(x, w, b, nh, EPS)
+    assert rel_err(y, ln_ref64(x, w, b, num_heads=nh)) < 1e-5
+
+
+def test_noncontiguous_and_long_head_slices(kernel_backend):
+    """A transposed (non-row-contiguous) input, and head slices long enough to loop."""
+    rng = np.random.default_rng(11)
+    xt = rand(rng, (200, 6)).T  # (6, 200)
+    w, b = rand(rng, (200,)), rand(rng, (200,))
+    assert rel_err(layer_norm(xt, w, b, EPS), ln_ref64(xt, w, b)) < 1e-5
+    assert rel_err(rms_norm(xt, None, EPS), rms_ref64(xt, None)) < 1e-5
+    xl, wl, _ = make(rng, (2, 2 * 4100), mx.float32, True, False)
+    assert rel_err(multihead_layer_norm(xl, wl, None, 2, EPS), ln_ref64(xl, wl, None, num_heads=2)) < 1e-5
+
+
+# gradients ----------------------------------------------------------------------------
+
+
+def _grads(fn, args, cot):
+    _, g = mx.vjp(fn, args, [cot])
+    mx.eval(g)
+    return g
+
+
+def _check_grads(kind, shape, dtype, has_w, has_b, nh=1, seed=0):
+    rng = np.random.default_rng(seed)
+    x, w, b = make(rng, shape, dtype, has_w, has_b)
+    cot = rand(rng, shape, dtype)
+    args = [x] + ([w] if has_w else []) + ([b] if has_b else [])
+
+    def call(*a):
+        xa = a[0]
+        wa = a[1] if has_w else None
+        ba = a[1 + has_w] if has_b else None
+        if kind == "rms":
+            return rms_norm(xa, wa, EPS)
+        if nh == 1:
+            return layer_norm(xa, wa, ba, EPS)
+        return multihead_layer_norm(xa, wa, ba, nh, EPS)
+
+    got = _grads(call, args, cot)
+    # Oracle: the reference ops on float32 copies of the same values.
+    with runtime.use_backend("reference"):
+        want = _grads(call, [a.astype(mx.float32) for a in args], cot.astype(mx.float32))
+    limit = 2e-5 if dtype == mx.float32 else 1.5e-2
+    names = ["dx"] + (["dweight"] if has_w else []) + (["dbias"] if has_b else [])
+    assert len(got) == len(args)
+    for name, a, g, r in zip(names, args, got, want):
+        assert g.dtype == a.dtype and g.shape == a.shape, name
+        err = rel_err(g, r)
+        assert err < limit, f"{name}: rel err {err:.2e}"
+
+
+@pytest.mark.parametrize("d", (7, 100, 1031, 4097))
+@pytest.mark.parametrize("has_w", [False, True])
+def test_rms_norm_grad_float32(kernel_backend, d, has_w):
+    _check_grads("rms", (2, 3, d) if d < 4096 else (3, d), mx.float32, has_w, False, seed=seed_of("grms", d, has_w))
+
+
+@pytest.mark.parametrize("d", (7, 100, 1031, 4097))
+@pytest.mark.parametrize("has_w,has_b", WB)
+def test_layer_norm_grad_float32(kernel_backend, d, has_w, has_b):
+    _check_grads("ln", (2, 3, d) if d < 4096 else (3, d), mx.float32, has_w, has_b, seed=seed_of("gln", d, has_w, has_b))
+
+
+@pytest.mark.parametrize("d", (32, 1031, 4097))
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_grads_half_precision(kernel_backend, d, dtype):
+    dt = DTYPES[dtype]
+    shape = (4, d) if d < 4096 else (2, d)
+    _check_grads("rms", shape, dt, True, False, seed=seed_of("grms16", d, dtype))
+    _check_grads("ln", shape, dt, True, True, seed=seed_of("gln16", d, dtype))
+
+
+@pytest.mark.parametrize("nh,dh", [(1, 16), (1, 48), (4, 16), (4, 48)])
+@pytest.mark.parametrize("has_w,has_b", [(False, False), (True, True)])
+def test_multihead_layer_norm_grad(kernel_backend, nh, dh, has_w, has_b):
+    _check_grads("ln", (2, 5, nh * dh), mx.float32, has_w, has_b, nh=nh, seed=seed_of("gmh", nh, dh, has_w, has_b))
+
+
+@pytest.mark.parametrize("cached_max", [norm_mod.CACHED_MAX, 64])
+def test_grads_many_rows_per_group(kernel_backend, monkeypatch, cached_max):
+    """Few backward units: each sums dweight/dbias over several rows (registers when
+    cached, its own partial cells when looped; cached_max=64 forces the looped kernels)."""
+    monkeypatch.setattr(norm_mod, "VJP_TARGET_THREADS", 1024)
+    monkeypatch.setattr(norm_mod, "CACHED_MAX", cached_max)
+    _check_grads("ln", (37, 200), mx.float32, True, True, seed=1)
+    _check_grads("rms", (37, 200), mx.float32, True, False, seed=2)
+    _check_grads("ln", (9, 4, 100), mx.float32, True, True, nh=4, seed=3)  # rows of 4 heads x 100
+    _check_grads("ln", (33, 4 * 16), mx.float32, True, False, nh=4, seed=4)  # simdgroup units
+    spec, _, groups = norm_mod._vjp_plan("ln", mx.zeros((37, 200)), mx.zeros((200,)), True, mx.zeros((37, 200)), EPS)
+    assert groups < 37 and spec.kernel == ("layer_norm_vjp" if cached_max > 200 else "layer_norm_vjp_looped")
+
+
+def test_forward_looped_short_rows(kernel_backend, monkeypatch):
+    """The looped kernels with several chunks per thread and a ragged tail."""
+    monkeypatch.setattr(norm_mod, "CACHED_MAX", 64)
+    monkeypatch.setattr(norm_mod, "LOOPED_THREADS", 64)
+    rng = np.random.default_rng(5)
+    x, w, b = make(rng, (3, 4 * 2 * 4 * 64 + 3), mx.float32, True, True)
+    assert rel_err(layer_norm(x, w, b, EPS), ln_ref64(x, w, b)) < 1e-5
+    assert rel_err(rms_norm(x, w, EPS), rms_ref64(x, w)) < 1e-5
+    assert norm_mod._plan("ln", x, w, b, EPS)[0].kernel == "layer_norm_looped"
+
+
+# kernel choice, validation, edge cases ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "d,kernel,tg",
+    [(7, "rms_norm", (32, 8, 1)), (128, "rms_norm", (32, 8, 1)), (129, "rms_norm", (64, 1, 1)),
+     (4096, "rms_norm", (1024, 1, 1)), (4097, "rms_norm_looped", (1024, 1, 1))],
+)
+def test_plan_picks_layout(d, kernel, tg):
+    spec, kw = norm_mod._plan("rms", mx.zeros((16, d)), None, None, EPS)
+    assert spec.kernel == kernel and kw["threadgroup"] == tg
+    assert kw["grid"][1] % tg[1] == 0 and kw["grid"][1] >= 16
+
+
+def test_errors():
+    x = mx.zeros((4, 12))
+    with pytest.raises(ValueError, match=r"weight must have shape \(12,\)"):
+        rms_norm(x, mx.ones((11,)))
+    with pytest.raises(ValueError, match=r"bias must have shape \(12,\)"):
+        layer_norm(x, None, mx.ones((13,)))
+    with pytest.raises(ValueError, match="weight must have 1 dimensions"):
+        layer_norm(x, mx.ones((1, 12)), None)
+    with pytest.raises(ValueError, match="num_heads=5 does not divide"):
+        multihead_layer_norm(x, None, None, 5)
+    with pytest.raises(ValueError, match="num_heads must be a positive int"):
+        multihead_layer_norm(x, None, None, 0)
+    with pytest.raises(TypeError, match="x has dtype .*int32"):
+        rms_norm(mx.zeros((4, 12), dtype=mx.int32), None)
+    with pytest.raises(TypeError, match="weight has dtype .*int32"):
+        layer_norm(x, mx.ones((12,), dtype=mx.int32), None)
+    with pytest.raises(ValueError, match="eps must be a finite non-negative float"):
+        rms_norm(x, None, -1e-5)
+    with pytest.raises(ValueError, match="eps must be a finite non-negative float"):
+        layer_norm(x, None, None, float("nan"))
+    with pytest.raises(ValueError, match="at least 1 dimension"):
+        layer_norm(mx.array(1.0), None, None)
+    with pytest.raises(TypeError, match="must be an mx.array"):
+        rms_norm(np.zeros((2, 3), dtype=np.float32), None)
+
+
+@pytest.mark.parametrize("shape", [(0, 12), (3, 0), (2, 0, 12)])
+def test_zero_size(kernel_backend, shape):
+    x = mx.zeros(shape)
+    d = shape[-1]
+    w = mx.ones((d,))
+    for y in (rms_norm(x, w), layer_norm(x, w, w), multihead_layer_norm(x, w, None, 1 if d == 0 else 4)):
+        mx.eval(y)
+        assert y.shape == shape and y.size == 0
+
+
+def test_dtype_promotion(kernel_backend):
+    """As mx.fast: a float32 weight with bfloat16 x gives float32 (computed on x's values)."""
+    rng = np.random.default_rng(9)
+    x = rand(rng, (3, 40), mx.bfloat16)
+    w = rand(rng, (40,))
+    y = rms_norm(x, w)
+    assert y.dtype == mx.float32
+    assert rel_err(y, rms_ref64(x, w)) < 1e-5
+    assert layer_norm(x.astype(mx.float16), None, w.astype(mx.bfloat16)).dtype == mx.float32
+
+
+def test_reference_backend_matches():
+    rng = np.random.default_rng(2)
+    x, w, b = make(rng, (3, 4 * 48), mx.float32, True, True)
+    with runtime.use_backend("reference"):
+        assert rel_err(rms_norm(x, w), rms_ref64(x, w)) < 1e-5
+        assert rel_err(layer_norm(x, w, b), ln_ref64(x, w, b)) < 1e-5
+        assert rel_err(multihead_layer_norm(x, w, b, 4), ln_ref64(x, w, b, num_heads=4)) < 1e-5
+
+
+# the emulator's own checks ------------------------------------------------------------
+
+
+def _kernel_cases():
+    """(spec, launch kwargs) for every kernel and layout, on small odd shapes."""
+    rng = np.random.default_rng(7)
+    cases = []
+    for d in (7, 300, 4097):  # simdgroup per row, threadgroup per row (3 simdgroups), looped
+        rows = 2 if d > 4096 else 5
+        x, w, b = make(rng, (rows, d), mx.float32, True, True)
+        g = rand(rng, (rows, d))
+        for kind, bias in (("rms", None), ("ln", b)):
+            cases.append(norm_mod._plan(kind, x, w, bias, EPS))
+            cases.append(norm_mod._vjp_plan(kind, x, w, bias is not None, g, EPS)[:2])
+    x, w, _ = make(rng, (7, 3 * 20), mx.float16, True, False)  # 3 heads of 20
+    cases.append(norm_mod._plan("ln", x, w, None, EPS, 3))
+    cases.append(norm_mod._vjp_plan("ln", x, w, False, rand(rng, x.shape, mx.float16), EPS, 3)[:2])
+    return cases
+
+
+@pytest.mark.emulator_only
+def test_check_schedules_every_kernel(monkeypatch):
+    from xlstm_kernels.emulate import check_schedules
+
+    # Few backward units, so that each sums its partials over several rows.
+    monkeypatch.setattr(norm_mod, "VJP_TARGET_THREADS", 288)
+    seen = set()
+    for spec, kw in _kernel_cases():
+        seen.add(spec.kernel)
+        check_schedules(runtime.get_kernel(spec, "emulate"), seeds=(1,), **kw)
+    assert seen == {s.kernel for s in norm_mod._SPECS.values()}
+
+
+@pytest.mark.emulator_only
+def test_check_bounds_odd_shape():
+    rng = np.random.default_rng(8)
+    x, w, b = make(rng, (3, 5, 2 * 13), mx.bfloat16, True, True)  # rows of 2 heads x 13
+    g = rand(rng, x.shape, mx.bfloat16)
+    xl, wl, _ = make(rng, (2, 4099), mx.float16, True, False)
+    gl = rand(rng, xl.shape, mx.float16)
+    xm, wm, bm = make(rng, (3, 301), mx.float32, True, True)
+    plans = [
+        norm_mod._plan("ln", x, w, b, EPS, 2),
+        norm_mod._vjp_plan("ln", x, w, True, g, EPS, 2)[:2],
+        norm_mod._plan("rms", xl, wl, None, EPS),
+        norm_mod._vjp_plan("rms", xl, wl, False, gl, EPS)[:2],
+        norm_mod._plan("ln", xm, wm, bm, EPS),
+    ]
+    outs = [runtime.get_kernel(spec, "emulate")(**kw, check_bounds=True) for spec, kw in plans]
+    mx.eval(outs)
+    assert rel_err(outs[0][0].reshape(x.shape), ln_ref64(x, w, b, num_heads=2)) < 1e-2
+    assert rel_err(outs[2][0], rms_ref64(xl, wl)) < 1e-2
+    assert rel_err(outs[4][0], ln_ref64(xm, wm, bm)) < 1e-5

@@ -1,0 +1,536 @@
+"""Scaled dot-product attention backed by ``metal_src/attention.metal``.
+
+    scaled_dot_product_attention(q, k, v, *, scale, mask=None) -> o
+
+mirrors ``mx.fast.scaled_dot_product_attention``:
+
+    q (B, Hq, Lq, D), k (B, Hkv, Lk, D), v (B, Hkv, Lk, DV) -> o (B, Hq, Lq, DV)
+
+* float32, float16 or bfloat16, one dtype for q, k and v; the output has that dtype.
+  Scores, the softmax (running max and sum) and the output accumulate in float32.
+* Grouped-query attention: Hq a multiple of Hkv; query head h reads key/value head
+  ``h // (Hq // Hkv)``.
+* ``mask``: None; ``"causal"`` (query i sees keys j <= i + Lk - Lq, so the last query
+  is aligned with the last key when Lq < Lk); a boolean array (True = attend); or an
+  additive array (added to the scaled scores; its dtype must promote to q's dtype,
+  as in MLX). Array masks broadcast to (B, Hq, Lq, Lk). They are passed to the kernels
+  in their own shape together with their element strides along (batch, head, query,
+  key), a stride of 0 on broadcast axes: the (B, Hq, Lq, Lk) mask is never
+  materialised. Masked-out scores become finfo(float32).min (not -inf), as in MLX, so
+  a row whose keys are all masked averages V uniformly; an additive -inf everywhere
+  gives NaN, as in MLX.
+
+Kernels (``metal_src/attention.metal``):
+
+* ``attention_prefill``: flash attention forward, BQ x BK tiles (BQ 8/16/32 by query
+  length, BK 32, or 16 from head dim 128), Q·Kᵀ and P·V as simdgroup_matrix 8x8 MMAs in
+  float, online softmax with exp2. Every head dim from 1 to 256 runs on it (head dims
+  are zero-padded to a multiple of 8 inside the tiles; 64, 80, 96, 128 need no padding).
+* ``attention_partial`` + ``attention_reduce``: split-KV decode. Pass 1 writes, per
+  (batch, head, query, key block), the block's normalised output (float32) and its
+  log-sum-exp; pass 2 merges the blocks through their LSEs. Chosen automatically for
+  Lq <= ``SPLIT_KV_MAX_QUERIES`` (8) and Lk >= ``SPLIT_KV_MIN_KEYS`` (1024; override with
+  the ``split_kv_min_keys`` argument or ``XLSTM_KERNELS_ATTN_SPLIT_MIN_KEYS``).
+
+Head dims above ``MAX_KERNEL_HEAD_DIM`` (256), zero-size inputs and the ``reference``
+backend run :func:`attention_reference` (plain mx ops, float32 softmax).
+
+Training: every entry point is differentiable (q, k, v and an additive mask). The
+backward pass recomputes the attention through :func:`attention_reference` under
+``mx.vjp``, in chunks of queries so that the float32 score matrix of one chunk stays
+below ``BACKWARD_CHUNK_ELEMENTS`` elements. Why recomputation and not backward
+kernels: the forward kernels are the inference hot path; the reference VJP is exact,
+covers every mask kind and GQA ratio with one code path, and keeps the backward
+numerically identical to MLX's own fallback, at the cost of O(chunk x Lk) memory and
+mx-op speed. Boolean masks and causal get no gradient (they are not differentiable).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, replace
+from typing import Any
+
+import mlx.core as mx
+
+from ..runtime import KernelSpec, current_backend, launch
+from ._validate import check_array, check_same_dtype
+
+__all__ = [
+    "BACKWARD_CHUNK_ELEMENTS",
+    "MAX_KERNEL_HEAD_DIM",
+    "SPLIT_KV_BLOCK_SIZE",
+    "SPLIT_KV_MAX_QUERIES",
+    "SPLIT_KV_MIN_KEYS",
+    "attention_decode_split_kv",
+    "attention_partial",
+    "attention_prefill",
+    "attention_reduce",
+    "attention_reference",
+    "scaled_dot_product_attention",
+]
+
+#: Split-KV decode is used for at most this many queries ...
+SPLIT_KV_MAX_QUERIES = 8
+#: ... and at least this many keys (``XLSTM_KERNELS_ATTN_SPLIT_MIN_KEYS`` overrides).
+SPLIT_KV_MIN_KEYS = 1024
+ENV_SPLIT_MIN_KEYS = "XLSTM_KERNELS_ATTN_SPLIT_MIN_KEYS"
+#: Keys per block of the split-KV pass 1 (default).
+SPLIT_KV_BLOCK_SIZE = 256
+#: Largest head dim (of q/k and of v) the kernels take; larger ones use the reference.
+MAX_KERNEL_HEAD_DIM = 256
+#: The backward pass recomputes scores for query chunks of at most this many elements.
+BACKWARD_CHUNK_ELEMENTS = 1 << 24
+
+_MASK_NONE, _MASK_CAUSAL, _MASK_BOOL, _MASK_ADD = 0, 1, 2, 3
+_TG_MEMORY = 32 * 1024
+
+_INPUTS = ("q", "k", "v", "mask", "params", "scale")
+PREFILL = KernelSpec("attention", "attention_prefill", _INPUTS, ("o",))
+PARTIAL = KernelSpec("attention", "attention_partial", _INPUTS, ("o_part", "lse"))
+REDUCE = KernelSpec("attention", "attention_reduce", ("o_part", "lse", "params"), ("o",))
+
+
+# ---------------------------------------------------------------------------------------
+# Validation
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Mask:
+    """A validated mask: kind, the array as the kernels read it, strides over (b, h, q, k)."""
+
+    kind: int
+    array: mx.array | None = None
+    strides: tuple[int, int, int, int] = (0, 0, 0, 0)
+
+    def buffer(self) -> mx.array:
+        return self.array if self.array is not None else mx.zeros((1,), dtype=mx.bool_)
+
+    def reference_mask(self) -> Any:
+        return {_MASK_NONE: None, _MASK_CAUSAL: "causal"}.get(self.kind, self.array)
+
+
+def _promotes_to(a: mx.Dtype, b: mx.Dtype) -> bool:
+    """Whether MLX's promotion of `a` with `b` is `b` (``a`` can be added to a `b` array)."""
+    return (mx.zeros((1,), dtype=a) + mx.zeros((1,), dtype=b)).dtype == b
+
+
+def _check_mask(mask: Any, target: tuple[int, int, int, int], dtype: mx.Dtype) -> _Mask:
+    if mask is None:
+        return _Mask(_MASK_NONE)
+    if isinstance(mask, str):
+        if mask != "causal":
+            raise ValueError(f"mask must be None, 'causal' or an mx.array, got the string {mask!r}")
+        return _Mask(_MASK_CAUSAL)
+    if not isinstance(mask, mx.array):
+        raise TypeError(f"mask must be None, 'causal' or an mx.array, got {type(mask).__name__}")
+    if mask.ndim > 4:
+        raise ValueError(f"mask must have at most 4 dimensions (B, Hq, Lq, Lk), got shape {tuple(mask.shape)}")
+    shape4 = (1,) * (4 - mask.ndim) + tuple(mask.shape)
+    if any(s not in (1, t) for s, t in zip(shape4, target)):
+        raise ValueError(
+            f"mask of shape {tuple(mask.shape)} does not broadcast to (B, Hq, Lq, Lk) = {target}"
+        )
+    if mask.dtype == mx.bool_:
+        kind, arr = _MASK_BOOL, mask
+    else:
+        if mask.dtype == mx.complex64 or not _promotes_to(mask.dtype, dtype):
+            raise TypeError(
+                f"additive mask has dtype {mask.dtype}, which does not promote to the output dtype {dtype}; "
+                f"cast it with mask.astype({dtype}) or pass a boolean mask"
+            )
+        kind, arr = _MASK_ADD, mask.astype(dtype)
+    strides, acc = [0, 0, 0, 0], 1
+    for i in range(3, -1, -1):
+        strides[i] = acc if shape4[i] != 1 else 0
+        acc *= shape4[i]
+    return _Mask(kind, arr, tuple(strides))
+
+
+def _check_inputs(q, k, v, scale, mask) -> _Mask:
+    for x, name in ((q, "q"), (k, "k"), (v, "v")):
+        check_array(x, name, ndim=4)
+    check_same_dtype(q, "q", k, "k")
+    check_same_dtype(q, "q", v, "v")
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise TypeError(f"scale must be a Python float, got {type(scale).__name__}")
+    if not math.isfinite(scale):
+        raise ValueError(f"scale must be finite, got {scale}")
+    bq, hq, lq, d = q.shape
+    bk, hkv, lk, dk = k.shape
+    if bk != bq or v.shape[0] != bq:
+        raise ValueError(
+            f"q (B, Hq, Lq, D), k and v must share the batch size B: got q {tuple(q.shape)}, "
+            f"k {tuple(k.shape)}, v {tuple(v.shape)}"
+        )
+    if dk != d:
+        raise ValueError(f"head dim mismatch: q (B, Hq, Lq, D) has D={d} but k (B, Hkv, Lk, D) has D={dk}")
+    if tuple(v.shape[1:3]) != (hkv, lk):
+        raise ValueError(
+            f"k (B, Hkv, Lk, D) and v (B, Hkv, Lk, DV) must agree on Hkv and Lk: got k {tuple(k.shape)}, v {tuple(v.shape)}"
+        )
+    if hkv == 0 or hq % hkv != 0:
+        raise ValueError(
+            f"the number of query heads Hq={hq} must be a multiple of the number of key/value heads Hkv={hkv}"
+        )
+    return _check_mask(mask, (bq, hq, lq, lk), q.dtype)
+
+
+def _check_int(value: Any, name: str, *, minimum: int = 1, multiple: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum or value % multiple:
+        raise ValueError(f"{name} must be an int >= {minimum} and a multiple of {multiple}, got {value!r}")
+    return value
+
+
+# ---------------------------------------------------------------------------------------
+# Reference (plain mx ops)
+# ---------------------------------------------------------------------------------------
+
+
+def _reference_core(q, k, v, scale: float, kind: int, marr, q_start: int, lq_total: int) -> mx.array:
+    """Attention of queries [q_start, q_start + q.shape[2]) of a length-`lq_total` query sequence."""
+    b, hq, lq, d = q.shape
+    hkv, lk, dv = k.shape[1], k.shape[2], v.shape[3]
+    g = hq // hkv
+    qf = q.astype(mx.float32).reshape(b, hkv, g, lq, d) * scale
+    kf = k.astype(mx.float32)[:, :, None]
+    vf = v.astype(mx.float32)[:, :, None]
+    s = (qf @ kf.swapaxes(-1, -2)).reshape(b, hq, lq, lk)
+    lowest = mx.array(mx.finfo(mx.float32).min, dtype=mx.float32)
+    if kind == _MASK_CAUSAL:
+        rows = mx.arange(q_start, q_start + lq)[:, None] + (lk - lq_total)
+        s = mx.where(mx.arange(lk)[None, :] <= rows, s, lowest)
+    elif kind == _MASK_BOOL:
+        s = mx.where(marr, s, lowest)
+    elif kind == _MASK_ADD:
+        s = s + marr.astype(mx.float32)
+    p = mx.softmax(s, axis=-1)
+    out = (p.reshape(b, hkv, g, lq, lk) @ vf).reshape(b, hq, lq, dv)
+    return out.astype(q.dtype)
+
+
+def attention_reference(q: mx.array, k: mx.array, v: mx.array, *, scale: float, mask: Any = None) -> mx.array:
+    """The attention with plain mx ops (float32 scores and softmax); the ``reference``
+    backend, the backward pass and the tests' oracle. Same arguments as
+    :func:`scaled_dot_product_attention`; differentiable by MLX."""
+    m = _check_inputs(q, k, v, scale, mask)
+    return _reference(q, k, v, float(scale), m)
+
+
+def _reference(q, k, v, scale: float, m: _Mask) -> mx.array:
+    b, hq, lq, _ = q.shape
+    lk, dv = k.shape[2], v.shape[3]
+    if lk == 0:  # softmax over no keys: MLX returns zeros
+        return mx.zeros((b, hq, lq, dv), dtype=q.dtype)
+    return _reference_core(q, k, v, scale, m.kind, m.array, 0, lq)
+
+
+def _slice_q_axis(marr: mx.array, c0: int, c1: int) -> tuple[mx.array, int | None]:
+    """The mask rows of queries [c0, c1) and the axis they were cut along (None: broadcast)."""
+    if marr.ndim >= 2 and marr.shape[-2] > 1:
+        axis = marr.ndim - 2
+        idx = [slice(None)] * marr.ndim
+        idx[axis] = slice(c0, c1)
+        return marr[tuple(idx)], axis
+    return marr, None
+
+
+def _reference_vjp(q, k, v, scale: float, m: _Mask, madd, cot):
+    """(dq, dk, dv, dmask) by recomputing the reference in query chunks."""
+    b, hq, lq, _ = q.shape
+    lk = k.shape[2]
+    chunk = max(1, BACKWARD_CHUNK_ELEMENTS // max(1, b * hq * lk))
+    dq_parts, dm_parts = [], []
+    dk = dv = dm_sum = None
+    dm_axis = None
+    for c0 in range(0, lq, chunk):
+        c1 = min(lq, c0 + chunk)
+        qc, cc = q[:, :, c0:c1], cot[:, :, c0:c1]
+        if m.kind == _MASK_ADD:
+            mc, dm_axis = _slice_q_axis(madd, c0, c1)
+
+            def fn(qq, kk, vv, mm, c0=c0):
+                return _reference_core(qq, kk, vv, scale, _MASK_ADD, mm, c0, lq)
+
+            _, grads = mx.vjp(fn, [qc, k, v, mc], [cc])
+            if dm_axis is None:
+                dm_sum = grads[3] if dm_sum is None else dm_sum + grads[3]
+            else:
+                dm_parts.append(grads[3])
+        else:
+            mc = _slice_q_axis(m.array, c0, c1)[0] if m.kind == _MASK_BOOL else None
+
+            def fn(qq, kk, vv, mc=mc, c0=c0):
+                return _reference_core(qq, kk, vv, scale, m.kind, mc, c0, lq)
+
+            _, grads = mx.vjp(fn, [qc, k, v], [cc])
+        dq_parts.append(grads[0])
+        dk = grads[1] if dk is None else dk + grads[1]
+        dv = grads[2] if dv is None else dv + grads[2]
+    dq = dq_parts[0] if len(dq_parts) == 1 else mx.concatenate(dq_parts, axis=2)
+    if m.kind != _MASK_ADD:
+        dm = None
+    elif dm_axis is None:
+        dm = dm_sum
+    else:
+        dm = dm_parts[0] if len(dm_parts) == 1 else mx.concatenate(dm_parts, axis=dm_axis)
+    return dq, dk, dv, dm
+
+
+# ---------------------------------------------------------------------------------------
+# Kernel launches
+# ---------------------------------------------------------------------------------------
+
+
+def _round8(n: int) -> int:
+    return -(-n // 8) * 8
+
+
+def _prefill_tiles(lq: int, d: int, dv: int, dtype: mx.Dtype, block_q: int | None, block_k: int | None) -> tuple[int, int]:
+    """(BQ, BK): BQ = 32 (16/8 for short query runs), BK = 32 (16 from head dim 128)."""
+    if block_q is None:
+        block_q = 8 if lq <= 8 else 16 if lq <= 16 else 32
+    if block_k is None:
+        block_k = 32 if max(d, dv) < 128 else 16
+    _check_int(block_q, "block_q", minimum=8, multiple=8)
+    _check_int(block_k, "block_k", minimum=8, multiple=8)
+    if block_q > 256:
+        raise ValueError(f"block_q must be <= 256 (32 simdgroups of 8 query rows), got {block_q}")
+    itemsize = 4 if dtype == mx.float32 else 2
+    pad = 16 // itemsize
+    ldk, ldv = _round8(d) + pad, _round8(dv) + pad
+    share = (block_k * (ldk + ldv)) * itemsize > _TG_MEMORY
+    need = block_k * max(ldk, ldv) * itemsize if share else block_k * (ldk + ldv) * itemsize
+    if need > _TG_MEMORY:
+        raise ValueError(
+            f"block_k={block_k} with head dims ({d}, {dv}) in {dtype} needs {need} bytes of threadgroup memory (> 32 KiB)"
+        )
+    return block_q, block_k
+
+
+def _scale_array(scale: float) -> mx.array:
+    return mx.array(scale, dtype=mx.float32)
+
+
+def _prefill_launch(q, k, v, m: _Mask, scale: float, block_q=None, block_k=None) -> tuple[KernelSpec, dict]:
+    """(spec, launch kwargs) of the prefill kernel."""
+    b, hq, lq, d = q.shape
+    hkv, lk, dv = k.shape[1], k.shape[2], v.shape[3]
+    bq, bk = _prefill_tiles(lq, d, dv, q.dtype, block_q, block_k)
+    mbuf = m.buffer()
+    params = mx.array([hq, hkv, lq, lk, *m.strides, 0, 0], dtype=mx.int64)
+    threads = 32 * (bq // 8)
+    return PREFILL, dict(
+        inputs=[q, k, v, mbuf, params, _scale_array(scale)],
+        output_shapes=[(b, hq, lq, dv)],
+        output_dtypes=[q.dtype],
+        grid=(threads * -(-lq // bq), hq, b),
+        threadgroup=(threads, 1, 1),
+        template=[("T", q.dtype), ("MT", mbuf.dtype), ("D", d), ("DV", dv), ("BQ", bq), ("BK", bk), ("MASK", m.kind)],
+    )
+
+
+def _partial_launch(q, k, v, m: _Mask, scale: float, block_size: int) -> tuple[KernelSpec, dict]:
+    """(spec, launch kwargs) of the split-KV pass 1."""
+    b, hq, lq, d = q.shape
+    hkv, lk, dv = k.shape[1], k.shape[2], v.shape[3]
+    nb = -(-lk // block_size)
+    nsg = max(1, min(8, block_size // 8))
+    mbuf = m.buffer()
+    params = mx.array([hq, hkv, lq, lk, *m.strides, block_size, nb], dtype=mx.int64)
+    return PARTIAL, dict(
+        inputs=[q, k, v, mbuf, params, _scale_array(scale)],
+        output_shapes=[(b, hq, lq, nb, dv), (b, hq, lq, nb)],
+        output_dtypes=[mx.float32, mx.float32],
+        grid=(32 * nsg * nb, hq * lq, b),
+        threadgroup=(32 * nsg, 1, 1),
+        template=[("T", q.dtype), ("MT", mbuf.dtype), ("D", d), ("DV", dv), ("NSG", nsg), ("MASK", m.kind)],
+    )
+
+
+def _reduce_launch(o_part, lse, block_size: int, num_keys: int, dtype) -> tuple[KernelSpec, dict]:
+    """(spec, launch kwargs) of the split-KV pass 2."""
+    *lead, nb, dv = o_part.shape
+    rows = 1
+    for s in lead:
+        rows *= s
+    params = mx.array([rows, nb, block_size, num_keys], dtype=mx.int64)
+    return REDUCE, dict(
+        inputs=[o_part.reshape(rows, nb, dv), lse.reshape(rows, nb), params],
+        output_shapes=[(rows, dv)],
+        output_dtypes=[dtype],
+        grid=(32, rows, 1),
+        threadgroup=(32, min(4, rows), 1),
+        template=[("T", dtype), ("DV", dv)],
+    )
+
+
+def _run(spec_kwargs, backend: str) -> list[mx.array]:
+    spec, kwargs = spec_kwargs
+    return launch(spec, backend=backend, **kwargs)
+
+
+def _split_kv_forward(q, k, v, m: _Mask, scale: float, block_size: int, backend: str) -> mx.array:
+    o_part, lse = _run(_partial_launch(q, k, v, m, scale, block_size), backend)
+    (o,) = _run(_reduce_launch(o_part, lse, block_size, k.shape[2], q.dtype), backend)
+    return o.reshape(*q.shape[:3], v.shape[3])
+
+
+def _split_min_keys(override: int | None) -> int:
+    if override is not None:
+        return _check_int(override, "split_kv_min_keys", minimum=0)
+    env = os.environ.get(ENV_SPLIT_MIN_KEYS, "").strip()
+    if env:
+        try:
+            return _check_int(int(env), ENV_SPLIT_MIN_KEYS, minimum=0)
+        except ValueError:
+            raise ValueError(f"{ENV_SPLIT_MIN_KEYS}={env!r} must be a non-negative integer") from None
+    return SPLIT_KV_MIN_KEYS
+
+
+# ---------------------------------------------------------------------------------------
+# The differentiable op
+# ---------------------------------------------------------------------------------------
+
+
+def _attention(q, k, v, scale, mask, path: str, cfg: dict) -> mx.array:
+    m = _check_inputs(q, k, v, scale, mask)
+    scale = float(scale)
+    b, hq, lq, d = q.shape
+    lk, dv = k.shape[2], v.shape[3]
+    if path == "prefill":
+        _prefill_tiles(lq, d, dv, q.dtype, cfg.get("block_q"), cfg.get("block_k"))  # bad tiles fail early
+    block_size = cfg.get("block_size")
+    if block_size is not None:
+        _check_int(block_size, "block_size")
+    if path == "auto":
+        split = lq <= SPLIT_KV_MAX_QUERIES and lk >= _split_min_keys(cfg.get("split_kv_min_keys"))
+        path = "split" if split else "prefill"
+
+    backend = current_backend()
+    if backend == "reference" or 0 in (b, hq, lq, d, dv, lk) or max(d, dv) > MAX_KERNEL_HEAD_DIM:
+        return _reference(q, k, v, scale, m)
+
+    def forward(q, k, v, mm: _Mask) -> mx.array:
+        if path == "split":
+            return _split_kv_forward(q, k, v, mm, scale, block_size or SPLIT_KV_BLOCK_SIZE, backend)
+        (o,) = _run(_prefill_launch(q, k, v, mm, scale, cfg.get("block_q"), cfg.get("block_k")), backend)
+        return o
+
+    additive = m.kind == _MASK_ADD
+    extra = m.array if additive else mx.zeros((1,), dtype=q.dtype)
+
+    @mx.custom_function
+    def f(q, k, v, extra):
+        return forward(q, k, v, replace(m, array=extra) if additive else m)
+
+    @f.vjp
+    def f_vjp(primals, cotangent, output):
+        q, k, v, extra = primals
+        dq, dk, dv_, dm = _reference_vjp(q, k, v, scale, m, extra if additive else None, cotangent)
+        return dq, dk, dv_, dm if additive else mx.zeros_like(extra)
+
+    return f(q, k, v, extra)
+
+
+def scaled_dot_product_attention(
+    q: mx.array,
+    k: mx.array,
+    v: mx.array,
+    *,
+    scale: float,
+    mask: Any = None,
+    split_kv_min_keys: int | None = None,
+) -> mx.array:
+    """softmax(scale · q kᵀ + mask) v, like ``mx.fast.scaled_dot_product_attention``.
+
+    Args:
+        q: (B, Hq, Lq, D) float32, float16 or bfloat16.
+        k: (B, Hkv, Lk, D), q's dtype; Hq must be a multiple of Hkv.
+        v: (B, Hkv, Lk, DV), q's dtype.
+        scale: the score scale (usually D ** -0.5).
+        mask: None, ``"causal"``, a boolean array (True = attend) or an additive array
+            whose dtype promotes to q's, broadcastable to (B, Hq, Lq, Lk).
+        split_kv_min_keys: decode with the split-KV kernels when Lq <= 8 and Lk >= this
+            (default ``SPLIT_KV_MIN_KEYS`` = 1024 or ``$XLSTM_KERNELS_ATTN_SPLIT_MIN_KEYS``).
+
+    Returns:
+        (B, Hq, Lq, DV) in q's dtype.
+
+    Differentiable in q, k, v and an additive mask; the backward pass recomputes the
+    attention with the reference ops (see the module docstring).
+    """
+    return _attention(q, k, v, scale, mask, "auto", {"split_kv_min_keys": split_kv_min_keys})
+
+
+def attention_prefill(
+    q: mx.array,
+    k: mx.array,
+    v: mx.array,
+    *,
+    scale: float,
+    mask: Any = None,
+    block_q: int | None = None,
+    block_k: int | None = None,
+) -> mx.array:
+    """The same op always on the flash-attention (prefill) kernel.
+
+    ``block_q`` (queries per threadgroup, a multiple of 8, <= 256) and ``block_k`` (keys
+    per tile, a multiple of 8) override the tile choice. Differentiable.
+    """
+    return _attention(q, k, v, scale, mask, "prefill", {"block_q": block_q, "block_k": block_k})
+
+
+def attention_decode_split_kv(
+    q: mx.array,
+    k: mx.array,
+    v: mx.array,
+    *,
+    scale: float,
+    mask: Any = None,
+    block_size: int | None = None,
+) -> mx.array:
+    """The same op always on the split-KV pair (``attention_partial`` over blocks of
+    ``block_size`` keys, default 256, then ``attention_reduce``). Meant for short
+    query runs (Lq <= 8) over long contexts, but correct for any shape. Differentiable."""
+    return _attention(q, k, v, scale, mask, "split", {"block_size": block_size})
+
+
+def attention_partial(
+    q: mx.array, k: mx.array, v: mx.array, *, scale: float, mask: Any = None, block_size: int | None = None
+) -> tuple[mx.array, mx.array]:
+    """Split-KV pass 1 alone (a kernel backend; not differentiable).
+
+    Returns:
+        o_part (B, Hq, Lq, n_blocks, DV) float32: each key block's softmax-normalised
+        output; lse (B, Hq, Lq, n_blocks) float32: the block's natural-log
+        log-sum-exp of the (masked) scores, -inf for a block without visible keys.
+        n_blocks = ceil(Lk / block_size).
+    """
+    m = _check_inputs(q, k, v, scale, mask)
+    block_size = _check_int(block_size or SPLIT_KV_BLOCK_SIZE, "block_size")
+    if 0 in q.shape or 0 in k.shape or 0 in v.shape or max(q.shape[3], v.shape[3]) > MAX_KERNEL_HEAD_DIM:
+        raise ValueError("attention_partial needs non-empty inputs with head dims <= 256")
+    backend = current_backend()
+    if backend == "reference":
+        raise ValueError("attention_partial runs a kernel; the 'reference' backend has none")
+    o_part, lse = _run(_partial_launch(q, k, v, m, float(scale), block_size), backend)
+    return o_part, lse
+
+
+def attention_reduce(
+    o_part: mx.array, lse: mx.array, *, block_size: int, num_keys: int, dtype: mx.Dtype = mx.float32
+) -> mx.array:
+    """Split-KV pass 2 alone: (..., n_blocks, DV) partial outputs and (..., n_blocks)
+    LSEs -> (..., DV) in `dtype`. `block_size` and `num_keys` (Lk) are those of pass 1."""
+    check_array(o_part, "o_part", min_ndim=2)
+    check_array(lse, "lse", min_ndim=1)
+    if tuple(lse.shape) != tuple(o_part.shape[:-1]):
+        raise ValueError(f"lse must have shape o_part.shape[:-1] = {tuple(o_part.shape[:-1])}, got {tuple(lse.shape)}")
+    backend = current_backend()
+    if backend == "reference":
+        raise ValueError("attention_reduce runs a kernel; the 'reference' backend has none")
+    (o,) = _run(_reduce_launch(o_part.astype(mx.float32), lse.astype(mx.float32), block_size, num_keys, dtype), backend)
+    return o.reshape(*o_part.shape[:-2], o_part.shape[-1])
