@@ -50,7 +50,7 @@ def main(argv=None) -> int:
     results = {}
     for family in args.families.split(","):
         try:
-            module = importlib.import_module(f"ops_{family}")
+            module = importlib.import_module(f"xlstm_kernels.benchmarks.ops_{family}")
         except ModuleNotFoundError:
             print(f"(no bench module for {family})")
             continue

@@ -3,8 +3,8 @@
     python bench/bench_xlstm.py [--backend metal|emulate|reference] [--dtypes ...] [--quick] [--out FILE]
 
 * mLSTM: the chunkwise kernels vs an mx-ops implementation of the same chunkwise math
-  (bench/ops_mlstm.py); target on Apple GPUs >= 2x at S >= 1024.
-* sLSTM: the fused sequence kernel vs a per-step mx-ops loop (bench/ops_slstm.py);
+  (xlstm_kernels/benchmarks/ops_mlstm.py); target on Apple GPUs >= 2x at S >= 1024.
+* sLSTM: the fused sequence kernel vs a per-step mx-ops loop (xlstm_kernels/benchmarks/ops_slstm.py);
   target >= 10x.
 * end to end: training steps/s and tokens/s of the demo model (xlstm_kernels.demo),
   and generation tokens/s in step mode.
@@ -79,7 +79,7 @@ def main(argv=None) -> int:
     if args.backend != "reference":
         for family in ("mlstm", "slstm"):
             try:
-                module = importlib.import_module(f"ops_{family}")
+                module = importlib.import_module(f"xlstm_kernels.benchmarks.ops_{family}")
             except ModuleNotFoundError:
                 print(f"(no bench module for {family})")
                 continue

@@ -125,7 +125,7 @@ def _plot(losses: list[float], entropy: float, path: Path, title: str) -> str:
 
 
 def run_demo(
-    steps: int = 400,
+    steps: int = 200,
     batch_size: int = 16,
     context: int = 64,
     learning_rate: float = 3e-3,
@@ -152,8 +152,10 @@ def run_demo(
     chars = sorted(set(text))
     index = {c: i for i, c in enumerate(chars)}
     data = np.array([index[c] for c in text], dtype=np.int32)
-    split = int(0.9 * len(data))
-    train, val = data[:split], data[split:]
+    # Every 10th block of 256 characters is held out, so validation covers every piece.
+    blocks = [data[i : i + 256] for i in range(0, len(data), 256)]
+    train = np.concatenate([b for i, b in enumerate(blocks) if i % 10 != 5])
+    val = np.concatenate([b for i, b in enumerate(blocks) if i % 10 == 5])
     entropy = unigram_entropy(train, len(chars))
 
     model = xLSTMLM(demo_config(len(chars), context))
@@ -189,7 +191,7 @@ def run_demo(
     bar.close()
     seconds = time.perf_counter() - start
 
-    xv, yv = batch(val, 32)
+    xv, yv = batch(val, 64)
     val_loss = float(loss_fn(model, xv, yv))
 
     prompt = "The "

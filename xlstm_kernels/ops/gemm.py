@@ -156,7 +156,7 @@ def _kernel_gemm(
     if out_shape and 0 in out_shape:
         return mx.zeros(out_shape, dtype=dtype)
 
-    cfg = tiles_mod.resolve_gemm_config(layout.op, m, n, k, dtype, tiles).config
+    cfg = tiles_mod.resolve_gemm_config(layout.op, m, n, k, dtype, tiles, batch=nbatch).config
     bias_in = bias.astype(dtype) if bias is not None else mx.zeros((1,), dtype=dtype)
     res_in = residual.astype(dtype) if residual is not None else mx.zeros((1,), dtype=dtype)
     epilogue = [("HAS_BIAS", bias is not None), ("ACT", act), ("HAS_RES", residual is not None)]
@@ -173,10 +173,7 @@ def _kernel_gemm(
             template=[("T", dtype), ("ROWS", rows), ("TRANS_B", layout.trans_b), *epilogue],
             backend=backend,
         )
-    elif cfg.path in ("simd", "gemv"):
-        if cfg.path == "gemv":  # gemv asked for a shape it does not cover: use the simd defaults
-            cfg = tiles_mod.resolve_gemm_config(layout.op, m, n, k, dtype, {"path": "simd"}).config
-            split = 1
+    elif cfg.path == "simd":
         grid = (32 * cfg.wn * -(-n // cfg.bn), cfg.wm * -(-m // cfg.bm), nbatch * split)
         template = [
             ("T", dtype), ("BM", cfg.bm), ("BN", cfg.bn), ("BK", cfg.bk), ("WM", cfg.wm), ("WN", cfg.wn),
@@ -352,10 +349,19 @@ def linear(
             f"linear: x (..., in_features) has in_features={x.shape[-1]} but weight (out, in) has shape {tuple(weight.shape)}"
         )
     lead = tuple(x.shape[:-1])
-    x2 = x.reshape(-1, x.shape[-1])
+    rows = 1
+    for d in lead:
+        rows *= d
+    x2 = x.reshape(rows, x.shape[-1])
     res2 = None
     if residual is not None:
         check_array(residual, "residual")
-        res2 = mx.broadcast_to(residual, (*lead, weight.shape[0])).reshape(-1, weight.shape[0])
+        out_shape = (*lead, weight.shape[0])
+        try:
+            res2 = mx.broadcast_to(residual, out_shape).reshape(rows, weight.shape[0])
+        except ValueError:
+            raise ValueError(
+                f"linear: residual of shape {tuple(residual.shape)} does not broadcast to the output {out_shape}"
+            ) from None
     y = _run("gemm_a_bt", x2, weight, bias, activation, res2, tiles)
     return y.reshape(*lead, weight.shape[0])

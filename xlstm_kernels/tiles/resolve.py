@@ -248,6 +248,9 @@ def _resolve(op, m, n, k, dt, tiles, batch, family, stamps) -> ResolvedGemmConfi
     if m == 1 and not explicit("path"):
         values["path"] = "gemv"
         sources["path"] = "shape rule: M == 1 selects the gemv kernel"
+    if values["path"] == "gemv" and m != 1:
+        values["path"] = "simd"
+        sources["path"] = f"{sources['path']} (gemv needs M == 1: the simd path runs)"
     path = values["path"]
 
     cfg = GemmConfig(**values)

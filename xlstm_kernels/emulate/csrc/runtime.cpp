@@ -455,9 +455,16 @@ bool run_group(Worker* w, uint64_t gid) {
     if (done == n) return true;
 
     // 2. Release simd collectives: per simdgroup, the earliest call site that lanes
-    //    wait at, with the lanes waiting there as the active set.
+    //    wait at, with the lanes waiting there as the active set. The sequential
+    //    schedule releases every simdgroup at once (lockstep); reverse and random
+    //    release one simdgroup per round, so simdgroups drift apart as on hardware and
+    //    a race between simdgroups hidden behind collectives (a missing barrier around
+    //    simdgroup_matrix loads, say) shows up as a difference between schedules.
     bool released = false;
-    for (uint32_t s = 0; s < n_simd; ++s) {
+    const uint32_t s0 = d->schedule == 2 ? uint32_t(splitmix(w->rng) % n_simd) : 0;
+    for (uint32_t si = 0; si < n_simd; ++si) {
+      if (released && d->schedule != 0) break;
+      const uint32_t s = d->schedule == 1 ? n_simd - 1 - si : (s0 + si) % n_simd;
       Fiber* first = nullptr;
       uint32_t width = std::min<uint32_t>(32, n - s * 32);
       for (uint32_t l = 0; l < width; ++l) {

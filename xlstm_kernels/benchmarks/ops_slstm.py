@@ -199,7 +199,7 @@ def main(argv=None) -> int:
     if args.backend == "emulate":
         for row in rows:
             print(_fmt(row))
-    out = Path(args.out or Path(__file__).parent / "results" / f"slstm-{args.backend}.json")
+    out = Path(args.out or Path("bench") / "results" / f"slstm-{args.backend}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({
         "command": "python bench/ops_slstm.py " + " ".join(argv if argv is not None else sys.argv[1:]),

@@ -245,7 +245,7 @@ def main(argv=None) -> int:
     rows = run(args.backend, args.dtypes.split(","), args.quick)
     print(f"backend {args.backend}; roofline {tiles.roofline()}")
     _print(rows)
-    out = Path(args.out or Path(__file__).parent / "results" / f"mlstm-{args.backend}.json")
+    out = Path(args.out or Path("bench") / "results" / f"mlstm-{args.backend}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({
         "command": "python bench/ops_mlstm.py " + " ".join(argv if argv is not None else sys.argv[1:]),

@@ -1,0 +1,903 @@
+"""GEMM family (metal_src/gemm.metal + xlstm_kernels.ops.gemm) against float64 NumPy.
+
+Every numerical check compares with a float64 reference computed from the inputs as
+rounded to the tested dtype; the error measure is max|out - ref| / max|ref| (bounded by
+1e-5 for float32, 1e-2 for float16/bfloat16, 2e-2 for bfloat16 with K >= 256). Configs
+are chosen with ``tiles=`` (or the environment) and what actually ran is checked with
+explain() and by recording the op's kernel launches.
+
+Notation (the kernels'): the output has M rows and N columns, the reduction runs over K,
+whatever the operand layout of the op. ``python -m pytest tests/test_gemm.py --backend
+metal`` runs the same tests on a Mac; the emulator_only tests call the CPU emulator's
+kernel objects directly (check_schedules, check_bounds).
+"""
+
+from __future__ import annotations
+
+import math
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+import xlstm_kernels
+from xlstm_kernels import explain, gemm_a_bt, gemm_at_b, gemm_av, linear, set_gemm_tiles
+from xlstm_kernels.ops import gemm as gemm_mod
+from xlstm_kernels.ops.gemm import gemm_reference
+from xlstm_kernels.runtime import get_kernel, use_backend
+from xlstm_kernels.tiles import GemmConfig, TileConfigError, resolve_gemm_config
+from xlstm_kernels.tiles import env as env_mod
+from xlstm_kernels.tiles import presets as presets_mod
+from xlstm_kernels.tiles import resolve as resolve_mod
+
+from gemm_helpers import (
+    ACT_CODE,
+    ACTIVATIONS,
+    DTYPES,
+    OP_FN,
+    OPS,
+    LaunchSpy,
+    assert_close,
+    f64,
+    np_activation,
+    np_product,
+    np_reference,
+    operand_shapes,
+    operands,
+    rand,
+    raw_calls,
+    rel_err,
+    same_launch,
+    seed_of,
+    spanning_shape,
+    tile_dims,
+    tolerance,
+)
+
+DTYPE_NAMES = tuple(DTYPES)
+
+
+def _reset_tiles():
+    presets_mod._reset_caches()
+    resolve_mod._reset()
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch, tmp_path):
+    """No XLSTM_GEMM_* / preset / device variables, an empty config home, fresh caches."""
+    for var in env_mod.GEMM_ENV_VARS:
+        if var.startswith("XLSTM_"):
+            monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config-home"))
+    _reset_tiles()
+    yield
+    _reset_tiles()
+
+
+@pytest.fixture
+def spy(monkeypatch):
+    return LaunchSpy(monkeypatch)
+
+
+def _runs_kernels(backend: str) -> bool:
+    return backend != "reference"
+
+
+def _run_op(op, a, b, **kw):
+    out = OP_FN[op](a, b, **kw)
+    mx.eval(out)
+    return out
+
+
+def _check_op(op, a, b, dtype, k, what="", **kw):
+    out = _run_op(op, a, b, **kw)
+    return assert_close(out, np_reference(op, a, b), dtype, k, what or op)
+
+
+# =======================================================================================
+# Layouts x dtypes x shapes on the default config
+# =======================================================================================
+
+SHAPES = {"2x3x5": (2, 3, 5), "33x29x31": (33, 29, 31), "64x128x32": (64, 128, 32), "128x96x80": (128, 96, 80)}
+
+
+@pytest.mark.parametrize("shape_id", [*SHAPES, "2tiles"])
+@pytest.mark.parametrize("dtype_name", DTYPE_NAMES)
+@pytest.mark.parametrize("op", OPS)
+def test_layouts_dtypes_shapes_default_config(kernel_backend, spy, op, dtype_name, shape_id):
+    dtype = DTYPES[dtype_name]
+    if shape_id == "2tiles":
+        cfg = resolve_gemm_config(op, 64, 64, 64, dtype).config
+        m, n, k = spanning_shape(cfg)
+        assert tile_dims(resolve_gemm_config(op, m, n, k, dtype).config) == tile_dims(cfg)
+        tm, tn, tk = tile_dims(cfg)
+        assert -(-m // tm) >= 2 and -(-n // tn) >= 2 and -(-k // tk) >= 2
+    else:
+        m, n, k = SHAPES[shape_id]
+    a, b = operands(op, m, n, k, dtype, seed_of(op, dtype_name, shape_id))
+    _check_op(op, a, b, dtype, k)
+    if _runs_kernels(kernel_backend):
+        info = explain(op, (a.shape, b.shape), dtype)
+        launched = spy.calls[0]
+        assert launched.kernel == {"scalar": "gemm_scalar", "simd": "gemm_simd", "gemv": "gemv"}[info["path"]]
+        assert launched.threadgroup == tuple(info["threads"])
+
+
+# Every layout on every path (explicit configs), every dtype.
+PATH_CONFIGS = {
+    "scalar": ({"path": "scalar", "tm": 16, "tn": 32, "tk": 8, "rm": 2, "rn": 4, "pad": 0,
+                "double_buffer": False, "vec4": False, "align_execw": False}, (37, 70, 27)),
+    "simd": ({"path": "simd", "bm": 32, "bn": 32, "bk": 16, "wm": 2, "wn": 2, "split_k": 1}, (70, 67, 37)),
+    "split_k": ({"path": "simd", "bm": 32, "bn": 32, "bk": 16, "wm": 2, "wn": 2, "split_k": 3}, (37, 35, 101)),
+    "gemv": ({"path": "gemv", "gemv_threads": 128}, (1, 71, 101)),
+}
+PATH_KERNELS = {"scalar": ["gemm_scalar"], "simd": ["gemm_simd"], "split_k": ["gemm_simd", "gemm_split_k_reduce"],
+                "gemv": ["gemv"]}
+
+
+@pytest.mark.parametrize("dtype_name", DTYPE_NAMES)
+@pytest.mark.parametrize("path", PATH_CONFIGS)
+@pytest.mark.parametrize("op", OPS)
+def test_every_layout_on_every_path(kernel_backend, spy, op, path, dtype_name):
+    dtype = DTYPES[dtype_name]
+    tiles, (m, n, k) = PATH_CONFIGS[path]
+    a, b = operands(op, m, n, k, dtype, seed_of("paths", op, path, dtype_name))
+    _check_op(op, a, b, dtype, k, f"{op}/{path}", tiles=tiles)
+    if _runs_kernels(kernel_backend):
+        assert spy.kernels() == PATH_KERNELS[path]
+        t = spy.calls[0].template
+        if path != "gemv":  # the gemv kernel has no TRANS_A: op(A) is one contiguous row in every layout
+            assert t["TRANS_A"] == (op == "gemm_at_b")
+        assert t["TRANS_B"] == (op == "gemm_a_bt")
+        if path == "split_k":
+            assert t["SPLIT"] == 3 and spy.calls[0].grid[2] == 3
+
+
+# =======================================================================================
+# Every option in every dtype (gemm_av: both operands row-major, so VEC4 loads both)
+# =======================================================================================
+
+_SCALAR = {"path": "scalar", "tm": 32, "tn": 32, "tk": 16, "rm": 4, "rn": 4, "pad": 0,
+           "double_buffer": False, "vec4": False, "align_execw": False}
+_SIMD = {"path": "simd", "bm": 32, "bn": 32, "bk": 16, "wm": 2, "wn": 2, "split_k": 1}
+ALIGNED = (70, 68, 52)  # K % 4 == N % 4 == 0: VEC4 takes its vector loads (and partial tiles)
+UNALIGNED = (70, 67, 37)  # VEC4 falls back to scalar loads
+
+OPTIONS = {
+    "plain": ({**_SCALAR}, ALIGNED),
+    "pad1": ({**_SCALAR, "pad": 1}, UNALIGNED),
+    "pad3": ({**_SCALAR, "pad": 3}, ALIGNED),
+    "db": ({**_SCALAR, "double_buffer": True}, UNALIGNED),
+    "db_pad1": ({**_SCALAR, "double_buffer": True, "pad": 1}, ALIGNED),
+    "vec4_aligned": ({**_SCALAR, "vec4": True}, ALIGNED),
+    "vec4_unaligned": ({**_SCALAR, "vec4": True}, UNALIGNED),
+    "vec4_db_pad": ({**_SCALAR, "vec4": True, "double_buffer": True, "pad": 1, "tk": 8}, ALIGNED),
+    "align_execw_rn1": ({**_SCALAR, "align_execw": True, "tm": 16, "rm": 2, "rn": 1}, UNALIGNED),
+    "align_execw_rn2": ({**_SCALAR, "align_execw": True, "tm": 16, "rm": 4, "rn": 2, "vec4": True}, (37, 136, 52)),
+    "micro_1x1": ({**_SCALAR, "tm": 16, "tn": 16, "tk": 8, "rm": 1, "rn": 1}, (37, 35, 29)),
+    "micro_2x8": ({**_SCALAR, "tm": 16, "tn": 64, "rm": 2, "rn": 8}, (37, 131, 37)),
+    "simd": ({**_SIMD}, UNALIGNED),
+    "simd_1x2": ({**_SIMD, "wm": 1, "wn": 2, "bn": 64}, (70, 131, 37)),
+    "simd_64x32x32": ({**_SIMD, "bm": 64, "bn": 32, "bk": 32, "wm": 2, "wn": 1}, (131, 67, 69)),
+    "split_k2": ({**_SIMD, "split_k": 2}, (37, 35, 100)),
+    "split_k3_uneven": ({**_SIMD, "split_k": 3}, (37, 35, 101)),
+    "split_k4_empty_split": ({**_SIMD, "split_k": 4}, (37, 35, 9)),  # K per split 3: the last split is empty
+    "gemv32": ({"path": "gemv", "gemv_threads": 32}, (1, 37, 70)),
+    "gemv128": ({"path": "gemv", "gemv_threads": 128}, (1, 70, 101)),
+    "gemv1024": ({"path": "gemv", "gemv_threads": 1024}, (1, 67, 33)),
+    "gemv_on_m_gt_1": ({"path": "gemv", "gemv_threads": 128}, (37, 70, 40)),  # M > 1: the simd path runs
+}
+
+
+def _expected_kernels(tiles, m):
+    if tiles["path"] == "gemv":
+        return ["gemv"] if m == 1 else ["gemm_simd"]
+    if tiles["path"] == "simd":
+        return ["gemm_simd"] + (["gemm_split_k_reduce"] if tiles.get("split_k", 1) > 1 else [])
+    return ["gemm_scalar"]
+
+
+@pytest.mark.parametrize("dtype_name", DTYPE_NAMES)
+@pytest.mark.parametrize("option", OPTIONS)
+def test_every_option_in_every_dtype(kernel_backend, spy, option, dtype_name):
+    dtype = DTYPES[dtype_name]
+    tiles, (m, n, k) = OPTIONS[option]
+    cfg = resolve_gemm_config("gemm_av", m, n, k, dtype, tiles).config
+    for f, v in tiles.items():
+        if option == "gemv_on_m_gt_1" and f == "path":
+            assert cfg.path == "simd"  # gemv covers M == 1 only; the resolver says so and picks simd
+        elif not (f == "tn" and cfg.align_execw):
+            assert getattr(cfg, f) == v, (f, getattr(cfg, f), v)
+    if cfg.path in ("scalar", "simd"):
+        tm, tn, tk = tile_dims(cfg)
+        assert -(-m // tm) >= 2 and -(-n // tn) >= 2, "shape spans < 2 tiles"
+        assert -(-k // tk) >= 2 or option == "split_k4_empty_split", "K spans < 2 tiles"
+    a, b = operands("gemm_av", m, n, k, dtype, seed_of("option", option, dtype_name))
+    _check_op("gemm_av", a, b, dtype, k, option, tiles=tiles)
+    if not _runs_kernels(kernel_backend):
+        return
+    assert spy.kernels() == _expected_kernels(tiles, m)
+    t, launched = spy.calls[0].template, spy.calls[0]
+    if cfg.path == "scalar":
+        assert [(name, t[name]) for name, _ in cfg.template_args(dtype)] == cfg.template_args(dtype)
+        assert launched.threadgroup == (cfg.tn // cfg.rn, cfg.tm // cfg.rm, 1) == cfg.threads()
+        if cfg.align_execw:
+            assert t["TN"] == 32 * cfg.rn and launched.threadgroup[0] == 32
+    elif cfg.path == "simd":
+        assert (t["BM"], t["BN"], t["BK"], t["WM"], t["WN"], t["SPLIT"]) == (
+            cfg.bm, cfg.bn, cfg.bk, cfg.wm, cfg.wn, cfg.split_k)
+        assert launched.grid[2] == cfg.split_k
+    elif m == 1:
+        assert t["ROWS"] == cfg.gemv_threads // 32 and launched.threadgroup == (32, cfg.gemv_threads // 32, 1)
+
+
+# =======================================================================================
+# Every shipped preset config (deduplicated), each once on a shape spanning >= 2 tiles
+# =======================================================================================
+
+SHIPPED = presets_mod.load_preset_file(presets_mod.shipped_presets_path(), presets_mod.SHIPPED_DISPLAY)
+FAMILIES = tuple(SHIPPED.families)
+
+
+def _config_key(op, dtype, cfg: GemmConfig):
+    return (op, str(dtype), cfg.path, tuple(cfg.template_args(dtype)), cfg.split_k if cfg.path == "simd" else 1)
+
+
+@pytest.mark.parametrize("dtype_name", DTYPE_NAMES)
+@pytest.mark.parametrize("op", OPS)
+def test_every_shipped_preset_config(kernel_backend, spy, monkeypatch, op, dtype_name):
+    """Per family: the config its preset gives a >=2-tile shape (run through
+    XLSTM_KERNELS_DEVICE, the op resolving it itself), the same entry on the other path
+    (tiles=GemmConfig), its split-K config (split-K rule shape) and its gemv config
+    (M == 1). Identical configs run once."""
+    assert {"m1", "m3_max", "m2_ultra", "generic_apple", "cpu"} <= set(FAMILIES)
+    dtype = DTYPES[dtype_name]
+    done: dict = {}
+    for fam in FAMILIES:
+        base = resolve_gemm_config(op, 64, 64, 64, dtype, family=fam).config
+        other = base.replace(path="simd" if base.path == "scalar" else "scalar")
+        split = resolve_gemm_config(op, 72, 70, 584, dtype, family=fam).config
+        gemv = resolve_gemm_config(op, 1, 70, 101, dtype, family=fam).config
+        assert gemv.path == "gemv"
+        plan = [("preset", base, spanning_shape(base)), ("other_path", other, spanning_shape(other)),
+                ("gemv", gemv, (1, 2 * (gemv.gemv_threads // 32) + 3, 101))]
+        if split.path == "simd" and split.split_k > 1:
+            plan.append(("split_k", split, (72, 70, 584)))
+        for variant, cfg, (m, n, k) in plan:
+            key = _config_key(op, dtype, cfg)
+            if key in done:
+                continue
+            done[key] = (fam, variant)
+            a, b = operands(op, m, n, k, dtype, seed_of("preset", fam, variant, op, dtype_name))
+            spy.clear()
+            if variant == "other_path":
+                out = _run_op(op, a, b, tiles=cfg)
+            else:
+                monkeypatch.setenv("XLSTM_KERNELS_DEVICE", fam)
+                info = explain(op, (a.shape, b.shape), dtype)
+                assert info["family"] == fam and GemmConfig(**info["config"]) == cfg, (fam, variant, info["config"])
+                out = _run_op(op, a, b)
+                monkeypatch.delenv("XLSTM_KERNELS_DEVICE")
+            assert_close(out, np_reference(op, a, b), dtype, k, f"{fam}/{variant}/{op}/{dtype_name}")
+            if _runs_kernels(kernel_backend):
+                launched = spy.calls[0]
+                assert launched.kernel == {"scalar": "gemm_scalar", "simd": "gemm_simd", "gemv": "gemv"}[cfg.path]
+                assert launched.threadgroup == cfg.threads()
+                assert [(f, launched.template[f]) for f, _ in cfg.template_args(dtype)] == cfg.template_args(dtype)
+                if variant == "split_k":
+                    assert spy.kernels() == ["gemm_simd", "gemm_split_k_reduce"]
+                    assert launched.template["SPLIT"] == cfg.split_k and cfg.split_k > 1
+    paths = {key[2] for key in done}
+    assert paths == {"scalar", "simd", "gemv"} and len(done) >= 7, done
+
+
+# =======================================================================================
+# Rectangular tiles really run as rectangles
+# =======================================================================================
+
+RECT_CASES = [(t, op, "float32") for t in ("16x16", "32x8", "8x32") for op in OPS] + [
+    (t, "gemm_av", d) for t in ("16x16", "32x8", "8x32") for d in ("float16", "bfloat16")
+]
+
+
+@pytest.mark.parametrize("tile, op, dtype_name", RECT_CASES)
+def test_rectangular_tiles_run_as_rectangles(kernel_backend, spy, tile, op, dtype_name):
+    dtype = DTYPES[dtype_name]
+    tm, tn = (int(s) for s in tile.split("x"))
+    cfg = resolve_gemm_config(op, 64, 64, 64, dtype, tile).config
+    m, n, k = spanning_shape(cfg, extra=(3, 5, 7))
+    a, b = operands(op, m, n, k, dtype, seed_of("rect", tile, op, dtype_name))
+    info = explain(op, (a.shape, b.shape), dtype, tiles=tile)
+    c = info["config"]
+    assert (info["path"], c["tm"], c["tn"]) == ("scalar", tm, tn)
+    assert info["threads"] == (tn // c["rn"], tm // c["rm"], 1)
+    assert info["grid"] == (-(-n // tn) * (tn // c["rn"]), -(-m // tm) * (tm // c["rm"]), 1)
+    _check_op(op, a, b, dtype, k, f"{op} tile {tile}", tiles=tile)
+    if _runs_kernels(kernel_backend):
+        launched = spy.only("gemm_scalar")
+        assert (launched.template["TM"], launched.template["TN"]) == (tm, tn)
+        assert launched.threadgroup == tuple(info["threads"]) and launched.grid == tuple(info["grid"])
+        if tm != tn:
+            assert launched.threadgroup[0] != launched.threadgroup[1]
+
+
+# =======================================================================================
+# Batched and broadcast operands
+# =======================================================================================
+
+BATCH_CASES = {
+    "batched_a_2d_b": ((2, 3), ()),  # (2,3,m,n) x (n,k): folded into M (or B stride 0)
+    "2d_a_batched_b": ((), (4,)),  # (m,n) x (4,n,k): A stride 0
+    "broadcast_both": ((2, 1), (1, 3)),  # (2,1,m,n) x (1,3,n,k)
+    "same_batch": ((3,), (3,)),
+}
+BATCH_PATHS = {
+    "default": None,
+    "simd": {**_SIMD},
+    "split_k": {**_SIMD, "split_k": 2},
+}
+
+
+@pytest.mark.parametrize("path", BATCH_PATHS)
+@pytest.mark.parametrize("case", BATCH_CASES)
+@pytest.mark.parametrize("op", OPS)
+def test_batched_and_broadcast(kernel_backend, op, case, path):
+    lead_a, lead_b = BATCH_CASES[case]
+    m, n, k = (33, 19, 70) if path == "split_k" else (33, 19, 40)
+    dtype = mx.float32
+    a, b = operands(op, m, n, k, dtype, seed_of("batch", op, case, path), lead_a, lead_b)
+    out = _run_op(op, a, b, tiles=BATCH_PATHS[path])
+    ref = np_product(op, f64(a), f64(b))  # NumPy matmul broadcasting
+    assert ref.shape == (*np.broadcast_shapes(lead_a, lead_b), m, n)
+    assert_close(out, ref, dtype, k, f"{op}/{case}/{path}")
+
+
+@pytest.mark.parametrize("case", ["2d_a_batched_b", "broadcast_both", "same_batch"])
+@pytest.mark.parametrize("op", OPS)
+def test_batched_gemv(kernel_backend, spy, op, case):
+    lead_a, lead_b = BATCH_CASES[case]
+    a, b = operands(op, 1, 37, 70, mx.float16, seed_of("bgemv", op, case), lead_a, lead_b)
+    out = _run_op(op, a, b)
+    assert_close(out, np_product(op, f64(a), f64(b)), mx.float16, 70, f"{op}/{case}")
+    if _runs_kernels(kernel_backend):
+        launched = spy.only("gemv")
+        assert launched.grid[2] == int(np.prod(np.broadcast_shapes(lead_a, lead_b)))
+
+
+# =======================================================================================
+# linear: bias, activations, residual (the fused epilogue on every path)
+# =======================================================================================
+
+
+def _linear_case(dtype, seed, lead=(2, 20), fin=40, fout=36, bias=True, residual="full"):
+    rng = np.random.default_rng(seed)
+    x = rand(rng, (*lead, fin), dtype)
+    w = rand(rng, (fout, fin), dtype, scale=1.0 / math.sqrt(fin))
+    b = rand(rng, (fout,), dtype) if bias else None
+    r = None
+    if residual == "full":
+        r = rand(rng, (*lead, fout), dtype)
+    elif residual == "row":
+        r = rand(rng, (fout,), dtype)
+    return x, w, b, r
+
+
+def _linear_reference(x, w, b, act, r):
+    out = f64(x) @ f64(w).T
+    if b is not None:
+        out = out + f64(b)
+    out = np_activation(out, act)
+    if r is not None:
+        out = out + f64(r)
+    return out
+
+
+@pytest.mark.parametrize("dtype_name", DTYPE_NAMES)
+@pytest.mark.parametrize("act", ACTIVATIONS)
+def test_linear_bias_activation_residual(kernel_backend, spy, act, dtype_name):
+    dtype = DTYPES[dtype_name]
+    x, w, b, r = _linear_case(dtype, seed_of("linear", act, dtype_name))
+    out = linear(x, w, b, act, r)
+    mx.eval(out)
+    assert_close(out, _linear_reference(x, w, b, act, r), dtype, 40, f"linear/{act}")
+    if _runs_kernels(kernel_backend):
+        t = spy.calls[-1].template
+        assert (t["HAS_BIAS"], t["ACT"], t["HAS_RES"]) == (True, ACT_CODE[act], True)
+
+
+@pytest.mark.parametrize("path", ["scalar", "simd", "split_k", "gemv"])
+@pytest.mark.parametrize("act", ACTIVATIONS)
+def test_linear_epilogue_on_every_path(kernel_backend, spy, act, path):
+    tiles, _ = PATH_CONFIGS[path]
+    lead = () if path == "gemv" else (3, 13)
+    fin = 101 if path in ("split_k", "gemv") else 40
+    x, w, b, r = _linear_case(mx.float32, seed_of("linpath", act, path), lead=lead, fin=fin)
+    out = linear(x, w, b, act, r, tiles=tiles)
+    mx.eval(out)
+    assert_close(out, _linear_reference(x, w, b, act, r), mx.float32, fin, f"linear/{act}/{path}")
+    if _runs_kernels(kernel_backend):
+        assert spy.kernels() == PATH_KERNELS[path]
+        t = spy.calls[-1].template  # the reduce pass runs the epilogue with split-K
+        assert (t["HAS_BIAS"], t["ACT"], t["HAS_RES"]) == (True, ACT_CODE[act], True)
+        if path == "split_k":
+            first = spy.calls[0].template
+            assert (first["HAS_BIAS"], first["ACT"], first["HAS_RES"]) == (True, ACT_CODE[act], True)
+
+
+@pytest.mark.parametrize(
+    "bias, residual, lead",
+    [(True, None, (3, 13)), (False, "full", (3, 13)), (False, None, (3, 13)), (True, "row", (3, 13)),
+     (True, "row", ()), (False, "full", (2, 1, 7))],
+)
+def test_linear_bias_residual_combinations(kernel_backend, bias, residual, lead):
+    x, w, b, r = _linear_case(mx.float32, seed_of("lincomb", bias, residual, lead), lead=lead, bias=bias,
+                              residual=residual)
+    out = linear(x, w, b, "gelu", r)
+    mx.eval(out)
+    assert_close(out, _linear_reference(x, w, b, "gelu", r), mx.float32, 40, f"linear {bias} {residual} {lead}")
+
+
+# =======================================================================================
+# VJPs against mx.grad of the mx.matmul reference
+# =======================================================================================
+
+
+def _grads_close(got, want, dtype, k, what):
+    for i, (g, r) in enumerate(zip(got, want)):
+        assert g.shape == r.shape, f"{what} grad {i}: shape {g.shape} != {r.shape}"
+        assert_close(g, f64(r), dtype, k, f"{what} grad {i}")
+
+
+def _ref_vjp(fn, primals, cotangent):
+    """vjp of the mx reference in float32 from the (dtype-rounded) primals and cotangent."""
+    p32 = [p.astype(mx.float32) for p in primals]
+    _, grads = mx.vjp(fn, p32, [cotangent.astype(mx.float32)])
+    return grads
+
+
+@pytest.mark.parametrize("dtype_name", DTYPE_NAMES)
+@pytest.mark.parametrize("op", OPS)
+def test_vjp_each_op(kernel_backend, op, dtype_name):
+    dtype = DTYPES[dtype_name]
+    m, n, k = 37, 29, 45
+    a, b = operands(op, m, n, k, dtype, seed_of("vjp", op, dtype_name))
+    cot = rand(np.random.default_rng(seed_of("cot", op, dtype_name)), (m, n), dtype)
+    out, grads = mx.vjp(lambda x, y: OP_FN[op](x, y), [a, b], [cot])
+    mx.eval(out, grads)
+    want = _ref_vjp(lambda x, y: gemm_reference(op, x, y), [a, b], cot)
+    _grads_close(grads, want, dtype, max(m, n, k), f"vjp {op}")
+    # mx.grad of a scalar loss agrees too
+    g = mx.grad(lambda x, y: (OP_FN[op](x, y).astype(mx.float32) * cot.astype(mx.float32)).sum(), argnums=(0, 1))(a, b)
+    _grads_close(g, want, dtype, max(m, n, k), f"grad {op}")
+
+
+@pytest.mark.parametrize("tiles", [None, {**_SIMD, "split_k": 2}], ids=["default", "split_k"])
+@pytest.mark.parametrize("act", ACTIVATIONS)
+def test_vjp_linear_bias_activation_residual(kernel_backend, act, tiles):
+    x, w, b, r = _linear_case(mx.float32, seed_of("vjplin", act, str(tiles)), lead=(3, 11), fin=40)
+    cot = rand(np.random.default_rng(seed_of("vjplin-cot", act)), (3, 11, 36), mx.float32)
+
+    def loss(fn):
+        return lambda x, w, b, r: (fn(x, w, b, r) * cot).sum()
+
+    kernel = mx.grad(loss(lambda x, w, b, r: linear(x, w, b, act, r, tiles=tiles)), argnums=(0, 1, 2, 3))(x, w, b, r)
+    ref = mx.grad(loss(lambda x, w, b, r: gemm_reference("gemm_a_bt", x, w, b, act, r)), argnums=(0, 1, 2, 3))(
+        x, w, b, r)
+    mx.eval(kernel, ref)
+    _grads_close(kernel, ref, mx.float32, 40, f"linear vjp {act}")
+
+
+@pytest.mark.parametrize("case", ["broadcast_both", "2d_a_batched_b", "batched_a_2d_b"])
+@pytest.mark.parametrize("op", OPS)
+def test_vjp_broadcast_batched(kernel_backend, op, case):
+    lead_a, lead_b = BATCH_CASES[case]
+    m, n, k = 17, 13, 21
+    a, b = operands(op, m, n, k, mx.float32, seed_of("vjpb", op, case), lead_a, lead_b)
+    out_shape = (*np.broadcast_shapes(lead_a, lead_b), m, n)
+    cot = rand(np.random.default_rng(seed_of("vjpb-cot", op, case)), out_shape, mx.float32)
+    (out,), grads = mx.vjp(lambda x, y: OP_FN[op](x, y), [a, b], [cot])
+    assert out.shape == out_shape
+    want = _ref_vjp(lambda x, y: gemm_reference(op, x, y), [a, b], cot)
+    assert grads[0].shape == a.shape and grads[1].shape == b.shape
+    _grads_close(grads, want, mx.float32, 100, f"vjp {op}/{case}")
+
+
+# =======================================================================================
+# The emulator's race and bounds checks on the raw kernels, with the op's arguments
+# =======================================================================================
+
+SCHEDULE_CASES = {
+    "scalar_db_pad_vec4": ("gemm_av", "float32", GemmConfig(
+        path="scalar", tm=16, tn=16, tk=8, rm=2, rn=2, pad=1, double_buffer=True, vec4=True), (37, 36, 40), None),
+    "scalar_db_pad_trans_a": ("gemm_at_b", "float16", GemmConfig(
+        path="scalar", tm=16, tn=8, tk=8, rm=2, rn=2, pad=2, double_buffer=True), (37, 19, 35), None),
+    "scalar_single_stage": ("gemm_a_bt", "bfloat16", GemmConfig(
+        path="scalar", tm=8, tn=16, tk=8, rm=2, rn=2, pad=1), (19, 37, 35), None),
+    "simd": ("gemm_a_bt", "bfloat16", GemmConfig(path="simd", bm=32, bn=32, bk=16, wm=2, wn=2), (40, 37, 40), None),
+    "split_k": ("gemm_av", "float16", GemmConfig(path="simd", bm=16, bn=16, bk=8, wm=1, wn=2, split_k=3),
+                (20, 35, 100), "silu"),
+    "gemv": ("gemm_a_bt", "float32", GemmConfig(path="gemv", gemv_threads=128), (1, 37, 100), "gelu"),
+}
+
+
+def _raw_case(name, spy):
+    op, dtype_name, cfg, (m, n, k), act = SCHEDULE_CASES[name]
+    dtype = DTYPES[dtype_name]
+    a, b = operands(op, m, n, k, dtype, seed_of("raw", name))
+    rng = np.random.default_rng(seed_of("raw-epi", name))
+    bias = rand(rng, (n,), dtype) if act else None
+    res = rand(rng, (m, n), dtype) if act else None
+    calls = raw_calls(op, a, b, cfg, bias, ACT_CODE[act], res)
+    # the reproduction is what the op launches
+    if act:
+        op_out = gemm_mod._run(op, a, b, bias, act, res, tiles=cfg)
+    else:
+        op_out = OP_FN[op](a, b, tiles=cfg)
+    mx.eval(op_out)
+    assert len(spy.calls) == len(calls)
+    for rec, (spec, kwargs) in zip(spy.calls, calls):
+        same_launch(rec, spec, kwargs)
+    ref = np_reference(op, a, b, bias, act, res)
+    return dtype, k, calls, ref, op_out
+
+
+@pytest.mark.emulator_only
+@pytest.mark.parametrize("name", SCHEDULE_CASES)
+def test_check_schedules_raw_kernels(name, spy):
+    from xlstm_kernels.emulate import check_schedules
+
+    with use_backend("emulate"):
+        dtype, k, calls, ref, op_out = _raw_case(name, spy)
+    partial = None
+    outs = None
+    for spec, kwargs in calls:
+        kernel = get_kernel(spec, "emulate")
+        if kwargs["inputs"][0] is None:
+            kwargs = {**kwargs, "inputs": [partial, *kwargs["inputs"][1:]]}
+        outs = check_schedules(kernel, **kwargs)
+        if spec is gemm_mod.SIMD and len(calls) > 1:
+            partial = outs[1]
+    c = outs[0].reshape(ref.shape)
+    assert_close(c, ref, dtype, k, name)
+    assert np.array_equal(f64(c), f64(op_out))
+
+
+BOUNDS_CASES = [
+    (op, path) for op in OPS for path in ("scalar_vec4_db", "scalar_pad", "simd", "split_k", "gemv")
+]
+BOUNDS_CONFIGS = {
+    "scalar_vec4_db": (GemmConfig(path="scalar", tm=16, tn=16, tk=8, rm=2, rn=2, pad=0, double_buffer=True, vec4=True),
+                       (21, 36, 28), "float16"),  # K, N multiples of 4: vector loads at the partial edges
+    "scalar_pad": (GemmConfig(path="scalar", tm=32, tn=8, tk=16, rm=4, rn=2, pad=3), (35, 13, 37), "bfloat16"),
+    "simd": (GemmConfig(path="simd", bm=32, bn=16, bk=8, wm=2, wn=1), (35, 21, 19), "float32"),
+    "split_k": (GemmConfig(path="simd", bm=16, bn=16, bk=8, wm=1, wn=1, split_k=4), (19, 21, 43), "float16"),
+    "gemv": (GemmConfig(path="gemv", gemv_threads=96), (1, 37, 45), "bfloat16"),
+}
+
+
+@pytest.mark.emulator_only
+@pytest.mark.parametrize("op, path", BOUNDS_CASES)
+def test_check_bounds_partial_tiles(op, path):
+    cfg, (m, n, k), dtype_name = BOUNDS_CONFIGS[path]
+    dtype = DTYPES[dtype_name]
+    a, b = operands(op, m, n, k, dtype, seed_of("bounds", op, path))
+    rng = np.random.default_rng(seed_of("bounds-epi", op, path))
+    bias, res = rand(rng, (n,), dtype), rand(rng, (m, n), dtype)
+    calls = raw_calls(op, a, b, cfg, bias, ACT_CODE["relu"], res)
+    partial = None
+    outs = None
+    for spec, kwargs in calls:
+        kernel = get_kernel(spec, "emulate")
+        if kwargs["inputs"][0] is None:
+            kwargs = {**kwargs, "inputs": [partial, *kwargs["inputs"][1:]]}
+        if kwargs.get("init_value") is not None:
+            kwargs = {**kwargs, "init_value": float("nan")}  # every used element must be written
+        outs = kernel(**kwargs, check_bounds=True)
+        if spec is gemm_mod.SIMD and len(calls) > 1:
+            partial = outs[1]
+            assert np.all(np.isfinite(np.asarray(partial))), "split-K partial sums left unwritten"
+    c = outs[0].reshape(m, n)
+    assert_close(c, np_reference(op, a, b, bias, "relu", res), dtype, k, f"{op}/{path} check_bounds")
+
+
+# =======================================================================================
+# Environment overrides change what runs
+# =======================================================================================
+
+ENV_CASES = {
+    "tile_av": ("gemm_av", {"XLSTM_GEMM_TILE_AV": "16x8"}, (37, 19, 40),
+                {"path": "scalar", "tm": 16, "tn": 8}, "gemm_scalar"),
+    "tile_atb_micro": ("gemm_at_b", {"XLSTM_GEMM_TILE_ATB": "8x16x8", "XLSTM_GEMM_MICRO": "2x4"}, (19, 37, 21),
+                       {"path": "scalar", "tm": 8, "tn": 16, "tk": 8, "rm": 2, "rn": 4}, "gemm_scalar"),
+    "tile_abt_pad_db_vec4": ("gemm_a_bt", {"XLSTM_GEMM_TILE_ABT": "16x32", "XLSTM_GEMM_PAD": "3", "XLSTM_GEMM_DB": "on",
+                                           "XLSTM_GEMM_VEC4": "false"}, (37, 70, 45),
+                             {"path": "scalar", "tm": 16, "tn": 32, "pad": 3, "double_buffer": True, "vec4": False},
+                             "gemm_scalar"),
+    "pad_db_vec4_words": ("gemm_av", {"XLSTM_GEMM_PATH": "scalar", "XLSTM_GEMM_PAD": "yes", "XLSTM_GEMM_DB": "0",
+                                      "XLSTM_GEMM_VEC4": "TRUE"}, (70, 68, 76),
+                          {"path": "scalar", "pad": 1, "double_buffer": False, "vec4": True}, "gemm_scalar"),
+    "align_execw": ("gemm_av", {"XLSTM_GEMM_TILE_AV": "16x16", "XLSTM_GEMM_MICRO": "2x1", "XLSTM_GEMM_ALIGN_EXECW": "1"},
+                    (37, 70, 40), {"path": "scalar", "tm": 16, "tn": 32, "rm": 2, "rn": 1, "align_execw": True},
+                    "gemm_scalar"),
+    "path_simd_tile_warps": ("gemm_av", {"XLSTM_GEMM_PATH": "simd", "XLSTM_GEMM_TILE_AV": "16x32x8",
+                                         "XLSTM_GEMM_WARPS": "1x2"}, (37, 70, 21),
+                             {"path": "simd", "bm": 16, "bn": 32, "bk": 8, "wm": 1, "wn": 2, "split_k": 1}, "gemm_simd"),
+    "split_k": ("gemm_at_b", {"XLSTM_GEMM_PATH": "simd", "XLSTM_GEMM_SPLIT_K": "3"}, (37, 35, 70),
+                {"path": "simd", "split_k": 3}, "gemm_simd"),
+    "gemv_threads": ("gemm_a_bt", {"XLSTM_GEMM_GEMV_THREADS": "64"}, (1, 37, 70),
+                     {"path": "gemv", "gemv_threads": 64}, "gemv"),
+    "path_scalar_for_m1": ("gemm_av", {"XLSTM_GEMM_PATH": "scalar"}, (1, 37, 70), {"path": "scalar"}, "gemm_scalar"),
+    "device_m3": ("gemm_av", {"XLSTM_KERNELS_DEVICE": "m3"}, (37, 35, 40),
+                  {"path": "simd", "bm": 32, "bn": 32, "bk": 16, "wm": 2, "wn": 2}, "gemm_simd"),
+    "device_m2_ultra_f32": ("gemm_a_bt", {"XLSTM_KERNELS_DEVICE": "m2_ultra"}, (37, 70, 40),
+                            {"path": "simd", "bm": 32, "bn": 64, "bk": 16, "wm": 1, "wn": 2}, "gemm_simd"),
+    "user_presets_file": ("gemm_av", {"XLSTM_KERNELS_DEVICE": "cpu", "XLSTM_KERNELS_PRESETS": "{tmp}/user.yaml"},
+                          (37, 19, 21), {"path": "scalar", "tm": 16, "tn": 8, "tk": 8, "rm": 2, "rn": 2},
+                          "gemm_scalar"),
+}
+USER_PRESETS = ("families:\n  cpu:\n    gemm:\n      gemm_av:\n        default:\n"
+                "          {path: scalar, tm: 16, tn: 8, tk: 8, rm: 2, rn: 2, double_buffer: false}\n")
+
+
+@pytest.mark.parametrize("case", ENV_CASES)
+def test_env_overrides_change_what_runs(kernel_backend, spy, monkeypatch, tmp_path, case):
+    op, env, (m, n, k), expect, kernel = ENV_CASES[case]
+    dtype = mx.float32
+    a, b = operands(op, m, n, k, dtype, seed_of("env", case))
+    before = explain(op, (a.shape, b.shape), dtype)
+    (tmp_path / "user.yaml").write_text(USER_PRESETS)
+    for var, value in env.items():
+        monkeypatch.setenv(var, value.format(tmp=tmp_path))
+    info = explain(op, (a.shape, b.shape), dtype)
+    got = {f: info["config"][f] for f in expect}
+    assert got == expect, (got, expect)
+    if before["family"] != env.get("XLSTM_KERNELS_DEVICE"):  # (on a Mac that family may be the detected one)
+        assert got != {f: before["config"][f] for f in expect}, "the environment changed nothing"
+    env_vars = [v for v in env if v.startswith("XLSTM_GEMM_")]
+    if env_vars:
+        named = " ".join(info["sources"].values())
+        assert all(v in named for v in env_vars), info["sources"]
+    if case == "user_presets_file":
+        assert info["sources"]["tm"].startswith(str(tmp_path / "user.yaml"))
+    if case.startswith("device_"):
+        assert info["family"] == env["XLSTM_KERNELS_DEVICE"]
+    _check_op(op, a, b, dtype, k, case)
+    if _runs_kernels(kernel_backend):
+        launched = spy.calls[0]
+        assert launched.kernel == kernel
+        assert launched.threadgroup == tuple(info["threads"]) and launched.grid == tuple(info["grid"])
+        cfg = GemmConfig(**info["config"])
+        assert [(f, launched.template[f]) for f, _ in cfg.template_args(dtype)] == cfg.template_args(dtype)
+
+
+def test_set_gemm_tiles_changes_what_runs(kernel_backend, spy):
+    a, b = operands("gemm_at_b", 37, 19, 21, mx.float32, seed_of("set_gemm_tiles"))
+    set_gemm_tiles(atb="16x8x8")
+    _check_op("gemm_at_b", a, b, mx.float32, 21)
+    if _runs_kernels(kernel_backend):
+        t = spy.only("gemm_scalar").template
+        assert (t["TM"], t["TN"], t["TK"]) == (16, 8, 8)
+
+
+MALFORMED_ENV = [
+    ("gemm_av", {"XLSTM_GEMM_TILE_AV": "abc"}, "XLSTM_GEMM_TILE_AV", "TMxTN"),
+    ("gemm_av", {"XLSTM_GEMM_TILE_AV": "0x16"}, "XLSTM_GEMM_TILE_AV", "zero size"),
+    ("gemm_av", {"XLSTM_GEMM_TILE_AV": "128x128x32", "XLSTM_GEMM_DB": "1"}, "XLSTM_GEMM_TILE_AV", "32 KiB"),
+    ("gemm_av", {"XLSTM_GEMM_PAD": "maybe"}, "XLSTM_GEMM_PAD", "pad width"),
+    ("gemm_av", {"XLSTM_GEMM_DB": "2"}, "XLSTM_GEMM_DB", "true, false"),
+    ("gemm_av", {"XLSTM_GEMM_VEC4": "sure"}, "XLSTM_GEMM_VEC4", "true, false"),
+    ("gemm_av", {"XLSTM_GEMM_ALIGN_EXECW": "y"}, "XLSTM_GEMM_ALIGN_EXECW", "true, false"),
+    ("gemm_av", {"XLSTM_GEMM_PATH": "gpu"}, "XLSTM_GEMM_PATH", "'simd' or 'scalar'"),
+    ("gemm_av", {"XLSTM_GEMM_SPLIT_K": "0"}, "XLSTM_GEMM_SPLIT_K", "integer >= 1"),
+    ("gemm_av", {"XLSTM_GEMM_MICRO": "4"}, "XLSTM_GEMM_MICRO", "RMxRN"),
+    ("gemm_av", {"XLSTM_GEMM_WARPS": "0x2"}, "XLSTM_GEMM_WARPS", "WMxWN"),
+    ("gemm_av", {"XLSTM_GEMM_GEMV_THREADS": "100"}, "XLSTM_GEMM_GEMV_THREADS", "multiple of 32"),
+    ("gemm_at_b", {"XLSTM_GEMM_TILE_ATB": "8x8x8x8"}, "XLSTM_GEMM_TILE_ATB", "TMxTN"),
+    ("linear", {"XLSTM_GEMM_TILE_ABT": "30x32"}, "XLSTM_GEMM_TILE_ABT", "not a multiple of RM"),
+    ("gemm_a_bt", {"XLSTM_KERNELS_PRESETS": "/nonexistent/presets.yaml"}, "XLSTM_KERNELS_PRESETS", "no such"),
+]
+
+
+@pytest.mark.parametrize("op, env, var, expect", MALFORMED_ENV, ids=[f"{v}={list(e.values())[0]}" for _, e, v, _ in
+                                                                       MALFORMED_ENV])
+def test_malformed_env_raises_naming_the_variable(kernel_backend, spy, monkeypatch, op, env, var, expect):
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    x = mx.ones((8, 8))  # the values do not matter: nothing may run
+    with pytest.raises(TileConfigError) as info:
+        if op == "linear":
+            linear(x, x)
+        else:
+            OP_FN[op](x, x)
+    assert isinstance(info.value, ValueError)
+    assert var in str(info.value) and expect in str(info.value), str(info.value)
+    assert spy.calls == []
+
+
+# =======================================================================================
+# Bad inputs, dtype promotion, zero sizes
+# =======================================================================================
+
+F = mx.float32
+
+
+@pytest.mark.parametrize(
+    "call, exc, words",
+    [
+        (lambda: gemm_av(mx.ones((4, 5)), mx.ones((6, 3))), ValueError, ["gemm_av", "disagree on n", "(4, 5)", "(6, 3)"]),
+        (lambda: gemm_at_b(mx.ones((4, 5)), mx.ones((6, 3))), ValueError, ["gemm_at_b", "disagree on m"]),
+        (lambda: gemm_a_bt(mx.ones((4, 5)), mx.ones((3, 6))), ValueError, ["gemm_a_bt", "disagree on k"]),
+        (lambda: linear(mx.ones((4, 5)), mx.ones((3, 6))), ValueError, ["in_features"]),
+        (lambda: gemm_av(mx.ones((5,)), mx.ones((5, 3))), ValueError, ["a", "at least 2"]),
+        (lambda: gemm_at_b(mx.ones((5, 3)), mx.ones((5,))), ValueError, ["b", "at least 2"]),
+        (lambda: gemm_av(mx.ones((4, 5)), mx.ones((5,))), ValueError, ["v", "at least 2"]),
+        (lambda: linear(mx.ones((4, 5)), mx.ones((2, 3, 5))), ValueError, ["weight", "2 dimensions"]),
+        (lambda: linear(mx.ones(()), mx.ones((3, 5))), ValueError, ["x", "at least 1"]),
+        (lambda: gemm_av(mx.ones((4, 5), dtype=mx.int32), mx.ones((5, 3))), TypeError, ["a", "int32"]),
+        (lambda: gemm_a_bt(mx.ones((4, 5)), mx.ones((3, 5), dtype=mx.int8)), TypeError, ["b", "int8"]),
+        (lambda: linear(mx.ones((4, 5)), mx.ones((3, 5)), mx.ones((3,), dtype=mx.int32)), TypeError, ["bias", "int32"]),
+        (lambda: gemm_av(np.ones((4, 5), np.float32), mx.ones((5, 3))), TypeError, ["a", "mx.array"]),
+        (lambda: linear(mx.ones((4, 5)), mx.ones((3, 5)), mx.ones((4,))), ValueError, ["bias", "(3,)", "(4,)"]),
+        (lambda: linear(mx.ones((4, 5)), mx.ones((3, 5)), mx.ones((1, 3))), ValueError, ["bias", "1 dimensions"]),
+        (lambda: gemm_av(mx.ones((2, 4, 5)), mx.ones((3, 5, 3))), ValueError, ["batch dimensions", "broadcast"]),
+        (lambda: linear(mx.ones((4, 5)), mx.ones((3, 5)), activation="tanh"), ValueError, ["activation", "tanh"]),
+        (lambda: gemm_av(mx.ones((4, 5)), mx.ones((5, 3)), tiles="big"), TileConfigError, ["tiles= argument"]),
+        (lambda: gemm_av(mx.ones((4, 5)), mx.ones((5, 3)), tiles={"tm": 30}), TileConfigError,
+         ["tiles= argument", "RM"]),
+    ],
+)
+def test_bad_inputs_raise_clear_errors(kernel_backend, spy, call, exc, words):
+    with pytest.raises(exc) as info:
+        call()
+    msg = str(info.value)
+    assert all(w in msg for w in words), msg
+    assert spy.calls == []
+
+
+def test_linear_bad_residual_names_residual(kernel_backend):
+    with pytest.raises(ValueError, match="residual"):
+        linear(mx.ones((4, 5)), mx.ones((3, 5)), residual=mx.ones((3, 7)))
+
+
+def test_gemm_bad_residual_names_residual(kernel_backend):
+    with pytest.raises(ValueError, match="residual"):
+        gemm_mod._run("gemm_a_bt", mx.ones((4, 5)), mx.ones((3, 5)), residual=mx.ones((3, 7)))
+
+
+MIXED = [(mx.float16, mx.float32), (mx.float32, mx.bfloat16), (mx.bfloat16, mx.float16), (mx.float16, mx.float16)]
+
+
+@pytest.mark.parametrize("dta, dtb", MIXED, ids=lambda d: str(d).split(".")[-1])
+@pytest.mark.parametrize("op", OPS)
+def test_mixed_dtypes_promote_like_matmul(kernel_backend, op, dta, dtb):
+    m, n, k = 21, 19, 37
+    rng = np.random.default_rng(seed_of("mixed", op, str(dta), str(dtb)))
+    sa, sb = operand_shapes(op, m, n, k)
+    a, b = rand(rng, sa, dta), rand(rng, sb, dtb)
+    expected = mx.matmul(a.swapaxes(-1, -2) if op == "gemm_at_b" else a,
+                         b.swapaxes(-1, -2) if op == "gemm_a_bt" else b).dtype
+    out = _run_op(op, a, b)
+    assert out.dtype == expected
+    assert_close(out, np_product(op, f64(a), f64(b)), expected, k, f"{op} {dta} x {dtb}")
+
+
+LINEAR_ZERO = [((0, 5), (6, 5)), ((2, 0, 5), (6, 5)), ((3, 5), (0, 5))]
+
+
+@pytest.mark.parametrize("xs, ws", LINEAR_ZERO, ids=["rows0", "lead0", "out0"])
+def test_zero_size_linear(kernel_backend, xs, ws):
+    rng = np.random.default_rng(seed_of("zero-linear", xs, ws))
+    x, w, b = rand(rng, xs, F), rand(rng, ws, F), rand(rng, (ws[0],), F)
+    out = linear(x, w, b, "relu")
+    assert out.shape == (*xs[:-1], ws[0]) and out.dtype == F and out.size == 0
+
+
+ZERO_CASES = {
+    "m0": ((0, 5, 7), (), ()),
+    "n0": ((4, 0, 7), (), ()),
+    "k0": ((4, 5, 0), (), ()),
+    "batch0": ((4, 5, 7), (0,), ()),
+    "batch0_bcast": ((4, 5, 7), (2, 0), (1,)),
+    "m1_k0": ((1, 5, 0), (), ()),
+}
+
+
+@pytest.mark.parametrize("case", ZERO_CASES)
+@pytest.mark.parametrize("op", OPS)
+def test_zero_size_dims(kernel_backend, op, case):
+    (m, n, k), lead_a, lead_b = ZERO_CASES[case]
+    dtype = mx.float16
+    sa, sb = operand_shapes(op, m, n, k, lead_a, lead_b)
+    rng = np.random.default_rng(seed_of("zero", op, case))
+    a, b = rand(rng, sa, dtype), rand(rng, sb, dtype)
+    out = _run_op(op, a, b)
+    want = (*np.broadcast_shapes(lead_a, lead_b), m, n)
+    assert tuple(out.shape) == want and out.dtype == dtype
+    assert np.array_equal(f64(out), np.zeros(want))
+
+
+def test_zero_k_linear_is_the_epilogue_of_zero(kernel_backend):
+    rng = np.random.default_rng(seed_of("zero-linear"))
+    x, w, b, r = rand(rng, (3, 0), F), rand(rng, (6, 0), F), rand(rng, (6,), F), rand(rng, (3, 6), F)
+    out = linear(x, w, b, "silu", r)
+    assert out.shape == (3, 6)
+    assert_close(out, np_activation(np.broadcast_to(f64(b), (3, 6)), "silu") + f64(r), F, 0)
+
+
+# =======================================================================================
+# The reference backend gives the same answers
+# =======================================================================================
+
+
+@pytest.mark.parametrize("op", [*OPS, "linear"])
+def test_reference_backend_same_answers(kernel_backend, op):
+    dtype = mx.bfloat16
+    if op == "linear":
+        x, w, b, r = _linear_case(dtype, seed_of("refbackend", op))
+        run = lambda: linear(x, w, b, "gelu_approx", r)  # noqa: E731
+        ref = _linear_reference(x, w, b, "gelu_approx", r)
+        k = 40
+    else:
+        m, n, k = 33, 29, 31
+        a, b = operands(op, m, n, k, dtype, seed_of("refbackend", op), (2,), ())
+        run = lambda: OP_FN[op](a, b)  # noqa: E731
+        ref = np_product(op, f64(a), f64(b))
+    out_kernel = run()
+    with use_backend("reference"):
+        assert xlstm_kernels.current_backend() == "reference"
+        out_ref = run()
+    mx.eval(out_kernel, out_ref)
+    assert_close(out_kernel, ref, dtype, k, f"{op} on {kernel_backend}")
+    assert_close(out_ref, ref, dtype, k, f"{op} on reference")
+    assert rel_err(f64(out_kernel), f64(out_ref)) <= tolerance(dtype, k)
+
+
+# =======================================================================================
+# explain() describes the launch the op makes
+# =======================================================================================
+
+
+class _Abort(Exception):
+    pass
+
+
+def _first_launch(monkeypatch, fn):
+    """The op's first kernel launch, recorded and then aborted (nothing runs)."""
+    seen = []
+
+    def record(spec, **kwargs):
+        seen.append((spec.kernel, tuple(kwargs["grid"]), tuple(kwargs["threadgroup"]), dict(kwargs["template"])))
+        raise _Abort
+
+    monkeypatch.setattr(gemm_mod, "launch", record)
+    with pytest.raises(_Abort):
+        fn()
+    return seen[0]
+
+
+EXPLAIN_CASES = [
+    pytest.param("m3", (3,), (3,), (40, 37, 64), None, id="batched_simd"),
+    pytest.param(None, (2, 1), (1, 3), (40, 37, 64), "16x8", id="broadcast_scalar"),
+    pytest.param("m3", (), (), (16, 16, 512), None, id="split_k_rule_2d"),
+    pytest.param(None, (), (4,), (1, 37, 64), None, id="batched_gemv"),
+    pytest.param("m3", (17,), (17,), (32, 32, 256), None, id="batched_split_k_rule"),
+    pytest.param("m3", (), (), (5, 37, 40), {"path": "gemv", "bm": 16, "bn": 16, "wm": 1, "wn": 1},
+                 id="gemv_path_with_m_gt_1"),
+]
+
+
+@pytest.mark.parametrize("device, lead_a, lead_b, mnk, tiles", EXPLAIN_CASES)
+def test_explain_matches_the_launch(kernel_backend, monkeypatch, device, lead_a, lead_b, mnk, tiles):
+    if not _runs_kernels(kernel_backend):
+        pytest.skip("the reference backend launches no kernels")
+    if device:
+        monkeypatch.setenv("XLSTM_KERNELS_DEVICE", device)
+    op = "gemm_av"
+    a, b = operands(op, *mnk, mx.float32, seed_of("explain", mnk), lead_a, lead_b)
+    info = explain(op, (a.shape, b.shape), mx.float32, tiles=tiles)
+    kernel, grid, threads, template = _first_launch(monkeypatch, lambda: gemm_av(a, b, tiles=tiles))
+    assert kernel == {"scalar": "gemm_scalar", "simd": "gemm_simd", "gemv": "gemv"}[info["path"]]
+    assert threads == tuple(info["threads"])
+    assert grid == tuple(info["grid"])
+    if info["path"] == "simd":
+        assert template["SPLIT"] == info["config"]["split_k"]

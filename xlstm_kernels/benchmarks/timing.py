@@ -1,0 +1,79 @@
+"""Timing MLX work: warm-up, then the median of repeated runs, each synchronised with ``mx.eval``.
+
+MLX is lazy: a call only builds a graph. Every timed run therefore ends in
+``mx.eval(result)``, which waits for the device (on Metal, for the command buffer to
+complete). The first runs compile kernels (Metal pipelines, or the emulator's C++
+build) and are not timed.
+
+    t = measure(lambda: xk.gemm_av(a, b), warmup=2, repeats=10)
+    t.median_s, t.min_s, t.output   # output: the first warm-up's result (for a correctness check)
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import mlx.core as mx
+
+__all__ = ["Timing", "measure", "sync"]
+
+
+def sync(out: Any) -> Any:
+    """Evaluate an op's result (an array, or a tuple/list/dict of arrays); returns it."""
+    if out is None:
+        return out
+    if isinstance(out, mx.array):
+        mx.eval(out)
+    elif isinstance(out, dict):
+        mx.eval(*[v for v in out.values() if isinstance(v, mx.array)])
+    elif isinstance(out, (list, tuple)):
+        mx.eval(*[v for v in out if isinstance(v, mx.array)])
+    return out
+
+
+@dataclass
+class Timing:
+    """Seconds per run of one callable (after warm-up)."""
+
+    median_s: float
+    min_s: float
+    max_s: float
+    times_s: list[float]
+    warmup: int
+    output: Any = field(default=None, repr=False)  # the first warm-up's (evaluated) result
+
+    @property
+    def median_ms(self) -> float:
+        return self.median_s * 1e3
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"median_s": self.median_s, "min_s": self.min_s, "max_s": self.max_s,
+                "repeats": len(self.times_s), "warmup": self.warmup}
+
+
+def measure(fn: Callable[[], Any], *, warmup: int = 2, repeats: int = 10, max_seconds: float | None = None) -> Timing:
+    """Run `fn` `warmup` times untimed (at least once: compiles), then `repeats` timed runs.
+
+    Each run is ``mx.eval(fn())``. Returns the median, min and max over the timed runs.
+    `max_seconds`: stop repeating once this much time was spent on timed runs (at least
+    one timed run always happens), so a slow case does not hold up a sweep.
+    """
+    if repeats < 1:
+        raise ValueError(f"measure: repeats must be >= 1, got {repeats}")
+    first = sync(fn())
+    for _ in range(max(0, warmup - 1)):
+        sync(fn())
+    times: list[float] = []
+    spent = 0.0
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        sync(fn())
+        dt = time.perf_counter() - t0
+        times.append(dt)
+        spent += dt
+        if max_seconds is not None and spent >= max_seconds:
+            break
+    return Timing(statistics.median(times), min(times), max(times), times, max(1, warmup), first)
