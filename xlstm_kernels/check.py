@@ -15,6 +15,9 @@ import mlx.core as mx
 import numpy as np
 
 from . import ops
+from .ops import mlstm as mlstm_mod
+from .ops import rope as rope_mod
+from .ops import slstm as slstm_mod
 from .runtime import current_backend
 
 __all__ = ["CheckCase", "CheckResult", "CASES", "TOLERANCE", "relative_error", "run_checks", "format_table"]
@@ -117,6 +120,115 @@ def _linear_case(rows: int, d_in: int, d_out: int) -> CheckCase:
     )
 
 
+def _layer_norm_case(rows: int, d: int, heads: int = 0) -> CheckCase:
+    def make(rng, dtype):
+        return _normal(rng, (rows, d), dtype), _normal(rng, (d,), dtype), _normal(rng, (d,), dtype)
+
+    def reference(x, w, b):
+        x64 = to_f64(x)
+        if heads:
+            x64 = x64.reshape(rows, heads, d // heads)
+        mu = x64.mean(-1, keepdims=True)
+        y = (x64 - mu) / np.sqrt(((x64 - mu) ** 2).mean(-1, keepdims=True) + 1e-5)
+        return y.reshape(rows, d) * to_f64(w) + to_f64(b)
+
+    if heads:
+        return CheckCase("mh_layer_norm", f"{rows}x{heads}x{d // heads}", make,
+                         lambda x, w, b: ops.multihead_layer_norm(x, w, b, heads, 1e-5), reference)
+    return CheckCase("layer_norm", f"{rows}x{d}", make, lambda x, w, b: ops.layer_norm(x, w, b, 1e-5), reference)
+
+
+def _rope_case(b: int, h: int, seq: int, d: int) -> CheckCase:
+    def make(rng, dtype):
+        return (_normal(rng, (b, h, seq, d), dtype),)
+
+    def reference(x):
+        x64 = to_f64(x)
+        half = d // 2
+        theta = (np.arange(seq)[:, None] + 3) * 10000.0 ** (-np.arange(half) / half)[None]
+        c, s_ = np.cos(theta), np.sin(theta)
+        a, bb = x64[..., :half], x64[..., half:]
+        return np.concatenate([a * c - bb * s_, a * s_ + bb * c], axis=-1)
+
+    return CheckCase("rope", f"{b}x{h}x{seq}x{d}", make, lambda x: rope_mod.rope(x, d, offset=3), reference)
+
+
+def _attention_case(hq: int, hkv: int, lq: int, lk: int, d: int) -> CheckCase:
+    def make(rng, dtype):
+        return (_normal(rng, (1, hq, lq, d), dtype), _normal(rng, (1, hkv, lk, d), dtype),
+                _normal(rng, (1, hkv, lk, d), dtype))
+
+    def reference(q, k, v):
+        q64, k64, v64 = to_f64(q), to_f64(k), to_f64(v)
+        k64, v64 = np.repeat(k64, hq // hkv, axis=1), np.repeat(v64, hq // hkv, axis=1)
+        s = q64 @ k64.swapaxes(-1, -2) / np.sqrt(d)
+        s = np.where(np.arange(lk)[None] <= np.arange(lq)[:, None] + (lk - lq), s, -np.inf)
+        p = np.exp(s - s.max(-1, keepdims=True))
+        return (p / p.sum(-1, keepdims=True)) @ v64
+
+    return CheckCase("attention", f"{hq}/{hkv}x{lq}x{lk}x{d}", make,
+                     lambda q, k, v: ops.scaled_dot_product_attention(q, k, v, scale=d**-0.5, mask="causal"),
+                     reference)
+
+
+def _logsigmoid(x: np.ndarray) -> np.ndarray:
+    return np.minimum(x, 0.0) - np.log1p(np.exp(-np.abs(x)))
+
+
+def _mlstm_case(b: int, nh: int, seq: int, d: int) -> CheckCase:
+    def make(rng, dtype):
+        return (*(_normal(rng, (b, nh, seq, d), dtype) for _ in range(3)),
+                _normal(rng, (b, nh, seq), dtype), _normal(rng, (b, nh, seq), dtype))
+
+    def reference(q, k, v, i_pre, f_pre):
+        q64, k64, v64, i64, f64 = (to_f64(t) for t in (q, k, v, i_pre, f_pre))
+        c = np.zeros((b, nh, d, d))
+        n = np.zeros((b, nh, d))
+        m = np.zeros((b, nh))
+        h = np.zeros((b, nh, seq, d))
+        for t in range(seq):
+            lf = _logsigmoid(f64[..., t])
+            m_new = np.maximum(lf + m, i64[..., t])
+            fg, ig = np.exp(lf + m - m_new), np.exp(i64[..., t] - m_new)
+            kt, vt, qt = k64[..., t, :], v64[..., t, :], q64[..., t, :] / np.sqrt(d)
+            c = fg[..., None, None] * c + ig[..., None, None] * kt[..., :, None] * vt[..., None, :]
+            n = fg[..., None] * n + ig[..., None] * kt
+            den = np.maximum(np.abs((qt * n).sum(-1)), np.exp(-m_new)) + 1e-6
+            h[..., t, :] = (qt[..., :, None] * c).sum(-2) / den[..., None]
+            m = m_new
+        return h
+
+    return CheckCase("mlstm", f"{b}x{nh}x{seq}x{d}", make, lambda *a: mlstm_mod.mlstm(*a, chunk_size=16), reference)
+
+
+def _slstm_case(b: int, seq: int, nh: int, dh: int) -> CheckCase:
+    def make(rng, dtype):
+        return (_normal(rng, (b, seq, 4, nh, dh), dtype), _normal(rng, (nh, dh, 4, dh), dtype) * 0.3,
+                _normal(rng, (4, nh, dh), dtype))
+
+    def reference(wx, r, bias):
+        wx64, r64, b64 = to_f64(wx), to_f64(r), to_f64(bias)
+        y = np.zeros((b, nh, dh))
+        c = np.zeros((b, nh, dh))
+        n = np.zeros((b, nh, dh))
+        m = np.zeros((b, nh, dh))
+        out = np.zeros((b, seq, nh, dh))
+        for t in range(seq):
+            raw = wx64[:, t] + np.einsum("bhi,higj->bghj", y, r64) + b64
+            i_raw, f_raw, z_raw, o_raw = raw[:, 0], raw[:, 1], raw[:, 2], raw[:, 3]
+            lfm = m + _logsigmoid(f_raw)
+            m_new = i_raw if t == 0 else np.maximum(i_raw, lfm)
+            ig, fg = np.exp(i_raw - m_new), np.exp(lfm - m_new)
+            c = fg * c + ig * np.tanh(z_raw)
+            n = fg * n + ig
+            y = c / n / (1.0 + np.exp(-o_raw))
+            m = m_new
+            out[:, t] = y
+        return out
+
+    return CheckCase("slstm", f"{b}x{seq}x{nh}x{dh}", make, slstm_mod.slstm, reference)
+
+
 CASES: list[CheckCase] = [
     _rms_case(3, 100),
     _rms_case(5, 1031),
@@ -127,6 +239,12 @@ CASES: list[CheckCase] = [
     _gemm_case("gemm_a_bt", 64, 48, 40),
     _gemm_case("gemm_a_bt", 8, 8, 1024),
     _linear_case(21, 40, 24),
+    _layer_norm_case(5, 100),
+    _layer_norm_case(3, 64, heads=4),
+    _rope_case(2, 3, 7, 32),
+    _attention_case(4, 2, 9, 37, 64),
+    _mlstm_case(1, 2, 37, 16),
+    _slstm_case(2, 9, 2, 16),
 ]
 
 
@@ -159,13 +277,13 @@ def run_checks(
     return results
 
 
-HEADER = f"{'op':<10} {'shape':<10} {'dtype':<9} {'backend':<9} {'rel.err':>9} {'bound':>7} {'ms':>8}  result"
+HEADER = f"{'op':<13} {'shape':<14} {'dtype':<9} {'backend':<9} {'rel.err':>9} {'bound':>7} {'ms':>8}  result"
 
 
 def format_row(r: CheckResult) -> str:
     status = "ok" if r.ok else "FAIL" + (f" ({r.message.splitlines()[0][:120]})" if r.message else "")
     return (
-        f"{r.op:<10} {r.shape:<10} {r.dtype:<9} {r.backend:<9} {r.error:>9.2e} {r.tolerance:>7.0e} "
+        f"{r.op:<13} {r.shape:<14} {r.dtype:<9} {r.backend:<9} {r.error:>9.2e} {r.tolerance:>7.0e} "
         f"{r.seconds * 1e3:>8.1f}  {status}"
     )
 
