@@ -5,6 +5,7 @@ it with ``XLSTM_KERNELS_BACKEND`` or :func:`use_backend`.
 """
 
 from .ops.attention import scaled_dot_product_attention
+from .ops.fused import fused_norm_linear, fused_norm_qkv_rope
 from .ops.gemm import gemm_a_bt, gemm_at_b, gemm_av, linear
 from .ops.mlstm import mlstm, mlstm_step
 from .ops.norm import layer_norm, multihead_layer_norm, rms_norm
@@ -19,6 +20,8 @@ __all__ = [
     "GemmConfig",
     "current_backend",
     "explain",
+    "fused_norm_linear",
+    "fused_norm_qkv_rope",
     "gemm_a_bt",
     "gemm_at_b",
     "gemm_av",

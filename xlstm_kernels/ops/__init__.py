@@ -7,6 +7,7 @@ exported by the top-level package (``xlstm_kernels.mlstm``) and by their modules
 
 from . import mlstm, rope, slstm
 from .attention import scaled_dot_product_attention
+from .fused import fused_norm_linear, fused_norm_qkv_rope
 from .gemm import ACTIVATIONS, gemm_a_bt, gemm_at_b, gemm_av, linear
 from .mlstm import mlstm_step
 from .norm import layer_norm, multihead_layer_norm, rms_norm
@@ -14,6 +15,8 @@ from .slstm import slstm_step
 
 __all__ = [
     "ACTIVATIONS",
+    "fused_norm_linear",
+    "fused_norm_qkv_rope",
     "gemm_a_bt",
     "gemm_at_b",
     "gemm_av",
