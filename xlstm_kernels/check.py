@@ -229,6 +229,48 @@ def _slstm_case(b: int, seq: int, nh: int, dh: int) -> CheckCase:
     return CheckCase("slstm", f"{b}x{seq}x{nh}x{dh}", make, slstm_mod.slstm, reference)
 
 
+def _rms64(x64: np.ndarray, w64: np.ndarray) -> np.ndarray:
+    return x64 / np.sqrt(np.mean(x64 * x64, axis=-1, keepdims=True) + 1e-5) * w64
+
+
+def _fused_linear_case(rows: int, k: int, n: int) -> CheckCase:
+    def make(rng, dtype):
+        return _normal(rng, (rows, k), dtype), _normal(rng, (k,), dtype), _normal(rng, (n, k), dtype)
+
+    def reference(x, nw, w):
+        return _rms64(to_f64(x), to_f64(nw)) @ to_f64(w).T
+
+    return CheckCase("norm_linear", f"{rows}x{k}x{n}", make,
+                     lambda x, nw, w: ops.fused_norm_linear(x, nw, w, eps=1e-5), reference)
+
+
+def _fused_qkv_case(b: int, seq: int, heads: int, kv_heads: int, d: int) -> CheckCase:
+    e = 48
+
+    def make(rng, dtype):
+        return (_normal(rng, (b, seq, e), dtype), _normal(rng, (e,), dtype),
+                _normal(rng, ((heads + 2 * kv_heads) * d, e), dtype))
+
+    def rope64(t):  # (B, H, L, D), split-half pairing, offset 0
+        half = d // 2
+        theta = np.arange(seq)[:, None] * 10000.0 ** (-np.arange(half) / half)[None]
+        a, bb = t[..., :half], t[..., half:]
+        return np.concatenate([a * np.cos(theta) - bb * np.sin(theta), a * np.sin(theta) + bb * np.cos(theta)], -1)
+
+    def reference(x, nw, w):
+        qkv = _rms64(to_f64(x), to_f64(nw)) @ to_f64(w).T
+        q = qkv[..., : heads * d].reshape(b, seq, heads, d).transpose(0, 2, 1, 3)
+        k = qkv[..., heads * d : (heads + kv_heads) * d].reshape(b, seq, kv_heads, d).transpose(0, 2, 1, 3)
+        v = qkv[..., (heads + kv_heads) * d :].reshape(b, seq, kv_heads, d).transpose(0, 2, 1, 3)
+        return np.concatenate([rope64(q), rope64(k), v], axis=1)
+
+    def run(x, nw, w):
+        q, k, v = ops.fused_norm_qkv_rope(x, nw, w, heads, kv_heads, eps=1e-5)
+        return mx.concatenate([q, k, v], axis=1)
+
+    return CheckCase("norm_qkv_rope", f"{b}x{seq}x{heads}/{kv_heads}x{d}", make, run, reference)
+
+
 CASES: list[CheckCase] = [
     _rms_case(3, 100),
     _rms_case(5, 1031),
@@ -245,6 +287,8 @@ CASES: list[CheckCase] = [
     _attention_case(4, 2, 9, 37, 64),
     _mlstm_case(1, 2, 37, 16),
     _slstm_case(2, 9, 2, 16),
+    _fused_linear_case(33, 29, 31),
+    _fused_qkv_case(2, 5, 4, 2, 16),
 ]
 
 
