@@ -234,3 +234,48 @@ def test_compile_error_points_at_the_kernel_line(operands):
     with pytest.raises(EmulatorCompileError) as info:
         k(**_call_args(a, b))
     assert "det_gemm_header_typo.header.metal:3:" in str(info.value)
+
+
+# Two reductions in a row through the same 32-entry scratch array with one barrier each:
+# a fast simdgroup can overwrite scratch for the second reduction while a slow one still
+# reads the first. On the GPU this is a race; the reverse/random schedules run one
+# simdgroup ahead to its next barrier, so the bits differ from the sequential schedule.
+_SCRATCH_REUSE = """
+uint t = thread_index_in_threadgroup;
+uint lane = thread_index_in_simdgroup;
+uint sg = simdgroup_index_in_threadgroup;
+uint nsg = simdgroups_per_threadgroup;
+threadgroup float scratch[32];
+float v = inp[t];
+float s = simd_sum(v);
+if (lane == 0) { scratch[sg] = s; }
+threadgroup_barrier(mem_flags::mem_threadgroup);
+float total = 0.0f;
+for (uint i = 0; i < nsg; ++i) { total += scratch[i]; }
+float s2 = simd_sum(v * v);
+if (lane == 0) { scratch[sg] = s2; }   // SCRATCH2
+threadgroup_barrier(mem_flags::mem_threadgroup);
+float total2 = 0.0f;
+for (uint i = 0; i < nsg; ++i) { total2 += scratch[i]; }
+out[t] = total + 1000.0f * total2;
+"""
+
+
+@pytest.mark.emulator_only
+@pytest.mark.parametrize("reuse", [True, False])
+def test_scratch_reused_across_reductions_is_a_race(reuse):
+    src = _SCRATCH_REUSE
+    if not reuse:  # the fix: a second array
+        src = src.replace("threadgroup float scratch[32];", "threadgroup float scratch[32];\nthreadgroup float scratch2[32];")
+        src = src.replace("if (lane == 0) { scratch[sg] = s2; }   // SCRATCH2", "if (lane == 0) { scratch2[sg] = s2; }")
+        src = src.replace("total2 += scratch[i];", "total2 += scratch2[i];")
+    k = metal_kernel(name=f"scratch_{reuse}", input_names=["inp"], output_names=["out"], source=src)
+    x = mx.array(np.random.default_rng(12).standard_normal(128).astype(np.float32))
+    call = dict(inputs=[x], grid=(128, 1, 1), threadgroup=(128, 1, 1), output_shapes=[(128,)], output_dtypes=[mx.float32])
+    if reuse:
+        with pytest.raises(EmulatorError, match="race"):
+            check_schedules(k, **call)
+    else:
+        (out,) = check_schedules(k, **call)
+        xn = np.asarray(x, dtype=np.float64)
+        assert np.allclose(np.asarray(out), xn.sum() + 1000.0 * (xn * xn).sum(), rtol=1e-5)

@@ -438,14 +438,35 @@ bool run_group(Worker* w, uint64_t gid) {
   w->rng = d->seed * 0x2545F4914F6CDD1Dull ^ (gid + 1) * 0x9E3779B97F4A7C15ull;
 
   const uint32_t n_simd = (n + 31) / 32;
+  const bool lockstep = d->schedule == 0;
+  int32_t prev_lead = -1;
   uint32_t done = 0;
   for (;;) {
     if (d->schedule == 2)
       for (uint32_t i = n; i > 1; --i) std::swap(order[i - 1], order[splitmix(w->rng) % i]);
-    // 1. Run every ready thread until it blocks or ends.
+    // The sequential schedule runs all simdgroups side by side. Reverse and random run
+    // one simdgroup (the first in the schedule's order that can move) until all its
+    // lanes wait at a threadgroup barrier or end, then the next: simdgroups drift as far
+    // apart as a barrier allows, so one that overwrites threadgroup memory another has
+    // not read yet (a missing barrier, or scratch reused across reductions) gives
+    // different bits from the sequential schedule.
+    int32_t lead = -1;
+    if (!lockstep && prev_lead >= 0) {  // keep running the same simdgroup while it can move
+      const uint32_t lo = uint32_t(prev_lead) * 32, hi = std::min(n, lo + 32);
+      for (uint32_t t = lo; t < hi && lead < 0; ++t)
+        if (w->fibers[t].state == READY || w->fibers[t].state == AT_COLLECTIVE) lead = prev_lead;
+    }
+    if (!lockstep && lead < 0) {
+      for (uint32_t i = 0; i < n && lead < 0; ++i)
+        if (w->fibers[order[i]].state == READY) lead = int32_t(order[i] / 32);
+      for (uint32_t i = 0; i < n && lead < 0; ++i)
+        if (w->fibers[order[i]].state == AT_COLLECTIVE) lead = int32_t(order[i] / 32);
+    }
+    prev_lead = lead;
+    // 1. Run every ready thread (of the lead simdgroup) until it blocks or ends.
     for (uint32_t i = 0; i < n; ++i) {
       Fiber& f = w->fibers[order[i]];
-      if (f.state != READY) continue;
+      if (f.state != READY || (lead >= 0 && order[i] / 32 != uint32_t(lead))) continue;
       w->cur = &f;
       ctx_switch(&w->sched, &f.ctx);
       w->cur = nullptr;
@@ -456,15 +477,12 @@ bool run_group(Worker* w, uint64_t gid) {
 
     // 2. Release simd collectives: per simdgroup, the earliest call site that lanes
     //    wait at, with the lanes waiting there as the active set. The sequential
-    //    schedule releases every simdgroup at once (lockstep); reverse and random
-    //    release one simdgroup per round, so simdgroups drift apart as on hardware and
-    //    a race between simdgroups hidden behind collectives (a missing barrier around
-    //    simdgroup_matrix loads, say) shows up as a difference between schedules.
+    //    schedule releases every simdgroup at once (lockstep); reverse and random only
+    //    the lead simdgroup, which then runs on (see above).
     bool released = false;
-    const uint32_t s0 = d->schedule == 2 ? uint32_t(splitmix(w->rng) % n_simd) : 0;
     for (uint32_t si = 0; si < n_simd; ++si) {
-      if (released && d->schedule != 0) break;
-      const uint32_t s = d->schedule == 1 ? n_simd - 1 - si : (s0 + si) % n_simd;
+      if (lead >= 0 && si != uint32_t(lead)) continue;
+      const uint32_t s = si;
       Fiber* first = nullptr;
       uint32_t width = std::min<uint32_t>(32, n - s * 32);
       for (uint32_t l = 0; l < width; ++l) {
@@ -497,6 +515,12 @@ bool run_group(Worker* w, uint64_t gid) {
       released = true;
     }
     if (released) continue;
+    if (lead >= 0) {  // other simdgroups may still have work before the barrier
+      bool moving = false;
+      for (uint32_t t = 0; t < n && !moving; ++t)
+        moving = w->fibers[t].state == READY || w->fibers[t].state == AT_COLLECTIVE;
+      if (moving) continue;
+    }
 
     // 3. Everyone left waits at a threadgroup barrier: it must be the same one.
     Fiber* at = nullptr;
