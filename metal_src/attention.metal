@@ -355,10 +355,10 @@ for (int d = int(tid); d < DV; d += NT) {
   for (int s = 0; s < NSG; ++s) {
     num += w[s] * so[s][d];
   }
-  o_part[(row * nb + blk) * DV + d] = lsum > 0.0f ? num / lsum : 0.0f;
+  o_part[(row * nb + blk) * DV + d] = !(lsum <= 0.0f) ? num / lsum : 0.0f;  // NaN propagates
 }
 if (tid == 0) {
-  lse[row * nb + blk] = lsum > 0.0f ? (mall + metal::log2(lsum)) * XK_LN2 : -INFINITY;
+  lse[row * nb + blk] = !(lsum <= 0.0f) ? (mall + metal::log2(lsum)) * XK_LN2 : -INFINITY;
 }
 
 // @kernel attention_reduce

@@ -27,7 +27,7 @@ inline float xk_erf(float x) {
 template <int ACT>
 inline float xk_activate(float v) {
   if (ACT == 1) {
-    return metal::max(v, 0.0f);
+    return v < 0.0f ? 0.0f : v;  // not max(): NaN must propagate, as in mx.maximum
   } else if (ACT == 2) {
     return 0.5f * v * (1.0f + xk_erf(v * 0.7071067811865476f));
   } else if (ACT == 3) {

@@ -15,6 +15,8 @@ import pytest
 
 from xlstm_kernels import runtime
 
+import conftest_hypothesis  # noqa: E402,F401  (registers the hypothesis profiles before --hypothesis-profile is read)
+
 BACKEND_CHOICES = ("emulate", "metal", "reference")
 
 

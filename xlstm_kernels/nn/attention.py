@@ -9,6 +9,7 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 
+from ..ops._validate import check_layer_input
 from ..ops.attention import scaled_dot_product_attention
 from ..ops.rope import rope
 from .config import AttentionBlockConfig
@@ -36,6 +37,7 @@ class MultiHeadAttention(nn.Module):
         self.o_proj = Linear(num_heads * self.head_dim, dims, bias=False)
 
     def __call__(self, x: mx.array, cache=None, return_state: bool = False):
+        check_layer_input("MultiHeadAttention", x, "(B, S, E)", 3, self.q_proj.weight.shape[1])
         b, s, _ = x.shape
         q = self.q_proj(x).reshape(b, s, self.num_heads, -1).transpose(0, 2, 1, 3)
         k = self.k_proj(x).reshape(b, s, self.num_kv_heads, -1).transpose(0, 2, 1, 3)
@@ -52,6 +54,7 @@ class MultiHeadAttention(nn.Module):
 
     def step(self, x: mx.array, cache):
         """x (B, E) -> (y (B, E), cache)."""
+        check_layer_input("MultiHeadAttention.step", x, "(B, E)", 2, self.q_proj.weight.shape[1])
         y, cache = self(x[:, None], cache, return_state=True)
         return y[:, 0], cache
 

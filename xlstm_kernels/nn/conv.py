@@ -7,6 +7,8 @@ import math
 import mlx.core as mx
 import mlx.nn as nn
 
+from ..ops._validate import check_layer_input
+
 
 class CausalConv1d(nn.Module):
     """Depthwise causal convolution over time: y[t] = b + sum_j w[j] * x[t - K + 1 + j].
@@ -29,6 +31,12 @@ class CausalConv1d(nn.Module):
     def __call__(self, x: mx.array, state: mx.array | None = None) -> tuple[mx.array, mx.array]:
         """Returns (y, new_state); `state` None means zeros before the sequence."""
         k = self.kernel_size
+        check_layer_input("CausalConv1d", x, "(B, S, C)", 3, self.weight.shape[1])
+        if state is not None:
+            check_layer_input("CausalConv1d", state, "(B, K - 1, C)", 3, self.weight.shape[1], name="state")
+            if tuple(state.shape) != (x.shape[0], k - 1, x.shape[2]):
+                want = (x.shape[0], k - 1, x.shape[2])
+                raise ValueError(f"CausalConv1d: state must have shape (B, K - 1, C) = {want}, got {tuple(state.shape)}")
         if state is None:
             state = self.initial_state(x.shape[0], x.shape[-1], x.dtype)
         xp = mx.concatenate([state.astype(x.dtype), x], axis=1)  # (B, K-1+S, C)

@@ -7,6 +7,7 @@ import math
 import mlx.core as mx
 import mlx.nn as nn
 
+from ..ops._validate import check_layer_input
 from ..ops.gemm import linear
 
 
@@ -53,6 +54,7 @@ class HeadwiseLinear(nn.Module):
             self.bias = mx.zeros((dim,))
 
     def __call__(self, x: mx.array) -> mx.array:
+        check_layer_input("HeadwiseLinear", x, "(..., dim)", None, self.num_heads * self.weight.shape[-1])
         lead = x.shape[:-1]
         xh = x.reshape(*lead, self.num_heads, 1, -1)  # (..., NH, 1, block)
         y = (xh @ self.weight.swapaxes(-1, -2)).reshape(*lead, -1)

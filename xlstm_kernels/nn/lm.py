@@ -11,6 +11,14 @@ from .config import xLSTMLMModelConfig
 from .stack import xLSTMBlockStack
 
 
+def _check_tokens(tokens, layout: str, ndim: int, name: str = "tokens") -> None:
+    if not isinstance(tokens, mx.array) or not mx.issubdtype(tokens.dtype, mx.integer):
+        what = tokens.dtype if isinstance(tokens, mx.array) else type(tokens).__name__
+        raise TypeError(f"xLSTMLM: {name} must be an integer mx.array {layout} of token ids, got {what}")
+    if tokens.ndim != ndim:
+        raise ValueError(f"xLSTMLM: {name} must have shape {layout}, got {tuple(tokens.shape)}")
+
+
 class xLSTMLM(nn.Module):  # noqa: N801
     """tokens (B, S) int -> logits (B, S, vocab_size)."""
 
@@ -26,12 +34,14 @@ class xLSTMLM(nn.Module):  # noqa: N801
         return self.embedding.as_linear(h) if self.config.tie_weights else self.head(h)
 
     def __call__(self, tokens: mx.array, state=None, return_state: bool = False):
+        _check_tokens(tokens, "(B, S)", 2)
         h, state = self.stack(self.embedding(tokens), state, return_state=True)
         logits = self._logits(h)
         return (logits, state) if return_state else logits
 
     def step(self, token: mx.array, state):
         """token (B,) int -> (logits (B, vocab), state)."""
+        _check_tokens(token, "(B,)", 1, "token")
         h, state = self.stack.step(self.embedding(token), state)
         return self._logits(h), state
 

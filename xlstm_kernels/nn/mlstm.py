@@ -18,6 +18,7 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 
+from ..ops._validate import check_layer_input
 from ..ops.mlstm import mlstm, mlstm_step
 from .config import mLSTMBlockConfig, mLSTMLayerConfig
 from .conv import CausalConv1d
@@ -76,6 +77,7 @@ class mLSTMLayer(nn.Module):  # noqa: N801
 
     def __call__(self, x: mx.array, state: MLSTMState | None = None, return_state: bool = False):
         """x (B, S, E) -> y (B, S, E) (and the final state if asked): the chunkwise path."""
+        check_layer_input("mLSTMLayer", x, "(B, S, E)", 3, self.config.embedding_dim)
         conv_state, cell_state = state if state is not None else (None, None)
         q, k, v, i_pre, f_pre, x_c, z, conv_state = self._cell_inputs(x, conv_state)
         h, cell_state = mlstm(
@@ -87,6 +89,7 @@ class mLSTMLayer(nn.Module):  # noqa: N801
 
     def step(self, x: mx.array, state: MLSTMState | None) -> tuple[mx.array, MLSTMState]:
         """One token: x (B, E) -> (y (B, E), state) with the fused recurrent step kernel."""
+        check_layer_input("mLSTMLayer.step", x, "(B, E)", 2, self.config.embedding_dim)
         conv_state, cell_state = state if state is not None else (None, None)
         q, k, v, i_pre, f_pre, x_c, z, conv_state = self._cell_inputs(x[:, None], conv_state)
         if cell_state is None:

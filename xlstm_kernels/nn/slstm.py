@@ -16,6 +16,7 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 
+from ..ops._validate import check_layer_input
 from ..ops.slstm import slstm, slstm_step
 from .config import sLSTMBlockConfig, sLSTMLayerConfig
 from .conv import CausalConv1d
@@ -58,6 +59,7 @@ class sLSTMLayer(nn.Module):  # noqa: N801
 
     def __call__(self, x: mx.array, state=None, return_state: bool = False):
         """x (B, S, E) -> y (B, S, E) (and the final state): the fused sequence kernel."""
+        check_layer_input("sLSTMLayer", x, "(B, S, E)", 3, self.config.embedding_dim)
         conv_state, cell_state = state if state is not None else (None, None)
         wx, conv_state = self._gates(x, conv_state)
         y, cell_state = slstm(wx, self.recurrent.astype(x.dtype), self.bias.astype(x.dtype),
@@ -67,6 +69,7 @@ class sLSTMLayer(nn.Module):  # noqa: N801
 
     def step(self, x: mx.array, state):
         """One token: x (B, E) -> (y (B, E), state) with the step kernel."""
+        check_layer_input("sLSTMLayer.step", x, "(B, E)", 2, self.config.embedding_dim)
         conv_state, cell_state = state if state is not None else (None, None)
         wx, conv_state = self._gates(x[:, None], conv_state)
         if cell_state is None:  # the zero state: the first step sets m from the input gate

@@ -55,7 +55,7 @@ from typing import Any
 import mlx.core as mx
 
 from ..runtime import KernelSpec, current_backend, launch
-from ._validate import check_array, check_same_dtype
+from ._validate import check_array, check_int32, check_same_dtype
 
 __all__ = [
     "BACKWARD_CHUNK_ELEMENTS",
@@ -166,14 +166,18 @@ def _check_inputs(q, k, v, scale, mask) -> _Mask:
             f"k {tuple(k.shape)}, v {tuple(v.shape)}"
         )
     if dk != d:
-        raise ValueError(f"head dim mismatch: q (B, Hq, Lq, D) has D={d} but k (B, Hkv, Lk, D) has D={dk}")
+        raise ValueError(
+            f"head dim mismatch: q (B, Hq, Lq, D) has D={d} but k (B, Hkv, Lk, D) has D={dk}: "
+            f"got q {tuple(q.shape)}, k {tuple(k.shape)}"
+        )
     if tuple(v.shape[1:3]) != (hkv, lk):
         raise ValueError(
             f"k (B, Hkv, Lk, D) and v (B, Hkv, Lk, DV) must agree on Hkv and Lk: got k {tuple(k.shape)}, v {tuple(v.shape)}"
         )
     if hkv == 0 or hq % hkv != 0:
         raise ValueError(
-            f"the number of query heads Hq={hq} must be a multiple of the number of key/value heads Hkv={hkv}"
+            f"the number of query heads Hq={hq} must be a multiple of the number of key/value heads Hkv={hkv}: "
+            f"got q (B, Hq, Lq, D) {tuple(q.shape)}, k (B, Hkv, Lk, D) {tuple(k.shape)}"
         )
     return _check_mask(mask, (bq, hq, lq, lk), q.dtype)
 
@@ -322,6 +326,8 @@ def _prefill_launch(q, k, v, m: _Mask, scale: float, block_q=None, block_k=None)
     mbuf = m.buffer()
     params = mx.array([hq, hkv, lq, lk, *m.strides, 0, 0], dtype=mx.int64)
     threads = 32 * (bq // 8)
+    check_int32("scaled_dot_product_attention", "the prefill grid x (threads per query block * blocks)",
+                threads * -(-lq // bq), f"q has shape {tuple(q.shape)}")
     return PREFILL, dict(
         inputs=[q, k, v, mbuf, params, _scale_array(scale)],
         output_shapes=[(b, hq, lq, dv)],
@@ -412,6 +418,9 @@ def _attention(q, k, v, scale, mask, path: str, cfg: dict) -> mx.array:
     backend = current_backend()
     if backend == "reference" or 0 in (b, hq, lq, d, dv, lk) or max(d, dv) > MAX_KERNEL_HEAD_DIM:
         return _reference(q, k, v, scale, m)
+    if path == "split":  # the reduction sees B * Hq * Lq rows (a shape dimension and its grid y)
+        check_int32("scaled_dot_product_attention", "rows B * Hq * Lq of the split-KV reduction", b * hq * lq,
+                    f"q has shape {tuple(q.shape)}")
 
     def forward(q, k, v, mm: _Mask) -> mx.array:
         if path == "split":

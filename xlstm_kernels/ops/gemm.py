@@ -25,7 +25,7 @@ import mlx.core as mx
 
 from .. import tiles as tiles_mod
 from ..runtime import KernelSpec, current_backend, launch
-from ._validate import check_array
+from ._validate import INT32_MAX, check_array, check_int32
 
 __all__ = ["ACTIVATIONS", "gemm_a_bt", "gemm_at_b", "gemm_av", "linear", "gemm_reference"]
 
@@ -136,19 +136,18 @@ def _kernel_gemm(
     dtype = a.dtype
 
     # A batched A times a shared 2-D B is one tall GEMM: fold the batch into M.
-    if batch_shape and b.ndim == 2 and not layout.trans_a and tuple(a.shape[:-2]) == batch_shape:
-        rows = 1
-        for d in batch_shape:
-            rows *= d
-        folded = _kernel_gemm(
-            layout, a.reshape(rows * m, a.shape[-1]), b, bias, act,
-            None if residual is None else residual.reshape(rows * m, n), tiles, backend,
-        )
-        return folded.reshape(out_shape)
-
+    # (Not when the folded M would exceed a 32-bit shape dimension: then B is broadcast per batch.)
     nbatch = 1
     for d in batch_shape:
         nbatch *= d
+    foldable = batch_shape and b.ndim == 2 and not layout.trans_a and tuple(a.shape[:-2]) == batch_shape
+    if foldable and nbatch * m <= INT32_MAX:
+        folded = _kernel_gemm(
+            layout, a.reshape(nbatch * m, a.shape[-1]), b, bias, act,
+            None if residual is None else residual.reshape(nbatch * m, n), tiles, backend,
+        )
+        return folded.reshape(out_shape)
+
     a_rows, a_cols = (k, m) if layout.trans_a else (m, k)
     b_rows, b_cols = (n, k) if layout.trans_b else (k, n)
     a_data, sa = _batch_operand(a, batch_shape, a_rows, a_cols)
@@ -161,6 +160,11 @@ def _kernel_gemm(
     res_in = residual.astype(dtype) if residual is not None else mx.zeros((1,), dtype=dtype)
     epilogue = [("HAS_BIAS", bias is not None), ("ACT", act), ("HAS_RES", residual is not None)]
     split = cfg.split_k if cfg.path == "simd" else 1
+    shapes = f"operands of shapes {tuple(a.shape)} and {tuple(b.shape)}"
+    check_int32(layout.op, "batch count x split_k (grid z)", nbatch * split, shapes)
+    if split > 1:
+        check_int32(layout.op, "outputs of the split-K reduction (batch * M * N, its grid x)", nbatch * m * n,
+                    shapes + "; use split_k=1")
     k_per_split = -(-k // split) if split > 1 else k
     params = mx.array([m, n, k, sa, sb, k_per_split, split, nbatch], dtype=mx.int64)
     inputs = [a_data, b_data, bias_in, res_in, params]
@@ -346,22 +350,25 @@ def linear(
     check_array(weight, "weight", ndim=2)
     if x.shape[-1] != weight.shape[1]:
         raise ValueError(
-            f"linear: x (..., in_features) has in_features={x.shape[-1]} but weight (out, in) has shape {tuple(weight.shape)}"
+            f"linear: x (..., in_features) of shape {tuple(x.shape)} has in_features={x.shape[-1]} "
+            f"but weight (out_features, in_features) has shape {tuple(weight.shape)}"
         )
     lead = tuple(x.shape[:-1])
     rows = 1
     for d in lead:
         rows *= d
-    x2 = x.reshape(rows, x.shape[-1])
-    res2 = None
+    out_shape = (*lead, weight.shape[0])
     if residual is not None:
         check_array(residual, "residual")
-        out_shape = (*lead, weight.shape[0])
         try:
-            res2 = mx.broadcast_to(residual, out_shape).reshape(rows, weight.shape[0])
+            residual = mx.broadcast_to(residual, out_shape)
         except ValueError:
             raise ValueError(
                 f"linear: residual of shape {tuple(residual.shape)} does not broadcast to the output {out_shape}"
             ) from None
+    if rows > INT32_MAX:  # x cannot be flattened into one 32-bit dimension: run batched over its leading axes
+        return _run("gemm_a_bt", x, weight, bias, activation, residual, tiles)
+    x2 = x.reshape(rows, x.shape[-1])
+    res2 = None if residual is None else residual.reshape(rows, weight.shape[0])
     y = _run("gemm_a_bt", x2, weight, bias, activation, res2, tiles)
     return y.reshape(*lead, weight.shape[0])

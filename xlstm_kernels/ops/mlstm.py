@@ -43,7 +43,7 @@ from typing import Any
 import mlx.core as mx
 
 from ..runtime import KernelSpec, current_backend, launch
-from ._validate import check_array, check_same_dtype
+from ._validate import check_array, check_int32, check_same_dtype
 
 __all__ = [
     "mlstm",
@@ -283,8 +283,10 @@ def _check_inputs(q, k, v, i_pre, f_pre, state, *, seq: bool) -> tuple[int, int,
         check_array(gate, name, ndim=q.ndim - 1)
         if tuple(gate.shape) != gate_shape:
             raise ValueError(f"{name} must have shape {lead.rstrip(', ')}) = {gate_shape}, got {tuple(gate.shape)}")
-    if dk == 0 or dv == 0:
-        raise ValueError(f"head dimensions must be positive, got DHQK={dk}, DHV={dv}")
+    if dk == 0:  # (DHV == 0 is fine: h is empty)
+        raise ValueError(
+            f"q and k must have a positive head dimension DHQK (q is scaled by DHQK**-0.5), got q {tuple(q.shape)}"
+        )
     if state is not None:
         if not isinstance(state, (tuple, list)) or len(state) != 3:
             raise TypeError("state must be a tuple (C, n, m) or None")
@@ -457,10 +459,11 @@ def mlstm(
     eps = _check_eps(eps)
     c0, n0, m0 = _f32_state(state, bsz, nh, dk, dv)
     backend = current_backend()
-    if backend == "reference" or s == 0 or bsz * nh == 0:
+    if backend == "reference" or s == 0 or bsz * nh == 0 or dv == 0:
         return mlstm_chunkwise_mx(
             q, k, v, i_pre, f_pre, state=(c0, n0, m0), chunk_size=chunk_size, eps=eps, return_state=return_state
         )
+    check_int32("mlstm", "B * NH (the kernels' grid z)", bsz * nh, f"q has shape {tuple(q.shape)}")
     if chunk_size > MAX_KERNEL_CHUNK and s > MAX_KERNEL_CHUNK:
         raise ValueError(
             f"chunk_size={chunk_size} is larger than the kernels support ({MAX_KERNEL_CHUNK}); "
@@ -539,9 +542,10 @@ def mlstm_step(
     eps = _check_eps(eps)
     c0, n0, m0 = _f32_state(state, bsz, nh, dk, dv)
     backend = current_backend()
-    if backend == "reference" or bsz * nh == 0:
+    if backend == "reference" or bsz * nh == 0 or dv == 0:
         h, st = mlstm_step_reference(q, k, v, i_pre, f_pre, (c0, n0, m0), eps=eps)
         return h, st
+    check_int32("mlstm_step", "B * NH (the kernel's grid z)", bsz * nh, f"q has shape {tuple(q.shape)}")
 
     def ref(q, k, v, ig, fg, c0, n0, m0):
         h, (c1, n1, m1) = mlstm_step_reference(q, k, v, ig, fg, (c0, n0, m0), eps=eps)

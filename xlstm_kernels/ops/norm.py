@@ -27,7 +27,7 @@ from typing import Any
 import mlx.core as mx
 
 from ..runtime import KernelSpec, current_backend, launch
-from ._validate import check_array
+from ._validate import check_array, check_int32
 
 __all__ = [
     "layer_norm",
@@ -290,6 +290,8 @@ def _validate(op: str, x, weight, bias, eps, num_heads: int = 1) -> tuple[mx.arr
             )
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
         raise ValueError(f"{op}: eps must be a finite non-negative float, got {eps!r}")
+    if d:  # the kernels see x as (rows, D / num_heads) with rows an int32 (and a grid dimension)
+        check_int32(op, "rows (x.size // (D / num_heads))", x.size // (d // num_heads), f"x has shape {tuple(x.shape)}")
     dtype = _promote(x.dtype, *(a.dtype for a in (weight, bias) if a is not None))
     cast = lambda a: None if a is None else (a if a.dtype == dtype else a.astype(dtype))  # noqa: E731
     return cast(x), cast(weight), cast(bias)

@@ -24,7 +24,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..runtime import KernelSpec, current_backend, launch
-from ._validate import check_array
+from ._validate import check_array, check_int32
 
 __all__ = ["rope", "rope_reference"]
 
@@ -60,6 +60,8 @@ def _check_args(x, dims, traditional, base, scale, offset, freqs) -> tuple[mx.ar
     """Validate everything; return (freqs as float32 (dims//2,), offset as int or int32 array)."""
     check_array(x, "x", min_ndim=2)
     d = x.shape[-1]
+    if x.shape[-2] * d:  # the kernel sees x as (rows, L, D) with rows an int32
+        check_int32("rope", "rows (x.size // (L * D))", x.size // (x.shape[-2] * d), f"x has shape {tuple(x.shape)}")
     if isinstance(dims, bool) or not isinstance(dims, (int, np.integer)):
         raise TypeError(f"dims must be an int, got {type(dims).__name__}")
     dims = int(dims)
@@ -124,8 +126,8 @@ def _reference(x: mx.array, dims: int, traditional: bool, scale: float, offset, 
     half = dims // 2
     seq_len = x.shape[-2]
     pos = mx.arange(seq_len, dtype=mx.int32)
-    if isinstance(offset, mx.array) and offset.size > 1:  # per batch: (B, 1, ..., 1, L)
-        pos = offset.reshape((-1,) + (1,) * (x.ndim - 2)) + pos
+    if isinstance(offset, mx.array) and offset.size != 1:  # per batch: (B, 1, ..., 1, L) (B may be 0)
+        pos = offset.reshape((offset.size,) + (1,) * (x.ndim - 2)) + pos
     else:
         pos = pos + (offset.reshape(()) if isinstance(offset, mx.array) else offset)
     theta = (scale * pos.astype(mx.float32))[..., None] * (1.0 / freqs32)  # (..., L, half)

@@ -163,7 +163,7 @@ def _recurrent_reference(y: mx.array, r: mx.array) -> mx.array:
     """R y for y (B, NH, DH), r (NH, DH, 4, DH) -> (B, 4, NH, DH), float32."""
     nh, dh = r.shape[0], r.shape[1]
     ry = mx.matmul(y.transpose(1, 0, 2), r.reshape(nh, dh, 4 * dh))  # (NH, B, 4*DH)
-    return ry.reshape(nh, -1, 4, dh).transpose(1, 2, 0, 3)
+    return ry.reshape(nh, y.shape[0], 4, dh).transpose(1, 2, 0, 3)  # (B given: NH or DH may be 0)
 
 
 def _zero_state(bsz: int, nh: int, dh: int) -> tuple[mx.array, ...]:
