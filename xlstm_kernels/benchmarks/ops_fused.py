@@ -43,12 +43,7 @@ threadgroup memory (16 KiB for BM = 32, D = 128), which can lower occupancy.
 
 from __future__ import annotations
 
-import argparse
-import json
-import platform
-import sys
 import time
-from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
@@ -263,25 +258,3 @@ def run(backend: str, dtypes: list, quick: bool) -> list[dict]:
             for c in qkv:
                 rows.extend(_bench_case(_qkv_case(*c, dtype, rng), dtype, emulated, repeats, roof))
     return rows
-
-
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--backend", choices=("metal", "emulate"), default="metal" if mx.metal.is_available() else "emulate")
-    p.add_argument("--dtypes", default="float32,float16,bfloat16")
-    p.add_argument("--quick", action="store_true")
-    p.add_argument("--out", default=None, help="write the rows as JSON here")
-    args = p.parse_args(argv)
-    print(f"backend {args.backend}; device {tiles.detect_device().family_key}; roofline {tiles.roofline()}")
-    rows = run(args.backend, args.dtypes.split(","), args.quick)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps({
-            "backend": args.backend, "machine": platform.platform(), "mlx": mx.__version__, "rows": rows,
-        }, indent=2) + "\n")
-        print(f"saved {args.out}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

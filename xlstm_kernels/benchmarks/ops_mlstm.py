@@ -1,6 +1,6 @@
 """mLSTM family (``xlstm_kernels.ops.mlstm``) vs the same chunkwise math in mx ops, in one run.
 
-    python bench/ops_mlstm.py [--backend metal|emulate] [--dtypes float32,float16,bfloat16]
+    xlstm-kernels bench --ops mlstm [--backend metal|emulate] [--dtypes float32,float16,bfloat16]
                               [--quick] [--out bench/results/mlstm-<backend>.json]
 
 ``run(backend, dtypes, quick)`` returns one dict per (case, dtype):
@@ -43,13 +43,8 @@ intra-chunk part. Not yet measured on an Apple GPU (developed on the CPU emulato
 
 from __future__ import annotations
 
-import argparse
-import json
-import platform
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
@@ -233,27 +228,3 @@ def _print(rows: list[dict]) -> None:
             rate = f"{r['tflops']:6.2f} TFLOP/s" if "tflops" in r else f"{r['gbps']:7.1f} GB/s"
             print(f"{head} {r['ours_ms']:8.3f} ms  mx {r['mlx_ms']:8.3f} ms  x{r['ratio']:5.2f}{extra}  "
                   f"{rate}  rel.err {r['max_rel_err']:.1e}")
-
-
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--backend", choices=("metal", "emulate"), default="metal" if mx.metal.is_available() else "emulate")
-    p.add_argument("--dtypes", default="float32,float16,bfloat16")
-    p.add_argument("--quick", action="store_true")
-    p.add_argument("--out", default=None)
-    args = p.parse_args(argv)
-    rows = run(args.backend, args.dtypes.split(","), args.quick)
-    print(f"backend {args.backend}; roofline {tiles.roofline()}")
-    _print(rows)
-    out = Path(args.out or Path("bench") / "results" / f"mlstm-{args.backend}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({
-        "command": "python bench/ops_mlstm.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "backend": args.backend, "machine": platform.platform(), "mlx": mx.__version__, "rows": rows,
-    }, indent=2) + "\n")
-    print(f"saved {out}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

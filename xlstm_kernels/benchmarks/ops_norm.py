@@ -3,7 +3,7 @@ mx.fast.layer_norm, multihead_layer_norm vs an mx-ops composite (reshape to head
 mx.fast.layer_norm without affine, reshape back, * weight + bias), forward and backward
 (mx.vjp of each side).
 
-    python bench/ops_norm.py [--backend metal|emulate] [--dtypes float32,float16,bfloat16] [--quick]
+    xlstm-kernels bench --ops norm [--backend metal|emulate] [--dtypes float32,float16,bfloat16] [--quick]
 
 `run(backend, dtypes, quick)` returns one dict per (op, shape, dtype): op, shape, dtype,
 ours_ms, mlx_ms, ratio (mlx_ms / ours_ms, > 1 = ours faster), gbps, pct_roofline,
@@ -36,13 +36,8 @@ MLX does; small rows are launch-bound for both sides.
 
 from __future__ import annotations
 
-import argparse
-import json
-import platform
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
@@ -195,25 +190,3 @@ def run(backend: str, dtypes: list, quick: bool) -> list[dict]:
             for op, r, d, nh in cases:
                 rows.extend(_bench_case(op, r, d, nh, dtype, emulated, repeats, roof, rng))
     return rows
-
-
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--backend", choices=("metal", "emulate"), default="metal" if mx.metal.is_available() else "emulate")
-    p.add_argument("--dtypes", default="float32,float16,bfloat16")
-    p.add_argument("--quick", action="store_true")
-    p.add_argument("--out", default=None, help="write the rows as JSON here")
-    args = p.parse_args(argv)
-    print(f"backend {args.backend}; device {tiles.detect_device().family_key}; roofline {tiles.roofline()}")
-    rows = run(args.backend, args.dtypes.split(","), args.quick)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps({
-            "backend": args.backend, "machine": platform.platform(), "mlx": mx.__version__, "rows": rows,
-        }, indent=2) + "\n")
-        print(f"saved {args.out}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,6 +1,6 @@
 """RoPE family (``xlstm_kernels.ops.rope``) vs ``mx.fast.rope``, in the same run.
 
-    python bench/ops_rope.py [--backend metal|emulate] [--dtypes float32,float16,bfloat16]
+    xlstm-kernels bench --ops rope [--backend metal|emulate] [--dtypes float32,float16,bfloat16]
                              [--quick] [--out bench/results/rope-<backend>.json]
 
 ``run(backend, dtypes, quick)`` returns one dict per (case, dtype): op, shape, dtype, dims,
@@ -28,13 +28,8 @@ dims == D parity is the expectation. Not yet measured on an Apple GPU.
 
 from __future__ import annotations
 
-import argparse
-import json
-import platform
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
@@ -170,27 +165,3 @@ def _print(rows: list[dict]) -> None:
         else:
             print(f"{head} {r['ours_ms']:8.4f} ms  mx {r['mlx_ms']:8.4f} ms  x{r['ratio']:5.2f}  "
                   f"{r['gbps']:7.1f} GB/s  {r['pct_roofline']:5.1f}%  rel.err {r['max_rel_err']:.1e}")
-
-
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--backend", choices=("metal", "emulate"), default="metal" if mx.metal.is_available() else "emulate")
-    p.add_argument("--dtypes", default="float32,float16,bfloat16")
-    p.add_argument("--quick", action="store_true")
-    p.add_argument("--out", default=None)
-    args = p.parse_args(argv)
-    rows = run(args.backend, args.dtypes.split(","), args.quick)
-    print(f"backend {args.backend}; roofline {tiles.roofline()}")
-    _print(rows)
-    out = Path(args.out or Path("bench") / "results" / f"rope-{args.backend}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({
-        "command": "python bench/ops_rope.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "backend": args.backend, "machine": platform.platform(), "mlx": mx.__version__, "rows": rows,
-    }, indent=2) + "\n")
-    print(f"saved {out}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

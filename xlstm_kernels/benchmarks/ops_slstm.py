@@ -1,6 +1,6 @@
 """sLSTM: the fused sequence kernel vs a per-step mx-ops loop, in the same run.
 
-    python bench/ops_slstm.py [--backend metal|emulate] [--dtypes float32,float16,bfloat16] [--quick]
+    xlstm-kernels bench --ops slstm [--backend metal|emulate] [--dtypes float32,float16,bfloat16] [--quick]
 
 ``run(backend, dtypes, quick)`` returns one row per (op, shape, dtype):
 
@@ -32,13 +32,8 @@ roofline by nature: the recurrence is latency bound.
 
 from __future__ import annotations
 
-import argparse
-import json
-import platform
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
@@ -184,30 +179,3 @@ def _fmt(row: dict) -> str:
     return (f"{row['op']:<11} {str(row['shape']):<20} {row['dtype']:<9} {f(row['ours_ms'], '10.3f')} "
             f"{f(row['mlx_ms'], '10.3f')} {f(row['ratio'], '7.1f')} {f(row['max_rel_err'], '9.1e')}"
             + (f" emulated {row['emulated_s']:.2f}s" if "emulated_s" in row else ""))
-
-
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--backend", choices=("metal", "emulate"), default="metal" if mx.metal.is_available() else "emulate")
-    p.add_argument("--dtypes", default="float32,float16,bfloat16")
-    p.add_argument("--quick", action="store_true")
-    p.add_argument("--out", default=None)
-    args = p.parse_args(argv)
-    dtypes = [getattr(mx, d) for d in args.dtypes.split(",")]
-    print(f"{'op':<11} {'shape (B,S,NH,DH)':<20} {'dtype':<9} {'ours ms':>10} {'loop ms':>10} {'ratio':>7} {'rel.err':>9}")
-    rows = run(args.backend, dtypes, args.quick)
-    if args.backend == "emulate":
-        for row in rows:
-            print(_fmt(row))
-    out = Path(args.out or Path("bench") / "results" / f"slstm-{args.backend}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({
-        "command": "python bench/ops_slstm.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "backend": args.backend, "machine": platform.platform(), "mlx": mx.__version__, "rows": rows,
-    }, indent=2) + "\n")
-    print(f"saved {out}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
