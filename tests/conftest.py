@@ -1,8 +1,9 @@
-"""Test switch: ``pytest --backend emulate|metal|reference`` (default ``emulate``).
+"""Test switch: ``pytest --backend emulate|metal|cuda|reference`` (default ``emulate``).
 
 Kernel tests take the ``metal_kernel`` fixture (the kernel factory of the chosen
 backend) or the ``kernel_backend`` fixture (ops run on the chosen backend). On a Mac
-``pytest --backend metal`` runs the same tests against real Metal; a backend that
+``pytest --backend metal`` runs the same tests against real Metal, on an NVIDIA GPU
+``pytest --backend cuda`` runs them through ``mx.fast.cuda_kernel``; a backend that
 cannot run here skips with the reason. Tests marked ``emulator_only`` check the
 emulator's own bug detection and skip on other backends.
 """
@@ -17,7 +18,7 @@ from xlstm_kernels import runtime
 
 import conftest_hypothesis  # noqa: E402,F401  (registers the hypothesis profiles before --hypothesis-profile is read)
 
-BACKEND_CHOICES = ("emulate", "metal", "reference")
+BACKEND_CHOICES = ("emulate", "metal", "cuda", "reference")
 
 
 def pytest_addoption(parser):
@@ -61,13 +62,18 @@ def kernel_backend(backend):
 
 @pytest.fixture
 def metal_kernel(backend):
-    """The ``metal_kernel`` factory of the selected backend (MLX's own on Metal)."""
+    """The ``metal_kernel`` factory of the selected backend (MLX's own on Metal, the
+    ``mx.fast.cuda_kernel`` wrapper on CUDA)."""
     if backend == "metal":
         import mlx.core as mx
 
         return mx.fast.metal_kernel
     if backend == "emulate":
         from xlstm_kernels.emulate import metal_kernel as factory
+
+        return factory
+    if backend == "cuda":
+        from xlstm_kernels.cuda import metal_kernel as factory
 
         return factory
     pytest.skip(f"backend '{backend}' runs no Metal kernels")

@@ -448,9 +448,11 @@ def test_zero_size(kernel_backend, qs, ks, vs):
     rng = np.random.default_rng(0)
     q, k, v = rand(rng, qs, mx.float32), rand(rng, ks, mx.float32), rand(rng, vs, mx.float32)
     out = att.scaled_dot_product_attention(q, k, v, scale=1.0, mask="causal")
-    ref = mx.fast.scaled_dot_product_attention(q, k, v, scale=1.0, mask="causal")
-    assert tuple(out.shape) == tuple(ref.shape) == (*qs[:3], vs[3])
-    assert np.allclose(np.asarray(out), np.asarray(ref), atol=1e-6)
+    assert tuple(out.shape) == (*qs[:3], vs[3])
+    if kernel_backend != "cuda":  # MLX 0.32's own CUDA SDPA segfaults on zero-size inputs
+        ref = mx.fast.scaled_dot_product_attention(q, k, v, scale=1.0, mask="causal")
+        assert tuple(ref.shape) == tuple(out.shape)
+        assert np.allclose(np.asarray(out), np.asarray(ref), atol=1e-6)
     g = mx.grad(lambda q: att.scaled_dot_product_attention(q, k, v, scale=1.0).sum())(q)
     assert tuple(g.shape) == qs
 

@@ -12,13 +12,16 @@ __all__ = ["main"]
 
 
 def _check_backend(explicit: str | None) -> str:
-    """`check` exercises kernels: Metal if there is a GPU, else the emulator,
-    unless a backend was chosen (flag or environment)."""
+    """`check`, `bench` and `tune` exercise kernels: on Metal or CUDA where there is such a
+    GPU, else through the emulator, unless a backend was chosen (flag or environment)."""
     if explicit:
         return explicit
     if os.environ.get(runtime.ENV_VAR, "").strip():
         return runtime.current_backend()
-    return "metal" if runtime.available("metal")[0] else "emulate"
+    for gpu in ("metal", "cuda"):
+        if gpu in runtime.BACKENDS and runtime.available(gpu)[0]:
+            return gpu
+    return "emulate"
 
 
 def _cmd_check(args: argparse.Namespace) -> int:

@@ -1,6 +1,8 @@
-"""Which backend runs the kernels: ``metal``, ``emulate`` or ``reference``.
+"""Which backend runs the kernels: ``metal``, ``cuda``, ``emulate`` or ``reference``.
 
 * ``metal``: ``mx.fast.metal_kernel`` on an Apple GPU.
+* ``cuda``: the same Metal bodies on an NVIDIA GPU through ``mx.fast.cuda_kernel``
+  (:mod:`xlstm_kernels.cuda`; MLX's CUDA backend, ``mlx[cuda13]``).
 * ``emulate``: the same Metal bodies on the CPU through :mod:`xlstm_kernels.emulate`
   (Linux CI, debugging).
 * ``reference``: plain ``mx`` ops, one reference implementation per op.
@@ -8,7 +10,7 @@
 Selection, first match wins: :func:`use_backend` (a context manager, per thread and
 task), the ``XLSTM_KERNELS_BACKEND`` environment variable (read on every call, so a
 change takes effect at once), then ``metal`` where ``mx.metal.is_available()``,
-else ``reference``. A backend that cannot run raises; nothing falls back silently.
+``cuda`` where ``mx.cuda.is_available()``, else ``reference``. A backend that cannot run raises; nothing falls back silently.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import mlx.core as mx
 
 __all__ = ["BACKENDS", "ENV_VAR", "BackendUnavailableError", "available", "current_backend", "default_backend", "use_backend"]
 
-BACKENDS = ("metal", "emulate", "reference")
+BACKENDS = ("metal", "emulate", "reference", "cuda")
 ENV_VAR = "XLSTM_KERNELS_BACKEND"
 
 _override: contextvars.ContextVar[str | None] = contextvars.ContextVar("xlstm_kernels_backend", default=None)
@@ -38,9 +40,22 @@ def _check_name(name: object, source: str) -> str:
     return name.strip().lower()
 
 
+def _cuda_available() -> bool:
+    cuda = getattr(mx, "cuda", None)
+    try:
+        return bool(cuda is not None and cuda.is_available())
+    except Exception:  # noqa: BLE001  an MLX built without the CUDA backend
+        return False
+
+
 def default_backend() -> str:
-    """``metal`` where MLX has a Metal device, else ``reference``."""
-    return "metal" if mx.metal.is_available() else "reference"
+    """``metal`` where MLX has a Metal device, ``cuda`` where it has a CUDA device,
+    else ``reference``."""
+    if mx.metal.is_available():
+        return "metal"
+    if _cuda_available():
+        return "cuda"
+    return "reference"
 
 
 def available(name: str) -> tuple[bool, str]:
@@ -50,6 +65,11 @@ def available(name: str) -> tuple[bool, str]:
         if mx.metal.is_available():
             return True, ""
         return False, "MLX has no Metal device on this machine (mx.metal.is_available() is False)"
+    if name == "cuda":
+        if _cuda_available():
+            return True, ""
+        return False, ("MLX has no CUDA device on this machine (mx.cuda.is_available() is False; "
+                       "the backend needs an NVIDIA GPU and the mlx[cuda13] wheels)")
     if name == "emulate":
         from ..emulate.compiler import EmulatorCompileError, compiler
 

@@ -1,7 +1,8 @@
 """Build kernel objects once and launch them on the active backend.
 
 A :class:`KernelSpec` names a body in ``metal_src/`` and its buffer names. The kernel
-object (``mx.fast.metal_kernel`` or the emulator's) is built once per backend and
+object (``mx.fast.metal_kernel``, the emulator's, or the CUDA backend's, which runs the
+same body through ``mx.fast.cuda_kernel``) is built once per backend and
 spec and cached (thread-safe); MLX caches the compiled library per template, so
 building per call would only waste time.
 """
@@ -70,6 +71,15 @@ def get_kernel(spec: KernelSpec, backend: str | None = None) -> Any:
         factory = mx.fast.metal_kernel
     elif backend == "emulate":
         from ..emulate import metal_kernel as factory
+    elif backend == "cuda":
+        from .backends import _cuda_available
+
+        if not _cuda_available():
+            raise BackendUnavailableError(
+                "backend 'cuda' was selected but MLX has no CUDA device here (mx.cuda.is_available() is False); "
+                "use XLSTM_KERNELS_BACKEND=emulate (CPU emulator) or =reference"
+            )
+        from ..cuda import metal_kernel as factory
     else:
         raise ValueError(f"backend {backend!r} runs no Metal kernels (ops use their reference path there)")
     k = factory(

@@ -1,0 +1,166 @@
+#!/usr/bin/env bash
+# Run the cuda backend's tests and benchmarks on a lent NVIDIA machine (the `run` tool of
+# this workplace; see docs/CUDA.md).
+#
+#   scripts/cuda_device_run.sh prepare       # HERE: download + split the MLX CUDA wheels, print the calls
+#   scripts/cuda_device_run.sh stage1        # DEVICE, call 1 (carry .whl):  park part 1 in /tmp
+#   scripts/cuda_device_run.sh stage2 [what...] # DEVICE, call 2 (carry .whl2): install, then run
+#                                            #   what = tests | bench | overhead | all (default all = tests bench)
+#   scripts/cuda_device_run.sh env           # DEVICE: print the exports stage2 uses (eval it)
+#
+# Why two calls: a call carries at most 64 MiB and the mlx-cuda-13 wheel is ~90 MB. It is
+# split in two parts; call 1 carries the first (with the small mlx wheel) and copies it
+# to /tmp, call 2 (sent at once, while the machine is still warm: ~30 s) carries the
+# second, reassembles the wheel and unpacks both into /tmp/site. The machine's own
+# nvidia-* CUDA 13 libraries (PyTorch's) are linked in as /tmp/site/nvidia, where
+# libmlx.so's RPATH looks for them.
+set -uo pipefail
+
+MLX_VERSION="${MLX_VERSION:-0.32.4}"
+PART_SIZE="${PART_SIZE:-60M}"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+W=/tmp/xk-whl          # device: parts and wheels
+SITE=/tmp/site         # device: unpacked mlx + mlx_cuda_13
+OUT="${OUT:-/tmp/xk-out}"
+TEST_FILES=(tests/emulate/test_emulator_features.py tests/test_gemm.py tests/test_norm.py tests/test_rope.py
+            tests/test_attention.py tests/test_mlstm.py tests/test_slstm.py)
+
+prepare() {
+  cd "$ROOT"
+  local git_dir
+  git_dir="$(git rev-parse --git-dir)"
+  mkdir -p "$git_dir/info"
+  for d in /.whl/ /.whl2/ /.whl-cache/; do
+    grep -qxF "$d" "$git_dir/info/exclude" 2>/dev/null || echo "$d" >>"$git_dir/info/exclude"
+  done
+  mkdir -p .whl-cache
+  local plat=(--platform manylinux_2_35_x86_64 --platform manylinux_2_31_x86_64 --platform manylinux_2_28_x86_64
+              --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64)
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp "${plat[@]}" \
+    -d .whl-cache "mlx==$MLX_VERSION" "mlx-cuda-13==$MLX_VERSION" || return 1
+  local cuda_whl mlx_whl
+  cuda_whl="$(ls .whl-cache/mlx_cuda_13-"$MLX_VERSION"-*.whl | head -1)"
+  mlx_whl="$(ls .whl-cache/mlx-"$MLX_VERSION"-cp312-*.whl | head -1)"
+  rm -rf .whl .whl2 && mkdir -p .whl .whl2
+  cp "$mlx_whl" .whl/
+  split -b "$PART_SIZE" -d "$cuda_whl" ".whl/$(basename "$cuda_whl").part-"
+  mv .whl/"$(basename "$cuda_whl")".part-01 .whl2/
+  if ls .whl/*.part-02 >/dev/null 2>&1; then
+    echo "the wheel needs more than two parts; raise PART_SIZE (each call carries <= 64 MiB)" >&2
+    return 1
+  fi
+  (cd .whl-cache && sha256sum "$(basename "$cuda_whl")") >.whl2/SHA256SUMS
+  du -sh .whl .whl2
+  cat <<EOF
+Two device calls, the second sent right after the first (the machine stays warm ~30 s):
+  run(carry=[".whl"],  timeout_s=120, command="bash scripts/cuda_device_run.sh stage1")
+  run(carry=[".whl2"], timeout_s=480, command="bash scripts/cuda_device_run.sh stage2 all")
+Logs and results come back under \$OUT (tests.log, junit.xml, bench.log, bench.tgz, env.txt).
+EOF
+}
+
+stage1() {
+  mkdir -p "$W" "$OUT"
+  cp .whl/* "$W"/ || return 1
+  {
+    echo "== stage1 $(date -u +%FT%TZ)"
+    nvidia-smi -L 2>&1
+    python3 --version
+    python3 -c 'import numpy, pytest; print("numpy", numpy.__version__, "pytest", pytest.__version__)'
+    python3 -c 'import nvidia, os; p = os.path.dirname(list(nvidia.__path__)[0]); print(p); print(sorted(os.listdir(os.path.join(p, "nvidia"))))'
+    python3 -m pip list 2>/dev/null | grep -i -E "xdist|timeout|nvidia-(cublas|cudnn|nccl|cuda-nvrtc|cufft|cusolver|cuda-runtime)"
+    ls -la "$W"
+  } 2>&1 | tee "$OUT/stage1.txt"
+}
+
+device_env() {
+  local sp
+  sp="$(python3 -c 'import nvidia, os; print(os.path.dirname(list(nvidia.__path__)[0]))' 2>/dev/null)"
+  echo "export PYTHONPATH=$SITE:$ROOT PYTHONUNBUFFERED=1 MLX_ENABLE_TF32=\${MLX_ENABLE_TF32:-0}"
+  echo "# nvidia libs: $sp/nvidia"
+}
+
+install_mlx() {
+  mkdir -p "$W"
+  cp .whl2/* "$W"/ 2>/dev/null
+  local parts
+  parts=("$W"/mlx_cuda_13-*.whl.part-*)
+  [ -e "${parts[0]}" ] || { echo "no wheel parts in $W: run stage1 first (same warm machine)"; return 1; }
+  local whl="$W/$(basename "${parts[0]%.part-*}")"
+  cat "${parts[@]}" >"$whl"
+  (cd "$W" && sha256sum -c SHA256SUMS) || return 1
+  rm -rf "$SITE" && mkdir -p "$SITE"
+  python3 -m zipfile -e "$W"/mlx-*-cp312-*.whl "$SITE" && python3 -m zipfile -e "$whl" "$SITE" || return 1
+  local sp
+  sp="$(python3 -c 'import nvidia, os; print(os.path.dirname(list(nvidia.__path__)[0]))')" || return 1
+  ln -sfn "$sp/nvidia" "$SITE/nvidia"
+  # metal_src/ and tuning/ are installed as xlstm_kernels.metal_src / .tuning (package-dir
+  # mapping in pyproject.toml); without an install, links make the source tree importable.
+  ln -sfn ../metal_src "$ROOT/xlstm_kernels/metal_src"
+  ln -sfn ../tuning "$ROOT/xlstm_kernels/tuning"
+  export PYTHONPATH="$SITE:$ROOT" PYTHONUNBUFFERED=1
+  python3 - <<'EOF'
+import mlx.core as mx
+print("mlx", mx.__version__, "cuda available:", mx.cuda.is_available(), "device:", mx.default_device())
+print(mx.device_info() if hasattr(mx, "device_info") else "")
+a = mx.ones((4, 4)); print("ones sum", (a @ a).sum().item())
+EOF
+}
+
+run_tests() {
+  export MLX_ENABLE_TF32="${MLX_ENABLE_TF32:-0}"  # references that use mx.matmul: full fp32
+  local budget="${TEST_TIMEOUT:-280}" jobs="${TEST_JOBS:-16}"
+  timeout -k 10 "$budget" python3 -m pytest "${TEST_FILES[@]}" --backend cuda -q -n "$jobs" -p no:cacheprovider \
+    --timeout 200 -o junit_family=xunit1 --junitxml="$OUT/junit.xml" -rfE 2>&1 | tee "$OUT/tests.log" | tail -150
+  echo "tests exit: ${PIPESTATUS[0]}"
+}
+
+run_bench() {
+  unset MLX_ENABLE_TF32  # MLX as shipped: float32 matmul on TF32 tensor cores
+  local budget="${BENCH_TIMEOUT:-170}" dir="$OUT/bench"
+  mkdir -p "$dir"
+  local py='import sys; from xlstm_kernels.cli import main; sys.exit(main(sys.argv[1:]))'
+  local t0=$SECONDS
+  for spec in ${BENCH_SPECS:-"gemm:float32,bfloat16" "norm:float32,bfloat16" "rope:bfloat16" "attention:float16" "mlstm:float32" "slstm:float32"}; do
+    local ops="${spec%%:*}" dts="${spec#*:}" left=$((budget - (SECONDS - t0)))
+    [ "$left" -gt 15 ] || { echo "bench: no time left for $ops"; continue; }
+    local extra=()
+    [ "$ops" = gemm ] && extra=(--shapes "${BENCH_GEMM_SHAPES:-1x4096x4096,512x1024x4096,2048x2048x2048,4096x4096x1024}")
+    timeout -k 5 "$left" python3 -c "$py" --backend cuda bench --ops "$ops" --dtypes "$dts" "${extra[@]}" \
+      --repeats "${BENCH_REPEATS:-10}" --out "$dir/$ops" 2>&1 | tee -a "$OUT/bench.log"
+  done
+  tar czf "$OUT/bench.tgz" -C "$OUT" bench && rm -rf "$dir"
+}
+
+run_overhead() {
+  unset MLX_ENABLE_TF32
+  timeout -k 5 "${OVERHEAD_TIMEOUT:-90}" python3 scripts/cuda_launch_overhead.py --out "$OUT/overhead.json" 2>&1 |
+    tee "$OUT/overhead.log"
+}
+
+stage2() {
+  local what=("$@")
+  [ "${#what[@]}" -gt 0 ] || what=(all)
+  mkdir -p "$OUT"
+  { echo "== stage2 ${what[*]} $(date -u +%FT%TZ)"; install_mlx; } 2>&1 | tee "$OUT/env.txt"
+  export PYTHONPATH="$SITE:$ROOT" PYTHONUNBUFFERED=1
+  for w in "${what[@]}"; do
+    case "$w" in
+      tests) run_tests ;;
+      bench) run_bench ;;
+      overhead) run_overhead ;;
+      all) run_tests; run_bench ;;
+      *) echo "unknown: $w"; return 2 ;;
+    esac
+  done
+}
+
+cmd="${1:-}"
+shift || true
+case "$cmd" in
+  prepare) prepare "$@" ;;
+  stage1) cd "$ROOT" && stage1 ;;
+  stage2) cd "$ROOT" && stage2 "$@" ;;
+  env) device_env ;;
+  *) sed -n '2,16p' "$0"; exit 2 ;;
+esac

@@ -1,0 +1,396 @@
+"""``metal_kernel``: MLX's ``mx.fast.metal_kernel`` API on NVIDIA GPUs, through
+``mx.fast.cuda_kernel``, running the unchanged Metal bodies of ``metal_src/``.
+
+``mx.fast.cuda_kernel`` wraps a body as::
+
+    <MLX prelude: utils.cuh, cooperative_groups> <header>
+    namespace mlx::core::cu {
+    __global__ void custom_kernel_<name><template hash>(const T* a, const __grid_constant__ Shape a_shape,
+                                                         ..., T* out) {
+      constexpr int TM = 64; using T = float; ...      // the template arguments
+      <source>
+    }}
+
+This factory turns a Metal kernel into that form without touching the body's text
+beyond two line-preserving rewrites:
+
+* ``header`` = ``compat.h`` (the MSL subset for CUDA: vector types, ``metal::`` math,
+  simd collectives over warp shuffles, ``simdgroup_matrix`` 8x8, atomics, barriers)
+  followed by the kernel's own header inside ``namespace mlx::core::cu`` (its
+  ``#include <metal_*>`` lines blanked);
+* ``threadgroup T a[..];`` declarations in the body become ``__shared__ T a[..];``
+  (``threadgroup`` elsewhere, e.g. in pointer types, is an empty macro), and half
+  literals ``1.5h`` become ``((half)1.5f)``;
+* ``source`` = a prologue, then ``#line 1 "<name>.metal"`` and the body. The prologue
+  defines every Metal attribute the body names (``thread_position_in_grid``,
+  ``simdgroup_index_in_threadgroup``, ...; substring search as MLX's Metal wrapper) from
+  CUDA's indices, references for 0-d inputs (Metal passes ``const constant T& x``,
+  cuda_kernel a pointer), ``device atomic<T>*`` views of the outputs with
+  ``atomic_outputs``, and makes the threads of the rounded-up CUDA grid that lie
+  outside Metal's grid return before the body (Metal dispatches partial edge
+  threadgroups; CUDA launches whole blocks).
+
+Launch: the true grid and the threadgroup counts travel in a small int32 input
+(``xk_grid``). Blocks are launched along x only and the prologue recovers the 3-D
+threadgroup position, so grids beyond CUDA's 65535 blocks in y / z work. Each kernel is
+compiled with ``__launch_bounds__(threads per threadgroup)`` so that a 1024-thread
+threadgroup cannot fail to launch for lack of registers.
+
+Differences from Metal (documented, none used by metal_src/):
+* in a partial edge threadgroup of a 2-D / 3-D threadgroup, ``thread_index_in_threadgroup``
+  and the simdgroup / lane numbers follow CUDA's warps (linear index over the full
+  threadgroup shape), not Metal's compacted numbering;
+* ``compile_options`` (math mode) is accepted and ignored: ``metal::`` and
+  ``metal::precise::`` use CUDA's accurate functions, ``metal::fast::`` intrinsics;
+* float ``simdgroup_matrix`` products run in float32 on the CUDA cores (warp shuffles),
+  not on TF32 tensor cores, so they keep Metal's float32 accuracy.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import threading
+from importlib import resources
+from typing import Any, Sequence
+
+import mlx.core as mx
+
+from ..emulate.translate import _TG_DECL, _blank_comments, rewrite_half_literals
+
+__all__ = ["CudaKernel", "CudaKernelError", "metal_kernel", "compat_header", "rewrite_threadgroup_decls",
+           "MAX_THREADS_PER_THREADGROUP", "ATTRIBUTES"]
+
+MAX_THREADS_PER_THREADGROUP = 1024
+_MAX_GRID_X_BLOCKS = 2**31 - 1
+
+# Metal attribute -> (type, C++ expression over the prologue's helpers). Emitted when the
+# attribute's name occurs in the body (MLX's Metal wrapper does the same search).
+ATTRIBUTES: dict[str, tuple[str, str]] = {
+    "dispatch_quadgroups_per_threadgroup": ("uint", "(xk_ndisp_ + 3u) / 4u"),
+    "dispatch_simdgroups_per_threadgroup": ("uint", "(xk_ndisp_ + 31u) / 32u"),
+    "dispatch_threads_per_threadgroup": ("uint3", "uint3(blockDim.x, blockDim.y, blockDim.z)"),
+    "grid_origin": ("uint3", "uint3(0u, 0u, 0u)"),
+    "grid_size": ("uint3", "xk_g3_"),
+    "quadgroup_index_in_threadgroup": ("uint", "xk_tid_ / 4u"),
+    "quadgroups_per_threadgroup": ("uint", "(xk_nact_ + 3u) / 4u"),
+    "simdgroup_index_in_threadgroup": ("uint", "xk_tid_ / 32u"),
+    "simdgroups_per_threadgroup": ("uint", "(xk_nact_ + 31u) / 32u"),
+    "thread_execution_width": ("uint", "32u"),
+    "thread_index_in_quadgroup": ("uint", "xk_tid_ % 4u"),
+    "thread_index_in_simdgroup": ("uint", "xk_tid_ % 32u"),
+    "thread_index_in_threadgroup": ("uint", "xk_tid_"),
+    "thread_position_in_grid": ("uint3", "xk_tpig_"),
+    "thread_position_in_threadgroup": ("uint3", "uint3(threadIdx.x, threadIdx.y, threadIdx.z)"),
+    "threadgroup_position_in_grid": ("uint3", "xk_tgp_"),
+    "threadgroups_per_grid": ("uint3", "uint3(uint(xk_grid[3]), uint(xk_grid[4]), uint(xk_grid[5]))"),
+    "threads_per_grid": ("uint3", "xk_g3_"),
+    "threads_per_simdgroup": ("uint", "32u"),
+    "threads_per_threadgroup": ("uint3", "xk_tptg_"),
+}
+
+_PROLOGUE_HEAD = """\
+const uint3 xk_g3_ = uint3(uint(xk_grid[0]), uint(xk_grid[1]), uint(xk_grid[2]));
+const uint xk_bid_ = blockIdx.x;
+const uint3 xk_tgp_ = uint3(xk_bid_ % uint(xk_grid[3]), (xk_bid_ / uint(xk_grid[3])) % uint(xk_grid[4]),
+                            xk_bid_ / (uint(xk_grid[3]) * uint(xk_grid[4])));
+const uint3 xk_tpig_ = uint3(xk_tgp_.x * blockDim.x + threadIdx.x, xk_tgp_.y * blockDim.y + threadIdx.y,
+                             xk_tgp_.z * blockDim.z + threadIdx.z);
+if (xk_tpig_.x >= xk_g3_.x || xk_tpig_.y >= xk_g3_.y || xk_tpig_.z >= xk_g3_.z) {
+  return;  // outside Metal's grid: this thread does not exist there
+}
+const uint3 xk_tptg_ = uint3(min(uint(blockDim.x), xk_g3_.x - xk_tgp_.x * blockDim.x),
+                             min(uint(blockDim.y), xk_g3_.y - xk_tgp_.y * blockDim.y),
+                             min(uint(blockDim.z), xk_g3_.z - xk_tgp_.z * blockDim.z));
+const uint xk_tid_ = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+const uint xk_nact_ = xk_tptg_.x * xk_tptg_.y * xk_tptg_.z;
+const uint xk_ndisp_ = blockDim.x * blockDim.y * blockDim.z;
+(void)xk_tid_; (void)xk_nact_; (void)xk_ndisp_; (void)xk_tptg_;
+"""
+
+# mx.Dtype -> the CUDA type MLX's cuda_kernel uses for it (dtype_to_cuda_type).
+_CUDA_TYPES = {
+    "bool": "bool", "int8": "int8_t", "int16": "int16_t", "int32": "int32_t", "int64": "int64_t",
+    "uint8": "uint8_t", "uint16": "uint16_t", "uint32": "uint32_t", "uint64": "uint64_t",
+    "float16": "__half", "bfloat16": "__nv_bfloat16", "float32": "float", "float64": "double",
+    "complex64": "mlx::core::cu::complex64_t",
+}
+
+_METAL_INCLUDE = re.compile(r"^[ \t]*#[ \t]*include[ \t]*<metal_\w+>[^\n]*$", re.M)
+_NAME = re.compile(r"^[A-Za-z_]\w*$")
+
+
+class CudaKernelError(RuntimeError):
+    """A kernel that the CUDA backend cannot build or launch as asked."""
+
+
+@functools.lru_cache(maxsize=1)
+def compat_header() -> str:
+    """The text of ``compat.h``."""
+    return resources.files(__package__).joinpath("compat.h").read_text()
+
+
+def rewrite_threadgroup_decls(body: str) -> str:
+    """``threadgroup T a[..], b;`` declarations -> ``__shared__ T a[..], b;`` (same lines).
+
+    Uses the emulator's declaration pattern (comments and strings ignored); pointer
+    declarations (``threadgroup float* p = ...``) are left to the empty macro.
+    """
+    masked = _blank_comments(body)
+    out, last = [], 0
+    for m in _TG_DECL.finditer(masked):
+        if not _TG_DECL.match(body, m.start(), m.end()):
+            continue
+        out.append(body[last : m.start()])
+        out.append("__shared__")
+        last = m.start() + len("threadgroup")
+    out.append(body[last:])
+    return "".join(out)
+
+
+def _c_string(s: str) -> str:
+    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _blank_metal_includes(header: str) -> str:
+    return _METAL_INCLUDE.sub("", header)
+
+
+def _as_array(v: Any) -> mx.array:
+    if isinstance(v, mx.array):
+        return v
+    if isinstance(v, (bool, int, float)):
+        return mx.array(v)
+    try:
+        import numpy as np
+
+        if isinstance(v, (np.ndarray, np.generic)):
+            return mx.array(v)
+    except ImportError:  # pragma: no cover
+        pass
+    raise TypeError(f"[metal_kernel] inputs must be mx.array or Python scalars, got {type(v).__name__}")
+
+
+def _triple(v: Sequence[int], what: str) -> tuple[int, int, int]:
+    t = tuple(int(x) for x in v)
+    if len(t) != 3 or min(t) < 0:
+        raise ValueError(f"[metal_kernel] `{what}` must be 3 non-negative integers, got {v!r}")
+    return t  # type: ignore[return-value]
+
+
+class CudaKernel:
+    """A Metal kernel body compiled for CUDA; call it like ``mx.fast.metal_kernel``'s result."""
+
+    def __init__(
+        self,
+        name: str,
+        input_names: Sequence[str],
+        output_names: Sequence[str],
+        source: str,
+        header: str = "",
+        ensure_row_contiguous: bool = True,
+        atomic_outputs: bool = False,
+        compile_options: dict | None = None,
+    ) -> None:
+        if not _NAME.match(name):
+            raise ValueError(f"[metal_kernel] kernel name {name!r} is not an identifier")
+        self.name = name
+        self.input_names = list(input_names)
+        self.output_names = list(output_names)
+        if not self.output_names:
+            raise ValueError("[metal_kernel] Must specify at least one output.")
+        for n in [*self.input_names, *self.output_names]:
+            if not _NAME.match(n) or n.startswith("xk_"):
+                raise ValueError(f"[metal_kernel] buffer name {n!r} is not an identifier (or uses the xk_ prefix)")
+        self.source = source
+        self.header = header
+        self.ensure_row_contiguous = bool(ensure_row_contiguous)
+        self.atomic_outputs = bool(atomic_outputs)
+        if compile_options is not None and not isinstance(compile_options, dict):
+            raise ValueError("[metal_kernel] Expected `compile_options` to be a dict.")
+        self.compile_options = dict(compile_options or {})
+        self._body = rewrite_half_literals(rewrite_threadgroup_decls(source))
+        self._family_header = rewrite_half_literals(_blank_metal_includes(header))
+        self._objects: dict[tuple, Any] = {}
+        self._lock = threading.Lock()
+
+    # -- generated text ------------------------------------------------------------
+    def cuda_names(self, zero_d: Sequence[bool]) -> tuple[list[str], list[str]]:
+        """Buffer names handed to cuda_kernel (0-d inputs and atomic outputs renamed)."""
+        ins = [f"xk_s_{n}" if z else n for n, z in zip(self.input_names, zero_d)] + ["xk_grid"]
+        outs = [f"xk_a_{n}" if self.atomic_outputs else n for n in self.output_names]
+        return ins, outs
+
+    def cuda_header(self, threads: int) -> str:
+        parts = [f"#define XK_MAX_THREADS {int(threads)}\n", compat_header(), "\nnamespace mlx::core::cu {\n"]
+        if self._family_header:
+            parts += [f"#line 1 {_c_string(self.name + '.header.metal')}\n", self._family_header]
+            if not self._family_header.endswith("\n"):
+                parts.append("\n")
+        parts.append("}  // namespace mlx::core::cu\n")
+        return "".join(parts)
+
+    def cuda_source(self, zero_d: Sequence[bool], template_key: tuple = ()) -> str:
+        """The ``source`` given to cuda_kernel: template definitions, prologue, body."""
+        lines = template_lines(template_key)
+        lines += ["// xlstm_kernels.cuda prologue: Metal attributes from CUDA indices", _PROLOGUE_HEAD]
+        for n, z in zip(self.input_names, zero_d):
+            if z:
+                lines.append(f"const auto {n} = xk_s_{n}[0];")
+        if self.atomic_outputs:
+            for n in self.output_names:
+                lines.append(f"auto* {n} = xk_as_atomic(xk_a_{n});")
+        for attr, (ty, expr) in ATTRIBUTES.items():
+            if attr in self.source:
+                lines.append(f"{ty} {attr} = {expr}; (void){attr};")
+        lines.append(f"#line 1 {_c_string(self.name + '.metal')}")
+        return "\n".join(lines) + "\n" + self._body + "\n"
+
+    def _object(self, zero_d: tuple[bool, ...], threads: int, template: tuple) -> Any:
+        key = (zero_d, threads, template)
+        with self._lock:
+            obj = self._objects.get(key)
+        if obj is not None:
+            return obj
+        ins, outs = self.cuda_names(zero_d)
+        obj = mx.fast.cuda_kernel(
+            name=self.name,
+            input_names=ins,
+            output_names=outs,
+            source=self.cuda_source(zero_d, template),
+            header=self.cuda_header(threads),
+            ensure_row_contiguous=self.ensure_row_contiguous,
+        )
+        with self._lock:
+            return self._objects.setdefault(key, obj)
+
+    # -- launch ----------------------------------------------------------------------
+    def __call__(
+        self,
+        *,
+        inputs: Sequence[Any],
+        output_shapes: Sequence[Sequence[int]],
+        output_dtypes: Sequence[mx.Dtype],
+        grid: Sequence[int],
+        threadgroup: Sequence[int],
+        template: Sequence[tuple[str, Any]] | None = None,
+        init_value: float | None = None,
+        verbose: bool = False,
+        stream: Any = None,
+    ) -> list[mx.array]:
+        """Run the kernel; the keywords of ``mx.fast.metal_kernel``'s callable (``grid``
+        counts threads)."""
+        inputs = list(inputs)
+        for what, actual, expected in (
+            ("inputs", len(inputs), len(self.input_names)),
+            ("output_shapes", len(output_shapes), len(self.output_names)),
+            ("output_dtypes", len(output_dtypes), len(self.output_names)),
+        ):
+            if actual != expected:
+                raise ValueError(f"[metal_kernel] Expected `{what}` to have size {expected} but got size {actual}.")
+        g = _triple(grid, "grid")
+        t = _triple(threadgroup, "threadgroup")
+        if 0 in t:
+            raise ValueError(f"[metal_kernel] `threadgroup` must be positive, got {tuple(threadgroup)!r}")
+        n_threads = t[0] * t[1] * t[2]
+        if n_threads > MAX_THREADS_PER_THREADGROUP:
+            raise ValueError(
+                f"Thread group size ({n_threads}) is greater than the maximum allowed threads per "
+                f"threadgroup ({MAX_THREADS_PER_THREADGROUP})."
+            )
+        arrays = [_as_array(v) for v in inputs]
+        shapes = [tuple(int(d) for d in s) for s in output_shapes]
+        dtypes = list(output_dtypes)
+        if 0 in g:  # Metal dispatches nothing: outputs keep init_value (else undefined)
+            fill = 0.0 if init_value is None else init_value
+            return [mx.full(s, fill, dtype=d) for s, d in zip(shapes, dtypes)]
+        block = tuple(min(a, b) for a, b in zip(t, g))
+        counts = tuple(-(-gg // bb) for gg, bb in zip(g, block))
+        total = counts[0] * counts[1] * counts[2]
+        if total * block[0] > _MAX_GRID_X_BLOCKS:
+            raise CudaKernelError(f"[{self.name}] grid {g} with threadgroup {t} needs {total} threadgroups: too many")
+        zero_d = tuple(a.ndim == 0 for a in arrays)
+        obj = self._object(zero_d, n_threads, _template_key(template))
+        kwargs: dict[str, Any] = {}
+        if init_value is not None:
+            kwargs["init_value"] = init_value
+        if stream is not None:
+            kwargs["stream"] = stream
+        return obj(
+            inputs=[*arrays, _grid_array(g, counts)],
+            output_shapes=shapes,
+            output_dtypes=dtypes,
+            grid=(total * block[0], block[1], block[2]),
+            threadgroup=block,
+            verbose=bool(verbose),
+            **kwargs,
+        )
+
+
+def _template_key(template: Sequence[tuple[str, Any]] | None) -> tuple:
+    out = []
+    for k, v in template or ():
+        if isinstance(v, mx.Dtype):
+            out.append((str(k), "dtype", str(v).split(".")[-1]))
+        elif isinstance(v, bool):
+            out.append((str(k), "bool", bool(v)))
+        elif isinstance(v, int):
+            out.append((str(k), "int", int(v)))
+        else:
+            raise ValueError(f"[metal_kernel] template argument {k!r} must be a bool, int or Dtype, got {v!r}")
+        if not _NAME.match(str(k)):
+            raise ValueError(f"[metal_kernel] template argument name {k!r} is not an identifier")
+    return tuple(out)
+
+
+def template_lines(key: tuple) -> list[str]:
+    """Body-local definitions of the template arguments (what cuda_kernel would emit).
+
+    `key` is ``_template_key(template)``. The factory emits these lines itself instead
+    of passing ``template=`` to cuda_kernel:
+    MLX names the CUDA function after the values (``_-2`` for -2 is no identifier),
+    while here they only change the source, which MLX hashes into the module name.
+    """
+    lines = []
+    for name, kind, v in key:
+        if kind == "int":
+            lines.append(f"constexpr int {name} = {v};")
+        elif kind == "bool":
+            lines.append(f"constexpr bool {name} = {'true' if v else 'false'};")
+        else:
+            if v not in _CUDA_TYPES:
+                raise ValueError(f"[metal_kernel] template dtype {v} has no CUDA type")
+            lines.append(f"using {name} = {_CUDA_TYPES[v]};")
+    return lines
+
+
+_grid_cache: dict[tuple, mx.array] = {}
+_grid_lock = threading.Lock()
+
+
+def _grid_array(g: tuple[int, int, int], counts: tuple[int, int, int]) -> mx.array:
+    key = (*g, *counts)
+    with _grid_lock:
+        a = _grid_cache.get(key)
+        if a is None:
+            if len(_grid_cache) > 4096:
+                _grid_cache.clear()
+            a = mx.array(list(key), dtype=mx.int32)
+            _grid_cache[key] = a
+    return a
+
+
+def metal_kernel(
+    name: str,
+    input_names: Sequence[str],
+    output_names: Sequence[str],
+    source: str,
+    header: str = "",
+    ensure_row_contiguous: bool = True,
+    atomic_outputs: bool = False,
+    compile_options: dict | None = None,
+) -> CudaKernel:
+    """Drop-in for ``mx.fast.metal_kernel`` that runs the Metal body on an NVIDIA GPU
+    through ``mx.fast.cuda_kernel`` (same arguments; ``compile_options`` is ignored)."""
+    return CudaKernel(name, input_names, output_names, source, header, ensure_row_contiguous, atomic_outputs,
+                      compile_options)
