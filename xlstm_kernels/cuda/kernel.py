@@ -56,7 +56,8 @@ from typing import Any, Sequence
 
 import mlx.core as mx
 
-from ..emulate.translate import _TG_DECL, _blank_comments, rewrite_half_literals
+from ..emulate.kernel import _as_array, _triple
+from ..emulate.translate import _TG_DECL, _blank_comments, _c_string, rewrite_half_literals
 
 __all__ = ["CudaKernel", "CudaKernelError", "metal_kernel", "compat_header", "rewrite_threadgroup_decls",
            "MAX_THREADS_PER_THREADGROUP", "ATTRIBUTES"]
@@ -148,34 +149,14 @@ def rewrite_threadgroup_decls(body: str) -> str:
     return "".join(out)
 
 
-def _c_string(s: str) -> str:
-    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def _blank_metal_includes(header: str) -> str:
     return _METAL_INCLUDE.sub("", header)
 
 
-def _as_array(v: Any) -> mx.array:
-    if isinstance(v, mx.array):
-        return v
-    if isinstance(v, (bool, int, float)):
-        return mx.array(v)
-    try:
-        import numpy as np
-
-        if isinstance(v, (np.ndarray, np.generic)):
-            return mx.array(v)
-    except ImportError:  # pragma: no cover
-        pass
-    raise TypeError(f"[metal_kernel] inputs must be mx.array or Python scalars, got {type(v).__name__}")
 
 
-def _triple(v: Sequence[int], what: str) -> tuple[int, int, int]:
-    t = tuple(int(x) for x in v)
-    if len(t) != 3 or min(t) < 0:
-        raise ValueError(f"[metal_kernel] `{what}` must be 3 non-negative integers, got {v!r}")
-    return t  # type: ignore[return-value]
 
 
 class CudaKernel:
