@@ -407,7 +407,7 @@ _HARDWARE: list = []  # [(name, architecture) or None], filled once
 
 
 def _hardware() -> tuple[str, str] | None:
-    """(device_name, architecture) of the Metal GPU, or None without Metal."""
+    """(device_name, architecture) of the Metal or CUDA GPU, or None without a GPU."""
     if not _HARDWARE:
         info = None
         try:
@@ -416,6 +416,9 @@ def _hardware() -> tuple[str, str] | None:
             if mx.metal.is_available():
                 get = getattr(mx, "device_info", None) or mx.metal.device_info
                 d = get()
+                info = (str(d.get("device_name", "")), str(d.get("architecture", "")))
+            elif getattr(mx, "cuda", None) is not None and mx.cuda.is_available():
+                d = mx.device_info(mx.gpu)  # device_name "NVIDIA H100 ...", architecture "sm_90"
                 info = (str(d.get("device_name", "")), str(d.get("architecture", "")))
         except Exception:  # noqa: BLE001  (no MLX / no Metal: the CPU family)
             info = None
@@ -495,7 +498,7 @@ def select_family(stack: PresetStack, stamps: tuple = (), stacklevel: int = 1) -
 
 
 def detect_device() -> DeviceInfo:
-    """The device (``mx.device_info()`` on Metal, else the "cpu" family) and its family.
+    """The device (``mx.device_info()`` on Metal or CUDA, else the "cpu" family) and its family.
 
     ``XLSTM_KERNELS_DEVICE=<family key or architecture>`` overrides detection.
     """
