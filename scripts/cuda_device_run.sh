@@ -5,7 +5,7 @@
 #   scripts/cuda_device_run.sh prepare       # HERE: download + split the MLX CUDA wheels, print the calls
 #   scripts/cuda_device_run.sh stage1        # DEVICE, call 1 (carry .whl):  park part 1 in /tmp
 #   scripts/cuda_device_run.sh stage2 [what...] # DEVICE, call 2 (carry .whl2): install, then run
-#                                            #   what = tests | bench | overhead | all (default all = tests bench)
+#                                            #   what = tests | bench | overhead | probe | all (default all = tests bench)
 #   scripts/cuda_device_run.sh env           # DEVICE: print the exports stage2 uses (eval it)
 #
 # Why two calls: a call carries at most 64 MiB and the mlx-cuda-13 wheel is ~90 MB. It is
@@ -23,7 +23,8 @@ W=/tmp/xk-whl          # device: parts and wheels
 SITE=/tmp/site         # device: unpacked mlx + mlx_cuda_13
 OUT="${OUT:-/tmp/xk-out}"
 TEST_FILES=(tests/emulate/test_emulator_features.py tests/test_gemm.py tests/test_norm.py tests/test_rope.py
-            tests/test_attention.py tests/test_mlstm.py tests/test_slstm.py)
+            tests/test_attention.py tests/test_mlstm.py tests/test_slstm.py tests/test_fused.py
+            tests/test_repeatability.py tests/test_cuda_text.py)
 
 prepare() {
   cd "$ROOT"
@@ -132,6 +133,12 @@ run_bench() {
   tar czf "$OUT/bench.tgz" -C "$OUT" bench && rm -rf "$dir"
 }
 
+run_probe() {
+  unset MLX_ENABLE_TF32
+  timeout -k 5 "${PROBE_TIMEOUT:-240}" python3 scripts/cuda_probe.py --only "${PROBE_ONLY:-copy,norm,gemm}" \
+    --out "$OUT/probe.json" 2>&1 | tee "$OUT/probe.log"
+}
+
 run_overhead() {
   unset MLX_ENABLE_TF32
   timeout -k 5 "${OVERHEAD_TIMEOUT:-90}" python3 scripts/cuda_launch_overhead.py --out "$OUT/overhead.json" 2>&1 |
@@ -149,6 +156,7 @@ stage2() {
       tests) run_tests ;;
       bench) run_bench ;;
       overhead) run_overhead ;;
+      probe) run_probe ;;
       all) run_tests; run_bench ;;
       *) echo "unknown: $w"; return 2 ;;
     esac

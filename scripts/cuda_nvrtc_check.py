@@ -12,7 +12,7 @@
    kernel's own file/line names.
 
 Needs libnvrtc (``pip download nvidia-cuda-nvrtc==13.0.*`` and unzip; pass
-``--nvrtc``), the CUDA headers (``--cuda-include``, default /usr/local/cuda/include),
+``--nvrtc``; ``XK_PTX_DIR=dir`` keeps each kernel's PTX), the CUDA headers (``--cuda-include``, default /usr/local/cuda/include),
 MLX's JIT headers ``mlx/backend/cuda/device/{utils.cuh,complex.cuh,config.h}``
 (``--mlx-jit``: a folder holding that tree) and CCCL (``--cccl``).
 
@@ -98,7 +98,7 @@ def mlx_source(rec: dict) -> tuple[str, str]:
                    rec["ensure_row_contiguous"], rec["atomic_outputs"])
     zero_d = [nd == 0 for _, nd in rec["inputs"]]
     ins, outs = k.cuda_names(zero_d)
-    source = k.cuda_source(zero_d, tuple(tuple(t) for t in rec["template"]))
+    source = k.cuda_source(zero_d, tuple(tuple(t) for t in rec["template"]), native_grid=True)
     header = k.cuda_header(rec["threads"])
     in_info = [*rec["inputs"], ["int32", 1]]
     func = "custom_kernel_" + rec["name"]  # the factory passes no template= (see template_lines)
@@ -137,6 +137,14 @@ class Nvrtc:
         lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
         log = ctypes.create_string_buffer(size.value + 1)
         lib.nvrtcGetProgramLog(prog, log)
+        ptx_dir = os.environ.get("XK_PTX_DIR")
+        if rc == 0 and ptx_dir:  # keep the PTX (e.g. to check which instructions a kernel uses)
+            n = ctypes.c_size_t()
+            lib.nvrtcGetPTXSize(prog, ctypes.byref(n))
+            ptx = ctypes.create_string_buffer(n.value + 1)
+            lib.nvrtcGetPTX(prog, ptx)
+            Path(ptx_dir).mkdir(parents=True, exist_ok=True)
+            Path(ptx_dir, name + ".ptx").write_bytes(ptx.value)
         lib.nvrtcDestroyProgram(ctypes.byref(prog))
         return rc == 0, log.value.decode(errors="replace")
 

@@ -26,7 +26,9 @@
 //  matrix    simdgroup_matrix<T, 8, 8> with Apple's lane layout (q = lane / 4;
 //            row = (q & 4) + (lane / 2) % 4; col = (q & 2) * 2 + (lane % 2) * 2, +1):
 //            simdgroup_load / store (each lane its own two elements) and
-//            simdgroup_multiply(_accumulate) in float through warp shuffles.
+//            simdgroup_multiply(_accumulate): half x half and bfloat x bfloat on tensor
+//            cores (mma.m16n8k8, float accumulate; sm_80+), float products in float32
+//            through warp shuffles.
 //  atomics   atomic<T> (layout of T), atomic_*_explicit (relaxed: CUDA's atomics).
 //  misc      address-space keywords are empty macros (`threadgroup` declarations are
 //            rewritten to __shared__ by the factory), INFINITY / FLT_MAX / M_*_F,
@@ -1047,18 +1049,48 @@ inline void lane_coord(uint lane, int& row, int& col) {
 inline int lane_of(int row, int p) { return (p & 1) | ((row & 3) << 1) | ((p >> 1) << 3) | ((row >> 2) << 4); }
 }  // namespace msl_detail
 
+// Tensor-core fragments. 2-byte matrices (half, bfloat) also keep the two operand
+// fragments of PTX's mma.m16n8k8 (groupID g = lane / 4, t = lane % 4):
+//   xk_a_ = {M[g][2t], M[g][2t+1]}    (the A operand, rows 0-7 of its 16 x 8)
+//   xk_b_ = {M[2t][g], M[2t+1][g]}    (the B operand, 8 x 8 "col")
+// filled by simdgroup_load, make_filled_simdgroup_matrix, the diagonal constructor and a
+// product; an element written through thread_elements() would leave them stale, so the
+// non-const accessor is refused for 2-byte matrices at compile time (no body does it).
+// Unused fragments cost nothing: the compiler drops the loads that feed no product.
+namespace msl_detail {
+template <class T, bool TC = (sizeof(T) == 2)> struct mma_frags {};
+template <class T> struct mma_frags<T, true> {
+  unsigned xk_a_, xk_b_;
+};
+template <class T> inline unsigned pack2(T x0, T x1) {
+  vec<T, 2> v;
+  v.v[0] = x0;
+  v.v[1] = x1;
+  return *reinterpret_cast<const unsigned*>(&v);
+}
+}  // namespace msl_detail
+
 template <typename T, int Cols, int Rows>
-struct simdgroup_matrix {
+struct simdgroup_matrix : msl_detail::mma_frags<T> {
   static_assert(Cols == 8 && Rows == 8, "only 8x8 simdgroup matrices are supported");
   vec<T, 2> elements_;
   simdgroup_matrix() = default;
   explicit simdgroup_matrix(T diag) {
     int r, c;
     msl_detail::lane_coord(msl_detail::lane_id(), r, c);
-    elements_[0] = r == c ? diag : msl_detail::conv<T>(0.0f);
-    elements_[1] = r == c + 1 ? diag : msl_detail::conv<T>(0.0f);
+    const T z = msl_detail::conv<T>(0.0f);
+    elements_[0] = r == c ? diag : z;
+    elements_[1] = r == c + 1 ? diag : z;
+    if constexpr (sizeof(T) == 2) {
+      const int g = int(msl_detail::lane_id() / 4), t = int(msl_detail::lane_id() % 4);
+      this->xk_a_ = this->xk_b_ = msl_detail::pack2<T>(g == 2 * t ? diag : z, g == 2 * t + 1 ? diag : z);
+    }
   }
-  vec<T, 2>& thread_elements() { return elements_; }
+  template <class U = T> vec<U, 2>& thread_elements() {
+    static_assert(sizeof(U) != 2, "xlstm_kernels.cuda: writing elements of a half/bfloat simdgroup_matrix "
+                                  "is not supported (its tensor-core fragments would go stale)");
+    return elements_;
+  }
   const vec<T, 2>& thread_elements() const { return elements_; }
 };
 typedef simdgroup_matrix<float, 8, 8> simdgroup_float8x8;
@@ -1070,24 +1102,30 @@ inline simdgroup_matrix<T, Cols, Rows> make_filled_simdgroup_matrix(T value) {
   simdgroup_matrix<T, Cols, Rows> m;
   m.elements_[0] = value;
   m.elements_[1] = value;
+  if constexpr (sizeof(T) == 2) m.xk_a_ = m.xk_b_ = msl_detail::pack2<T>(value, value);
   return m;
 }
 
-// Each lane loads or stores only its own two elements.
+// Each lane loads or stores only its own elements (2-byte matrices: also its fragments).
 template <typename T, typename U, int C, int R>
 inline void simdgroup_load(simdgroup_matrix<T, C, R>& d, const U* src, unsigned long elements_per_row = 8,
                            vec<unsigned long, 2> matrix_origin = vec<unsigned long, 2>(0, 0),
                            bool transpose_matrix = false) {
   int r, c;
-  msl_detail::lane_coord(msl_detail::lane_id(), r, c);
+  const uint lane = msl_detail::lane_id();
+  msl_detail::lane_coord(lane, r, c);
   const long ld = long(elements_per_row);
   const U* base = src + long(matrix_origin.y) * ld + long(matrix_origin.x);
-  if (transpose_matrix) {
-    d.elements_[0] = msl_detail::conv<T>(base[long(c) * ld + r]);
-    d.elements_[1] = msl_detail::conv<T>(base[long(c + 1) * ld + r]);
-  } else {
-    d.elements_[0] = msl_detail::conv<T>(base[long(r) * ld + c]);
-    d.elements_[1] = msl_detail::conv<T>(base[long(r) * ld + c + 1]);
+  // M[i][j] = base[i * si + j * sj]
+  const long si = transpose_matrix ? 1 : ld, sj = transpose_matrix ? ld : 1;
+  d.elements_[0] = msl_detail::conv<T>(base[r * si + c * sj]);
+  d.elements_[1] = msl_detail::conv<T>(base[r * si + (c + 1) * sj]);
+  if constexpr (sizeof(T) == 2) {
+    const long g = long(lane / 4), t2 = 2 * long(lane % 4);
+    d.xk_a_ = msl_detail::pack2<T>(msl_detail::conv<T>(base[g * si + t2 * sj]),
+                                   msl_detail::conv<T>(base[g * si + (t2 + 1) * sj]));
+    d.xk_b_ = msl_detail::pack2<T>(msl_detail::conv<T>(base[t2 * si + g * sj]),
+                                   msl_detail::conv<T>(base[(t2 + 1) * si + g * sj]));
   }
 }
 
@@ -1108,8 +1146,13 @@ inline void simdgroup_store(const simdgroup_matrix<T, C, R>& d, U* dst, unsigned
   }
 }
 
-// D = A * B (+ C) in float: lane (r, c) gathers row r of A and columns c, c + 1 of B
-// with 24 shuffles (12 for half / bfloat; all 32 lanes must take part, as on Metal).
+// D = A * B (+ C), accumulated in float.
+// * A and B both half or both bfloat (sm_80+): one tensor-core mma.m16n8k8 on the
+//   fragments (rows 8-15 of its A are zero), with C moved into mma's accumulator layout
+//   (lane 4g + t holds C[g][2t], C[g][2t+1]) and D back to Apple's by 4 shuffles.
+// * otherwise, in float on the CUDA cores: lane (r, c) gathers row r of A and columns
+//   c, c + 1 of B with 24 shuffles (12 for half / bfloat); float stays float32-exact.
+// All 32 lanes take part, as on Metal.
 namespace msl_detail {
 // The two elements of lane `src`'s fragment, as floats (2-byte types in one shuffle).
 template <class T> inline void shfl_pair(unsigned mask, const vec<T, 2>& e, int src, float& x0, float& x1) {
@@ -1125,7 +1168,7 @@ template <class T> inline void shfl_pair(unsigned mask, const vec<T, 2>& e, int 
   }
 }
 template <class TA, class TB>
-inline void mma8(float& d0, float& d1, const simdgroup_matrix<TA, 8, 8>& a, const simdgroup_matrix<TB, 8, 8>& b) {
+inline void mma8_cores(float& d0, float& d1, const simdgroup_matrix<TA, 8, 8>& a, const simdgroup_matrix<TB, 8, 8>& b) {
   const unsigned mask = __activemask();
   const uint lane = lane_id();
   int r, c;
@@ -1143,24 +1186,90 @@ inline void mma8(float& d0, float& d1, const simdgroup_matrix<TA, 8, 8>& a, cons
     d1 = fmaf(x1, y11, d1);
   }
 }
+template <class TA, class TB> struct tensor_core_pair {
+  static constexpr bool v = false;
+};
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+template <> struct tensor_core_pair<::__half, ::__half> { static constexpr bool v = true; };
+template <> struct tensor_core_pair<::__nv_bfloat16, ::__nv_bfloat16> { static constexpr bool v = true; };
+#endif
+// d (mma layout, rows g) = A * B + c (mma layout), A and B 2-byte fragments.
+template <class T> inline void mma_m16n8k8(float& d0, float& d1, unsigned a, unsigned b, float c0, float c1) {
+  float d2, d3;
+  if constexpr (same<T, ::__nv_bfloat16>::v) {
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%7,%8,%9,%10};"
+                 : "=f"(d0), "=f"(d1), "=f"(d2), "=f"(d3)
+                 : "r"(a), "r"(0u), "r"(b), "f"(c0), "f"(c1), "f"(0.0f), "f"(0.0f));
+  } else {
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%7,%8,%9,%10};"
+                 : "=f"(d0), "=f"(d1), "=f"(d2), "=f"(d3)
+                 : "r"(a), "r"(0u), "r"(b), "f"(c0), "f"(c1), "f"(0.0f), "f"(0.0f));
+  }
+  (void)d2;
+  (void)d3;
+}
+template <class TD, class TA, class TB, class TC>
+inline void simdgroup_mma(simdgroup_matrix<TD, 8, 8>& d, const simdgroup_matrix<TA, 8, 8>& a,
+                          const simdgroup_matrix<TB, 8, 8>& b, const simdgroup_matrix<TC, 8, 8>* c) {
+  float d0, d1;
+  if constexpr (tensor_core_pair<TA, TB>::v) {
+    const unsigned mask = 0xFFFFFFFFu;
+    const uint lane = lane_id();
+    const int g = int(lane / 4), t = int(lane % 4);
+    float c0 = 0.0f, c1 = 0.0f;
+    if (c) shfl_pair(mask, c->elements_, lane_of(g, t), c0, c1);  // C[g][2t], C[g][2t+1]
+    mma_m16n8k8<TA>(d0, d1, a.xk_a_, b.xk_b_, c0, c1);
+    if constexpr (sizeof(TD) == 2) {
+      d.xk_a_ = pack2<TD>(conv<TD>(d0), conv<TD>(d1));
+      // xk_b_ = {D[2t][g], D[2t+1][g]}: element g % 2 of mma lanes 8t + g / 2 and 8t + 4 + g / 2
+      const unsigned e0 = __shfl_sync(mask, pack2<TD>(conv<TD>(d0), conv<TD>(d1)), 8 * t + g / 2);
+      const unsigned e1 = __shfl_sync(mask, pack2<TD>(conv<TD>(d0), conv<TD>(d1)), 8 * t + 4 + g / 2);
+      const unsigned sh = (g & 1) ? 16u : 0u;
+      d.xk_b_ = ((e0 >> sh) & 0xFFFFu) | (((e1 >> sh) & 0xFFFFu) << 16);
+    }
+    int r, cc;
+    lane_coord(lane, r, cc);
+    const int src = 4 * r + cc / 2;  // the mma lane holding D[r][cc], D[r][cc + 1]
+    const float x0 = __shfl_sync(mask, d0, src), x1 = __shfl_sync(mask, d1, src);
+    d0 = x0;
+    d1 = x1;
+  } else {
+    d0 = c ? conv<float>(c->elements_[0]) : 0.0f;
+    d1 = c ? conv<float>(c->elements_[1]) : 0.0f;
+    mma8_cores(d0, d1, a, b);
+    if constexpr (sizeof(TD) == 2) {
+      const unsigned mask = 0xFFFFFFFFu;
+      const uint lane = lane_id();
+      const int g = int(lane / 4), t = int(lane % 4);
+      int r, cc;
+      lane_coord(lane, r, cc);
+      // fragments of the result from Apple's layout: {D[g][2t..]} at lane_of(g, t);
+      // D[2t][g] is element g % 2 of lane_of(2t, g / 2), D[2t+1][g] of lane_of(2t+1, g / 2)
+      const unsigned mine = pack2<TD>(conv<TD>(d0), conv<TD>(d1));
+      d.xk_a_ = __shfl_sync(mask, mine, lane_of(g, t));
+      const unsigned e0 = __shfl_sync(mask, mine, lane_of(2 * t, g / 2));
+      const unsigned e1 = __shfl_sync(mask, mine, lane_of(2 * t + 1, g / 2));
+      const unsigned sh = (g & 1) ? 16u : 0u;
+      d.xk_b_ = ((e0 >> sh) & 0xFFFFu) | (((e1 >> sh) & 0xFFFFu) << 16);
+      (void)r;
+      (void)cc;
+    }
+  }
+  d.elements_[0] = conv<TD>(d0);
+  d.elements_[1] = conv<TD>(d1);
+}
 }  // namespace msl_detail
 
 template <class TD, class TA, class TB, class TC>
 inline void simdgroup_multiply_accumulate(simdgroup_matrix<TD, 8, 8>& d, const simdgroup_matrix<TA, 8, 8>& a,
                                           const simdgroup_matrix<TB, 8, 8>& b, const simdgroup_matrix<TC, 8, 8>& c) {
-  float d0 = msl_detail::conv<float>(c.elements_[0]), d1 = msl_detail::conv<float>(c.elements_[1]);
-  msl_detail::mma8(d0, d1, a, b);
-  d.elements_[0] = msl_detail::conv<TD>(d0);
-  d.elements_[1] = msl_detail::conv<TD>(d1);
+  msl_detail::simdgroup_mma(d, a, b, &c);
 }
 
 template <class TD, class TA, class TB>
 inline void simdgroup_multiply(simdgroup_matrix<TD, 8, 8>& d, const simdgroup_matrix<TA, 8, 8>& a,
                                const simdgroup_matrix<TB, 8, 8>& b) {
-  float d0 = 0.0f, d1 = 0.0f;
-  msl_detail::mma8(d0, d1, a, b);
-  d.elements_[0] = msl_detail::conv<TD>(d0);
-  d.elements_[1] = msl_detail::conv<TD>(d1);
+  msl_detail::simdgroup_mma(d, a, b, static_cast<const simdgroup_matrix<TD, 8, 8>*>(nullptr));
 }
 
 // ----------------------------------------------------------------- atomics

@@ -31,8 +31,9 @@ beyond two line-preserving rewrites:
   threadgroups; CUDA launches whole blocks).
 
 Launch: the true grid and the threadgroup counts travel in a small int32 input
-(``xk_grid``). Blocks are launched along x only and the prologue recovers the 3-D
-threadgroup position, so grids beyond CUDA's 65535 blocks in y / z work. Each kernel is
+(``xk_grid``). The blocks form CUDA's own 3-D grid when it fits (<= 65535 blocks in y
+and z; then the prologue reads ``blockIdx``), else they are launched along x only and the
+prologue recovers the 3-D threadgroup position with two divisions. Each kernel is
 compiled with ``__launch_bounds__(threads per threadgroup)`` so that a 1024-thread
 threadgroup cannot fail to launch for lack of registers.
 
@@ -90,11 +91,18 @@ ATTRIBUTES: dict[str, tuple[str, str]] = {
     "threads_per_threadgroup": ("uint3", "xk_tptg_"),
 }
 
-_PROLOGUE_HEAD = """\
-const uint3 xk_g3_ = uint3(uint(xk_grid[0]), uint(xk_grid[1]), uint(xk_grid[2]));
+# The threadgroup position: the launch's own 3-D block index when the grid fits CUDA's
+# limits (y, z <= 65535 blocks), else recovered from a linear block index along x.
+_TGP_NATIVE = "const uint3 xk_tgp_ = uint3(blockIdx.x, blockIdx.y, blockIdx.z);"
+_TGP_LINEAR = """\
 const uint xk_bid_ = blockIdx.x;
 const uint3 xk_tgp_ = uint3(xk_bid_ % uint(xk_grid[3]), (xk_bid_ / uint(xk_grid[3])) % uint(xk_grid[4]),
-                            xk_bid_ / (uint(xk_grid[3]) * uint(xk_grid[4])));
+                            xk_bid_ / (uint(xk_grid[3]) * uint(xk_grid[4])));"""
+_MAX_GRID_YZ_BLOCKS = 65535
+
+_PROLOGUE_HEAD = """\
+const uint3 xk_g3_ = uint3(uint(xk_grid[0]), uint(xk_grid[1]), uint(xk_grid[2]));
+@TGP@
 const uint3 xk_tpig_ = uint3(xk_tgp_.x * blockDim.x + threadIdx.x, xk_tgp_.y * blockDim.y + threadIdx.y,
                              xk_tgp_.z * blockDim.z + threadIdx.z);
 if (xk_tpig_.x >= xk_g3_.x || xk_tpig_.y >= xk_g3_.y || xk_tpig_.z >= xk_g3_.z) {
@@ -211,10 +219,12 @@ class CudaKernel:
         parts.append("}  // namespace mlx::core::cu\n")
         return "".join(parts)
 
-    def cuda_source(self, zero_d: Sequence[bool], template_key: tuple = ()) -> str:
-        """The ``source`` given to cuda_kernel: template definitions, prologue, body."""
+    def cuda_source(self, zero_d: Sequence[bool], template_key: tuple = (), native_grid: bool = False) -> str:
+        """The ``source`` given to cuda_kernel: template definitions, prologue, body.
+        `native_grid`: launched with a 3-D grid of blocks (else blocks along x only)."""
         lines = template_lines(template_key)
-        lines += ["// xlstm_kernels.cuda prologue: Metal attributes from CUDA indices", _PROLOGUE_HEAD]
+        head = _PROLOGUE_HEAD.replace("@TGP@", _TGP_NATIVE if native_grid else _TGP_LINEAR)
+        lines += ["// xlstm_kernels.cuda prologue: Metal attributes from CUDA indices", head]
         for n, z in zip(self.input_names, zero_d):
             if z:
                 lines.append(f"const auto {n} = xk_s_{n}[0];")
@@ -227,8 +237,8 @@ class CudaKernel:
         lines.append(f"#line 1 {_c_string(self.name + '.metal')}")
         return "\n".join(lines) + "\n" + self._body + "\n"
 
-    def _object(self, zero_d: tuple[bool, ...], threads: int, template: tuple) -> Any:
-        key = (zero_d, threads, template)
+    def _object(self, zero_d: tuple[bool, ...], threads: int, template: tuple, native_grid: bool) -> Any:
+        key = (zero_d, threads, template, native_grid)
         with self._lock:
             obj = self._objects.get(key)
         if obj is not None:
@@ -238,7 +248,7 @@ class CudaKernel:
             name=self.name,
             input_names=ins,
             output_names=outs,
-            source=self.cuda_source(zero_d, template),
+            source=self.cuda_source(zero_d, template, native_grid),
             header=self.cuda_header(threads),
             ensure_row_contiguous=self.ensure_row_contiguous,
         )
@@ -291,7 +301,8 @@ class CudaKernel:
         if total * block[0] > _MAX_GRID_X_BLOCKS:
             raise CudaKernelError(f"[{self.name}] grid {g} with threadgroup {t} needs {total} threadgroups: too many")
         zero_d = tuple(a.ndim == 0 for a in arrays)
-        obj = self._object(zero_d, n_threads, _template_key(template))
+        native = counts[1] <= _MAX_GRID_YZ_BLOCKS and counts[2] <= _MAX_GRID_YZ_BLOCKS
+        obj = self._object(zero_d, n_threads, _template_key(template), native)
         kwargs: dict[str, Any] = {}
         if init_value is not None:
             kwargs["init_value"] = init_value
@@ -301,7 +312,7 @@ class CudaKernel:
             inputs=[*arrays, _grid_array(g, counts)],
             output_shapes=shapes,
             output_dtypes=dtypes,
-            grid=(total * block[0], block[1], block[2]),
+            grid=tuple(c * b for c, b in zip(counts, block)) if native else (total * block[0], block[1], block[2]),
             threadgroup=block,
             verbose=bool(verbose),
             **kwargs,
