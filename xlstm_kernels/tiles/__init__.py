@@ -4,6 +4,9 @@
     env       XLSTM_GEMM_* variables, parsed on every resolve
     presets   YAML preset files (strict schema), device families, rooflines
     resolve   resolve_gemm_config (precedence + shape rules), set_gemm_tiles, explain
+    knobs     the other kernels' tunables (norms, attention, mLSTM, sLSTM): KNOB_OPS,
+              XLSTM_<OP>_<KNOB> variables, presets' kernels / kernel_shapes sections,
+              resolve_knobs, explain_knobs
 
 Typical use (the ops do this per call)::
 
@@ -13,6 +16,7 @@ Typical use (the ops do this per call)::
 
 from .errors import TileConfigError
 from .gemm import DTYPES, OPS, GemmConfig
+from .knobs import KNOB_OPS, ResolvedKnobs, explain_knobs, knob_env_var, knob_shape_class, resolve_knobs
 from .presets import DeviceInfo, detect_device, roofline, shape_class
 from .resolve import (
     ResolvedGemmConfig,
@@ -25,15 +29,21 @@ from .resolve import (
 
 __all__ = [
     "DTYPES",
+    "KNOB_OPS",
     "OPS",
     "DeviceInfo",
     "GemmConfig",
     "ResolvedGemmConfig",
+    "ResolvedKnobs",
     "TileConfigError",
     "detect_device",
     "explain",
+    "explain_knobs",
     "get_gemm_tiles",
+    "knob_env_var",
+    "knob_shape_class",
     "resolve_gemm_config",
+    "resolve_knobs",
     "roofline",
     "set_gemm_tiles",
     "shape_class",

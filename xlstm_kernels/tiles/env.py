@@ -44,6 +44,7 @@ __all__ = [
     "GEMM_ENV_VARS",
     "EnvLayer",
     "env_path",
+    "make_snapshot",
     "parse_bool",
     "read_gemm_env",
     "snapshot",
@@ -106,6 +107,27 @@ else:  # pragma: no cover - non-POSIX
 
 
 _INDEX = {v: i for i, v in enumerate(GEMM_ENV_VARS)}
+
+
+def make_snapshot(names: tuple[str, ...]):
+    """A function returning the raw values of the variables `names` as a tuple (None
+    where unset), read as fast as :func:`snapshot` reads the GEMM ones: for cache keys
+    of other resolvers (the kernel knobs, :mod:`xlstm_kernels.tiles.knobs`)."""
+    names = tuple(names)
+    if os.name == "posix" and isinstance(_ENV_DATA, dict):
+        keys = tuple(os.fsencode(v) for v in names)
+        get = _ENV_DATA.get
+
+        def snap() -> tuple:
+            return tuple([get(k) for k in keys])
+
+    else:  # pragma: no cover - non-POSIX
+
+        def snap() -> tuple:
+            get = os.environ.get
+            return tuple([get(v) for v in names])
+
+    return snap
 
 
 def _get(var: str) -> str | None:

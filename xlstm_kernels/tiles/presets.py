@@ -17,6 +17,16 @@ specific first::
 
 Shape classes by M*N*K (output M x N, reduction K): small < 2**21 (128**3) <= medium
 < 2**30 (1024**3) <= large.
+
+The non-GEMM kernels' knobs (:mod:`xlstm_kernels.tiles.knobs`) live in two more optional
+sections of a family, validated as strictly::
+
+    kernels:        <op> -> <dtype|default> -> {knob: value}
+    kernel_shapes:  <small|medium|large> -> <op> -> <dtype|default> -> {knob: value}
+
+looked up most specific first: kernel_shapes.<class>.<op>.<dtype>,
+kernel_shapes.<class>.<op>.default, kernels.<op>.<dtype>, kernels.<op>.default (each op
+has its own shape classes, see the knobs module).
 """
 
 from __future__ import annotations
@@ -61,7 +71,7 @@ ROOFLINE_KEYS = ("fp32_tflops", "fp16_tflops", "bf16_tflops", "bandwidth_gbs")
 SHIPPED_DISPLAY = "presets.yaml"
 
 _TOP_KEYS = ("version", "anchors", "families")
-_FAMILY_KEYS = ("match", "roofline", "gemm", "shapes")
+_FAMILY_KEYS = ("match", "roofline", "gemm", "shapes", "kernels", "kernel_shapes")
 _MATCH_KEYS = ("architecture", "device_name")
 _FAMILY_KEY = re.compile(r"[A-Za-z0-9_]+")
 _YAML_PATHS = ("simd", "scalar")  # gemv is chosen by shape (M == 1), not by a preset
@@ -90,6 +100,8 @@ class Family:
     roofline: dict[str, float] = field(default_factory=dict)
     gemm: dict[str, dict[str, Entry]] = field(default_factory=dict)
     shapes: dict[str, dict[str, dict[str, Entry]]] = field(default_factory=dict)
+    kernels: dict[str, dict[str, Entry]] = field(default_factory=dict)  # op -> dtype -> knobs
+    kernel_shapes: dict[str, dict[str, dict[str, Entry]]] = field(default_factory=dict)  # class -> op -> ...
 
 
 @dataclass
@@ -155,6 +167,61 @@ def _parse_gemm(chk: _Checker, node: Any, where: str) -> dict[str, dict[str, Ent
     return out
 
 
+def _parse_knob_entry(chk: _Checker, op: str, node: Any, where: str) -> Entry:
+    from .knobs import KNOBS  # (knobs imports this module)
+
+    spec = KNOBS[op]
+    node = chk.mapping(node, where, tuple(spec), f" of {op} knobs")
+    entry: Entry = {}
+    for key, value in node.items():
+        msg = spec[key].problem(value)
+        if msg:
+            raise chk.fail(_join(where, key), f"{msg}, got {value!r} ({type(value).__name__})")
+        entry[key] = value
+    return entry
+
+
+def _parse_kernels(chk: _Checker, node: Any, where: str) -> dict[str, dict[str, Entry]]:
+    """<op> -> <dtype|default> -> knobs (the `kernels` section, or one class of `kernel_shapes`)."""
+    from .knobs import KNOBS
+
+    if node is None:
+        return {}
+    if not isinstance(node, dict):
+        raise chk.fail(where, f"expected a mapping of op -> dtype -> knobs, got {type(node).__name__} {node!r}")
+    out: dict[str, dict[str, Entry]] = {}
+    for op, per_dtype in node.items():
+        w = _join(where, str(op))
+        if op not in KNOBS:
+            hint = ""
+            if op in SHAPE_CLASSES:
+                hint = " (shape classes go under kernel_shapes: kernel_shapes.<class>.<op>.<dtype>)"
+            elif op in OPS or op == "default":
+                hint = " (GEMM tiles go under gemm / shapes)"
+            raise chk.fail(w, f"unknown key '{op}'; expected one of {', '.join(KNOBS)}{hint}")
+        per_dtype = chk.mapping(per_dtype, w, (*DTYPES, "default"), " of dtype -> knobs")
+        out[op] = {dt: _parse_knob_entry(chk, op, e, _join(w, dt)) for dt, e in per_dtype.items()}
+    return out
+
+
+def _parse_kernel_shapes(chk: _Checker, node: Any, where: str) -> dict[str, dict[str, dict[str, Entry]]]:
+    from .knobs import KNOBS
+
+    if node is None:
+        return {}
+    if not isinstance(node, dict):
+        raise chk.fail(where, f"expected a mapping of shape class -> op -> dtype -> knobs, got "
+                              f"{type(node).__name__} {node!r}")
+    out = {}
+    for cls, per_op in node.items():
+        if cls not in SHAPE_CLASSES:
+            hint = " (kernel_shapes.<class>.<op>.<dtype>: the class comes first)" if cls in KNOBS else ""
+            raise chk.fail(_join(where, str(cls)), f"unknown key '{cls}'; expected one of "
+                                                   f"{', '.join(SHAPE_CLASSES)}{hint}")
+        out[cls] = _parse_kernels(chk, per_op, _join(where, cls))
+    return out
+
+
 def _parse_family(chk: _Checker, node: Any, where: str) -> Family:
     node = chk.mapping(node, where, _FAMILY_KEYS)
     fam = Family()
@@ -175,7 +242,26 @@ def _parse_family(chk: _Checker, node: Any, where: str) -> Family:
         w = _join(where, "shapes")
         s = chk.mapping(node["shapes"], w, SHAPE_CLASSES)
         fam.shapes = {cls: _parse_gemm(chk, g, _join(w, cls)) for cls, g in s.items()}
+    if "kernels" in node:
+        fam.kernels = _parse_kernels(chk, node["kernels"], _join(where, "kernels"))
+    if "kernel_shapes" in node:
+        fam.kernel_shapes = _parse_kernel_shapes(chk, node["kernel_shapes"], _join(where, "kernel_shapes"))
     return fam
+
+
+def _knob_chain(fam: Family, op: str, dtype: str, cls: str | None) -> list[tuple[str, Entry]]:
+    """(key path, knob entry) of `fam` for one knob lookup, most specific first."""
+    out = []
+    sections = ([(f"kernel_shapes.{cls}", fam.kernel_shapes.get(cls, {}))] if cls else []) + [("kernels", fam.kernels)]
+    for prefix, sec in sections:
+        per = sec.get(op)
+        if not per:
+            continue
+        for d in (dtype, "default"):
+            e = per.get(d)
+            if e:
+                out.append((f"{prefix}.{op}.{d}", e))
+    return out
 
 
 def _chain(fam: Family, op: str, dtype: str, cls: str | None) -> list[tuple[str, Entry]]:
@@ -350,6 +436,17 @@ class PresetStack:
                 out.append((f"{f.display}: families.{key}.{keypath}", entry))
         return out
 
+    def knob_layers(self, key: str, op: str, dtype: str, cls: str | None) -> list[tuple[str, Entry]]:
+        """(source prefix, knob entry) of a kernel-knob lookup across files, highest first."""
+        out = []
+        for f in self.files:
+            fam = f.families.get(key)
+            if fam is None:
+                continue
+            for keypath, entry in _knob_chain(fam, op, dtype, cls):
+                out.append((f"{f.display}: families.{key}.{keypath}", entry))
+        return out
+
 
 _STACK_CACHE: dict[tuple, PresetStack] = {}
 
@@ -519,7 +616,10 @@ def roofline(family: str | None = None) -> dict[str, float]:
 
 def _reset_caches() -> None:
     """Forget parsed files, device choices and the once-per-device warnings (for tests)."""
+    from . import knobs
+
     _FILE_CACHE.clear()
     _STACK_CACHE.clear()
     _SELECT_CACHE.clear()
     _WARNED.clear()
+    knobs._reset()
