@@ -28,7 +28,7 @@ class mLSTMLayerConfig:  # noqa: N801 (NX-AI's names)
     qkv_proj_blocksize: int = 4
     bias: bool = False
     context_length: int = -1
-    chunk_size: int = 64
+    chunk_size: int | None = None  # None: the mlstm chunk_size knob (XLSTM_MLSTM_CHUNK_SIZE, presets), else 64
     round_proj_up_to_multiple_of: int = 8
 
     @property

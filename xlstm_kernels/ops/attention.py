@@ -30,7 +30,16 @@ Kernels (``metal_src/attention.metal``):
   (batch, head, query, key block), the block's normalised output (float32) and its
   log-sum-exp; pass 2 merges the blocks through their LSEs. Chosen automatically for
   Lq <= ``SPLIT_KV_MAX_QUERIES`` (8) and Lk >= ``SPLIT_KV_MIN_KEYS`` (1024; override with
-  the ``split_kv_min_keys`` argument or ``XLSTM_KERNELS_ATTN_SPLIT_MIN_KEYS``).
+  the ``split_kv_min_keys`` argument or ``XLSTM_ATTENTION_SPLIT_KV_MIN_KEYS``, alias
+  ``XLSTM_KERNELS_ATTN_SPLIT_MIN_KEYS``).
+
+Knobs (:mod:`xlstm_kernels.tiles.knobs`, op ``attention``, shape class by Lk): ``block_q``,
+``block_k`` (prefill tiles; the heuristic above when unset), ``split_kv_block_size``
+(default ``SPLIT_KV_BLOCK_SIZE`` = 256) and ``split_kv_min_keys``. Per call: the keyword
+arguments (``block_q=``, ``block_k=``, ``block_size=``, ``split_kv_min_keys=``, or
+``knobs=`` of :func:`scaled_dot_product_attention`), then ``XLSTM_ATTENTION_*`` variables,
+then the presets. A block_k whose K/V tiles do not fit 32 KiB for the head dims is an
+error from an argument or a variable and is skipped (next lower level) from a preset.
 
 Head dims above ``MAX_KERNEL_HEAD_DIM`` (256), zero-size inputs and the ``reference``
 backend run :func:`attention_reference` (plain mx ops, float32 softmax).
@@ -48,13 +57,14 @@ mx-op speed. Boolean masks and causal get no gradient (they are not differentiab
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, replace
 from typing import Any
 
 import mlx.core as mx
 
 from ..runtime import KernelSpec, current_backend, launch
+from ..tiles.gemm import dtype_name
+from ..tiles.knobs import ALIAS_SPLIT_MIN_KEYS, attention_block_k_bytes, attention_fits, resolve_knobs
 from ._validate import check_array, check_int32, check_same_dtype
 
 __all__ = [
@@ -68,14 +78,16 @@ __all__ = [
     "attention_prefill",
     "attention_reduce",
     "attention_reference",
+    "knob_values",
     "scaled_dot_product_attention",
 ]
 
 #: Split-KV decode is used for at most this many queries ...
 SPLIT_KV_MAX_QUERIES = 8
-#: ... and at least this many keys (``XLSTM_KERNELS_ATTN_SPLIT_MIN_KEYS`` overrides).
+#: ... and at least this many keys (the split_kv_min_keys knob overrides).
 SPLIT_KV_MIN_KEYS = 1024
-ENV_SPLIT_MIN_KEYS = "XLSTM_KERNELS_ATTN_SPLIT_MIN_KEYS"
+#: The older variable for it, an alias of XLSTM_ATTENTION_SPLIT_KV_MIN_KEYS.
+ENV_SPLIT_MIN_KEYS = ALIAS_SPLIT_MIN_KEYS
 #: Keys per block of the split-KV pass 1 (default).
 SPLIT_KV_BLOCK_SIZE = 256
 #: Largest head dim (of q/k and of v) the kernels take; larger ones use the reference.
@@ -303,10 +315,7 @@ def _prefill_tiles(lq: int, d: int, dv: int, dtype: mx.Dtype, block_q: int | Non
     if block_q > 256:
         raise ValueError(f"block_q must be <= 256 (32 simdgroups of 8 query rows), got {block_q}")
     itemsize = 4 if dtype == mx.float32 else 2
-    pad = 16 // itemsize
-    ldk, ldv = _round8(d) + pad, _round8(dv) + pad
-    share = (block_k * (ldk + ldv)) * itemsize > _TG_MEMORY
-    need = block_k * max(ldk, ldv) * itemsize if share else block_k * (ldk + ldv) * itemsize
+    need = attention_block_k_bytes(block_k, d, dv, itemsize)
     if need > _TG_MEMORY:
         raise ValueError(
             f"block_k={block_k} with head dims ({d}, {dv}) in {dtype} needs {need} bytes of threadgroup memory (> 32 KiB)"
@@ -384,16 +393,36 @@ def _split_kv_forward(q, k, v, m: _Mask, scale: float, block_size: int, backend:
     return o.reshape(*q.shape[:3], v.shape[3])
 
 
-def _split_min_keys(override: int | None) -> int:
-    if override is not None:
-        return _check_int(override, "split_kv_min_keys", minimum=0)
-    env = os.environ.get(ENV_SPLIT_MIN_KEYS, "").strip()
-    if env:
-        try:
-            return _check_int(int(env), ENV_SPLIT_MIN_KEYS, minimum=0)
-        except ValueError:
-            raise ValueError(f"{ENV_SPLIT_MIN_KEYS}={env!r} must be a non-negative integer") from None
-    return SPLIT_KV_MIN_KEYS
+_ARG_KNOBS = {"block_q": "block_q", "block_k": "block_k", "block_size": "split_kv_block_size",
+              "split_kv_min_keys": "split_kv_min_keys"}
+
+
+def _knob_args(cfg: dict) -> dict:
+    """The op's keyword arguments (validated as before) as knob arguments."""
+    args = dict(cfg.get("knobs") or {})
+    if cfg.get("block_q") is not None:
+        _check_int(cfg["block_q"], "block_q", minimum=8, multiple=8)
+    if cfg.get("block_k") is not None:
+        _check_int(cfg["block_k"], "block_k", minimum=8, multiple=8)
+    if cfg.get("block_size") is not None:
+        _check_int(cfg["block_size"], "block_size")
+    if cfg.get("split_kv_min_keys") is not None:
+        _check_int(cfg["split_kv_min_keys"], "split_kv_min_keys", minimum=0)
+    for arg, knob in _ARG_KNOBS.items():
+        if cfg.get(arg) is not None:
+            args[knob] = cfg[arg]
+    return args
+
+
+def knob_values(lq: int, lk: int, d: int, dv: int, dtype: Any, args: dict | None = None) -> dict[str, int]:
+    """The knobs a call with these sizes uses, defaults and heuristics filled in:
+    {"block_q", "block_k", "split_kv_block_size", "split_kv_min_keys"}. `args`: knob
+    arguments ({knob: value})."""
+    v = resolve_knobs("attention", dtype, lk, args=args, fits=attention_fits(d, dv, dtype)).values
+    bq, bk = _prefill_tiles(lq, d, dv, getattr(mx, dtype_name(dtype)), v["block_q"], v["block_k"])
+    return {"block_q": bq, "block_k": bk,
+            "split_kv_block_size": SPLIT_KV_BLOCK_SIZE if v["split_kv_block_size"] is None else v["split_kv_block_size"],
+            "split_kv_min_keys": SPLIT_KV_MIN_KEYS if v["split_kv_min_keys"] is None else v["split_kv_min_keys"]}
 
 
 # ---------------------------------------------------------------------------------------
@@ -408,11 +437,13 @@ def _attention(q, k, v, scale, mask, path: str, cfg: dict) -> mx.array:
     lk, dv = k.shape[2], v.shape[3]
     if path == "prefill":
         _prefill_tiles(lq, d, dv, q.dtype, cfg.get("block_q"), cfg.get("block_k"))  # bad tiles fail early
-    block_size = cfg.get("block_size")
-    if block_size is not None:
-        _check_int(block_size, "block_size")
+    args = _knob_args(cfg)
+    kv = resolve_knobs("attention", q.dtype, lk, args=args, fits=attention_fits(d, dv, q.dtype)).values
+    block_q, block_k = kv["block_q"], kv["block_k"]
+    block_size = kv["split_kv_block_size"]
     if path == "auto":
-        split = lq <= SPLIT_KV_MAX_QUERIES and lk >= _split_min_keys(cfg.get("split_kv_min_keys"))
+        min_keys = SPLIT_KV_MIN_KEYS if kv["split_kv_min_keys"] is None else kv["split_kv_min_keys"]
+        split = lq <= SPLIT_KV_MAX_QUERIES and lk >= min_keys
         path = "split" if split else "prefill"
 
     backend = current_backend()
@@ -425,7 +456,7 @@ def _attention(q, k, v, scale, mask, path: str, cfg: dict) -> mx.array:
     def forward(q, k, v, mm: _Mask) -> mx.array:
         if path == "split":
             return _split_kv_forward(q, k, v, mm, scale, block_size or SPLIT_KV_BLOCK_SIZE, backend)
-        (o,) = _run(_prefill_launch(q, k, v, mm, scale, cfg.get("block_q"), cfg.get("block_k")), backend)
+        (o,) = _run(_prefill_launch(q, k, v, mm, scale, block_q, block_k), backend)
         return o
 
     additive = m.kind == _MASK_ADD
@@ -452,6 +483,7 @@ def scaled_dot_product_attention(
     scale: float,
     mask: Any = None,
     split_kv_min_keys: int | None = None,
+    knobs: dict | None = None,
 ) -> mx.array:
     """softmax(scale · q kᵀ + mask) v, like ``mx.fast.scaled_dot_product_attention``.
 
@@ -463,7 +495,12 @@ def scaled_dot_product_attention(
         mask: None, ``"causal"``, a boolean array (True = attend) or an additive array
             whose dtype promotes to q's, broadcastable to (B, Hq, Lq, Lk).
         split_kv_min_keys: decode with the split-KV kernels when Lq <= 8 and Lk >= this
-            (default ``SPLIT_KV_MIN_KEYS`` = 1024 or ``$XLSTM_KERNELS_ATTN_SPLIT_MIN_KEYS``).
+            (default: the knob, ``SPLIT_KV_MIN_KEYS`` = 1024 unless
+            ``$XLSTM_ATTENTION_SPLIT_KV_MIN_KEYS`` / ``$XLSTM_KERNELS_ATTN_SPLIT_MIN_KEYS``
+            or a preset sets it).
+        knobs: optional {knob: value} of the attention knobs (block_q, block_k,
+            split_kv_block_size, split_kv_min_keys), above the environment and presets;
+            ``split_kv_min_keys=`` wins over ``knobs["split_kv_min_keys"]``.
 
     Returns:
         (B, Hq, Lq, DV) in q's dtype.
@@ -471,7 +508,9 @@ def scaled_dot_product_attention(
     Differentiable in q, k, v and an additive mask; the backward pass recomputes the
     attention with the reference ops (see the module docstring).
     """
-    return _attention(q, k, v, scale, mask, "auto", {"split_kv_min_keys": split_kv_min_keys})
+    if knobs is not None and not isinstance(knobs, dict):
+        raise TypeError(f"knobs must be a dict of knob -> value or None, got {type(knobs).__name__}")
+    return _attention(q, k, v, scale, mask, "auto", {"split_kv_min_keys": split_kv_min_keys, "knobs": knobs})
 
 
 def attention_prefill(
@@ -487,7 +526,8 @@ def attention_prefill(
     """The same op always on the flash-attention (prefill) kernel.
 
     ``block_q`` (queries per threadgroup, a multiple of 8, <= 256) and ``block_k`` (keys
-    per tile, a multiple of 8) override the tile choice. Differentiable.
+    per tile, a multiple of 8) override the tile choice (default: the knobs, else the
+    heuristic of the module docstring). Differentiable.
     """
     return _attention(q, k, v, scale, mask, "prefill", {"block_q": block_q, "block_k": block_k})
 
@@ -502,7 +542,8 @@ def attention_decode_split_kv(
     block_size: int | None = None,
 ) -> mx.array:
     """The same op always on the split-KV pair (``attention_partial`` over blocks of
-    ``block_size`` keys, default 256, then ``attention_reduce``). Meant for short
+    ``block_size`` keys, default: the split_kv_block_size knob, else 256, then
+    ``attention_reduce``). Meant for short
     query runs (Lq <= 8) over long contexts, but correct for any shape. Differentiable."""
     return _attention(q, k, v, scale, mask, "split", {"block_size": block_size})
 

@@ -29,6 +29,11 @@ Entry points:
   plain-mx implementations. The ``reference`` backend runs :func:`mlstm_chunkwise_mx`
   (and the recurrent step for :func:`mlstm_step`).
 
+Knob (:mod:`xlstm_kernels.tiles.knobs`, op ``mlstm``, shape class by S): ``chunk_size``
+(1..128), used when :func:`mlstm` gets ``chunk_size=None`` (the default): then
+``XLSTM_MLSTM_CHUNK_SIZE``, the presets, else ``DEFAULT_CHUNK`` = 64. An explicit
+``chunk_size=`` always wins.
+
 Backward: there are no backward kernels yet. The VJP of :func:`mlstm` differentiates
 :func:`mlstm_chunkwise_mx` (the same chunkwise math as the kernels, in float32 mx ops,
 differentiated by MLX) and the VJP of :func:`mlstm_step` differentiates the recurrent
@@ -43,6 +48,7 @@ from typing import Any
 import mlx.core as mx
 
 from ..runtime import KernelSpec, current_backend, launch
+from ..tiles.knobs import resolve_knobs
 from ._validate import check_array, check_int32, check_same_dtype
 
 __all__ = [
@@ -53,9 +59,12 @@ __all__ = [
     "mlstm_chunkwise_mx",
     "mlstm_step_reference",
     "MAX_KERNEL_CHUNK",
+    "DEFAULT_CHUNK",
+    "knob_values",
 ]
 
 MAX_KERNEL_CHUNK = 128  # the kernels hold one chunk's gates in one 128-thread threadgroup
+DEFAULT_CHUNK = 64  # chunk_size when neither the argument, XLSTM_MLSTM_CHUNK_SIZE nor a preset sets it
 _NEG = -1.0e30  # finite "minus infinity" for masked log-weights (exp -> 0, gradients stay finite)
 
 STATES = KernelSpec(
@@ -410,6 +419,19 @@ def _kernel_step(q, k, v, ig, fg, c0, n0, m0, eps: float, backend: str):
     return h.reshape(bsz, nh, dv), c1.reshape(bsz, nh, dk, dv), n1.reshape(bsz, nh, dk), m1.reshape(bsz, nh)
 
 
+def _check_chunk(chunk_size: Any) -> None:
+    if chunk_size is not None and (not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size <= 0):
+        raise ValueError(f"chunk_size must be a positive int or None, got {chunk_size!r}")
+
+
+def knob_values(s: int, dtype: Any, chunk_size: int | None = None) -> dict[str, int]:
+    """{"chunk_size": ...} a call over S steps uses (argument > XLSTM_MLSTM_CHUNK_SIZE >
+    presets > DEFAULT_CHUNK)."""
+    _check_chunk(chunk_size)
+    v = resolve_knobs("mlstm", dtype, s, args={"chunk_size": chunk_size}).values["chunk_size"]
+    return {"chunk_size": DEFAULT_CHUNK if v is None else v}
+
+
 def _vjp_via(fn, primals, cotangents):
     """Gradients of `fn` (plain mx, float32) at `primals`, cast back to the primals' dtypes."""
     p32 = [p.astype(mx.float32) for p in primals]
@@ -429,7 +451,7 @@ def mlstm(
     f_pre: mx.array,
     *,
     state: State | None = None,
-    chunk_size: int = 64,
+    chunk_size: int | None = None,
     eps: float = 1e-6,
     return_state: bool = False,
 ):
@@ -442,6 +464,8 @@ def mlstm(
             (cast to float32), or None for C = 0, n = 0, m = 0.
         chunk_size: steps per chunk (> 0; at most 128 on the kernel backends). Chunks
             shorter than the sequence's remainder are fine: S needs not be a multiple.
+            None (default): the ``chunk_size`` knob (``XLSTM_MLSTM_CHUNK_SIZE``, presets),
+            else 64.
         eps: added to the normaliser (NX-AI: 1e-6).
         return_state: also return the final state.
 
@@ -454,8 +478,7 @@ def mlstm(
     (no backward kernels yet).
     """
     bsz, nh, s, dk, dv = _check_inputs(q, k, v, i_pre, f_pre, state, seq=True)
-    if not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size <= 0:
-        raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
+    chunk_size = knob_values(s, q.dtype, chunk_size)["chunk_size"]
     eps = _check_eps(eps)
     c0, n0, m0 = _f32_state(state, bsz, nh, dk, dv)
     backend = current_backend()

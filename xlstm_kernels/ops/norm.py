@@ -15,6 +15,15 @@ per threadgroup, no barriers); rows of n <= 4096 one threadgroup per row with th
 cached in registers (4 elements per thread); longer rows the looped kernels (1024
 threads striding over the row). Multi-head LayerNorm is the LayerNorm kernels on
 (rows * num_heads, head_dim) rows with the weight slice of head ``row % num_heads``.
+
+Those numbers are the forward kernels' knobs (:mod:`xlstm_kernels.tiles.knobs`, ops
+``rms_norm`` and ``layer_norm``; multi-head LayerNorm uses ``layer_norm``'s): ``n_reads``
+(elements per thread per step, default ``N_READS`` = 4; the simdgroup-per-row limit is
+32 * n_reads and the cached limit 1024 * n_reads), ``simd_rows`` (default ``SIMD_ROWS`` = 8)
+and ``looped_threads`` (default ``LOOPED_THREADS`` = 1024). Per call: the ``knobs=``
+argument, then ``XLSTM_RMS_NORM_*`` / ``XLSTM_LAYER_NORM_*`` variables, then the presets,
+then these defaults. The backward kernels keep the module defaults: the tuner times the
+forward only, so a tuned forward value says nothing about the backward's register use.
 """
 
 from __future__ import annotations
@@ -27,9 +36,11 @@ from typing import Any
 import mlx.core as mx
 
 from ..runtime import KernelSpec, current_backend, launch
+from ..tiles.knobs import resolve_knobs
 from ._validate import check_array, check_int32
 
 __all__ = [
+    "knob_values",
     "layer_norm",
     "layer_norm_reference",
     "multihead_layer_norm",
@@ -145,14 +156,41 @@ class _Layout:
     rows_per_tg: int  # threadgroup y (simdgroup-per-row layout), else 1
 
 
-def _layout(n: int, units: int) -> _Layout:
-    if n > CACHED_MAX:
-        return _Layout(True, False, LOOPED_THREADS, 1)
-    needed = -(-n // N_READS)
+def _layout(n: int, units: int, n_reads: int | None = None, simd_rows: int | None = None,
+            looped_threads: int | None = None) -> _Layout:
+    """The thread layout for rows of n elements and `units` rows. Knobs left at None use
+    the module constants (read at call time): N_READS, CACHED_MAX, SIMD_ROWS, LOOPED_THREADS."""
+    if n_reads is None:
+        n_reads, cached_max = N_READS, CACHED_MAX
+    else:
+        cached_max = 1024 * n_reads
+    if n > cached_max:
+        return _Layout(True, False, LOOPED_THREADS if looped_threads is None else looped_threads, 1)
+    needed = -(-n // n_reads)
     tpr = max(32, -(-needed // 32) * 32)
     if tpr == 32:
-        return _Layout(False, True, 32, max(1, min(SIMD_ROWS, units)))
+        return _Layout(False, True, 32, max(1, min(SIMD_ROWS if simd_rows is None else simd_rows, units)))
     return _Layout(False, False, tpr, 1)
+
+
+_KNOB_OP = {"rms": "rms_norm", "ln": "layer_norm"}
+
+
+def _forward_knobs(kind: str, n: int, dtype: mx.Dtype, knobs: dict | None) -> dict:
+    """The resolved forward knobs (None = the module default) for rows of n elements."""
+    if knobs is not None and not isinstance(knobs, dict):
+        raise TypeError(f"{_KNOB_OP[kind]}: knobs must be a dict of knob -> value or None, got {type(knobs).__name__}")
+    return resolve_knobs(_KNOB_OP[kind], dtype, n, args=knobs).values
+
+
+def knob_values(op: str, n: int, dtype: Any, knobs: dict | None = None) -> dict[str, int]:
+    """The forward knobs a call of `op` ("rms_norm" or "layer_norm") with rows of n
+    elements uses, defaults filled in: {"n_reads", "simd_rows", "looped_threads"}."""
+    kind = {"rms_norm": "rms", "layer_norm": "ln", "multihead_layer_norm": "ln"}[op]
+    v = _forward_knobs(kind, n, dtype, knobs)
+    return {"n_reads": N_READS if v["n_reads"] is None else v["n_reads"],
+            "simd_rows": SIMD_ROWS if v["simd_rows"] is None else v["simd_rows"],
+            "looped_threads": LOOPED_THREADS if v["looped_threads"] is None else v["looped_threads"]}
 
 
 def _plan(
@@ -162,19 +200,23 @@ def _plan(
     bias: mx.array | None,
     eps: float,
     num_heads: int = 1,
+    knobs: dict | None = None,
 ) -> tuple[KernelSpec, dict[str, Any]]:
-    """(spec, launch keywords) of the forward kernel; x (..., num_heads * n), contiguous dtypes."""
+    """(spec, launch keywords) of the forward kernel; x (..., num_heads * n), contiguous dtypes.
+    `knobs`: the op's knobs= argument (see the module docstring)."""
     n = x.shape[-1] // num_heads
     rows = x.size // n
-    lay = _layout(n, rows)
     dtype = x.dtype
+    kv = _forward_knobs(kind, n, dtype, knobs)
+    n_reads = N_READS if kv["n_reads"] is None else kv["n_reads"]
+    lay = _layout(n, rows, kv["n_reads"], kv["simd_rows"], kv["looped_threads"])
     dummy = _dummy(dtype)
     template: list[tuple[str, Any]] = [("T", dtype), ("HAS_W", weight is not None)]
     inputs = [x.reshape(rows, n), weight if weight is not None else dummy]
     if kind == "ln":
         template.append(("HAS_B", bias is not None))
         inputs.append(bias if bias is not None else dummy)
-    template.append(("N_READS", N_READS))
+    template.append(("N_READS", n_reads))
     if not lay.looped:
         template.append(("ONE_SIMD", lay.one_simd))
     inputs += [_eps(float(eps)), _ints(rows, n, num_heads)]
@@ -240,8 +282,8 @@ def _vjp_plan(
     return _SPECS[(kind, lay.looped, True)], kwargs, groups
 
 
-def _forward(kind, x, weight, bias, eps, num_heads, backend) -> mx.array:
-    spec, kwargs = _plan(kind, x, weight, bias, eps, num_heads)
+def _forward(kind, x, weight, bias, eps, num_heads, backend, knobs=None) -> mx.array:
+    spec, kwargs = _plan(kind, x, weight, bias, eps, num_heads, knobs)
     (y,) = launch(spec, **kwargs, backend=backend)
     return y.reshape(x.shape)
 
@@ -297,7 +339,8 @@ def _validate(op: str, x, weight, bias, eps, num_heads: int = 1) -> tuple[mx.arr
     return cast(x), cast(weight), cast(bias)
 
 
-def _differentiable(kind: str, x, weight, bias, eps: float, num_heads: int, backend: str) -> mx.array:
+def _differentiable(kind: str, x, weight, bias, eps: float, num_heads: int, backend: str,
+                    knobs: dict | None = None) -> mx.array:
     has_w, has_b = weight is not None, bias is not None
 
     def unpack(args):
@@ -306,7 +349,7 @@ def _differentiable(kind: str, x, weight, bias, eps: float, num_heads: int, back
     @mx.custom_function
     def f(*args):
         xa, wa, ba = unpack(args)
-        return _forward(kind, xa, wa, ba, eps, num_heads, backend)
+        return _forward(kind, xa, wa, ba, eps, num_heads, backend, knobs)
 
     @f.vjp
     def f_vjp(primals, cotangent, output):
@@ -323,13 +366,15 @@ def _differentiable(kind: str, x, weight, bias, eps: float, num_heads: int, back
     return f(*args)
 
 
-def rms_norm(x: mx.array, weight: mx.array | None, eps: float = 1e-5) -> mx.array:
+def rms_norm(x: mx.array, weight: mx.array | None, eps: float = 1e-5, *, knobs: dict | None = None) -> mx.array:
     """Root-mean-square normalisation over the last axis, like ``mx.fast.rms_norm``.
 
     Args:
         x: (..., D) float32, float16 or bfloat16.
         weight: (D,) scale, or None.
         eps: finite, >= 0; added to the mean square before the reciprocal square root.
+        knobs: optional {knob: value} of the forward kernel (``n_reads``, ``simd_rows``,
+            ``looped_threads``; see the module docstring), above the environment and presets.
 
     Returns:
         (..., D) in the promoted dtype: ``weight * T(x * rsqrt(mean(x^2) + eps))``,
@@ -340,11 +385,14 @@ def rms_norm(x: mx.array, weight: mx.array | None, eps: float = 1e-5) -> mx.arra
     x, weight, _ = _validate("rms_norm", x, weight, None, eps)
     backend = current_backend()
     if backend == "reference" or x.size == 0:
+        if knobs is not None:  # checked all the same
+            _forward_knobs("rms", x.shape[-1], x.dtype, knobs)
         return rms_norm_reference(x, weight, eps)
-    return _differentiable("rms", x, weight, None, eps, 1, backend)
+    return _differentiable("rms", x, weight, None, eps, 1, backend, knobs)
 
 
-def layer_norm(x: mx.array, weight: mx.array | None, bias: mx.array | None, eps: float = 1e-5) -> mx.array:
+def layer_norm(x: mx.array, weight: mx.array | None, bias: mx.array | None, eps: float = 1e-5, *,
+               knobs: dict | None = None) -> mx.array:
     """Layer normalisation over the last axis, like ``mx.fast.layer_norm``.
 
     Args:
@@ -352,6 +400,8 @@ def layer_norm(x: mx.array, weight: mx.array | None, bias: mx.array | None, eps:
         weight: (D,) scale, or None.
         bias: (D,) shift, or None.
         eps: finite, >= 0; added to the variance.
+        knobs: optional {knob: value} of the forward kernel (``n_reads``, ``simd_rows``,
+            ``looped_threads``), above the environment and presets.
 
     Returns:
         (..., D) in the promoted dtype: ``bias + weight * T((x - mean) * rsqrt(var + eps))``,
@@ -362,12 +412,15 @@ def layer_norm(x: mx.array, weight: mx.array | None, bias: mx.array | None, eps:
     x, weight, bias = _validate("layer_norm", x, weight, bias, eps)
     backend = current_backend()
     if backend == "reference" or x.size == 0:
+        if knobs is not None:  # checked all the same
+            _forward_knobs("ln", x.shape[-1], x.dtype, knobs)
         return layer_norm_reference(x, weight, bias, eps)
-    return _differentiable("ln", x, weight, bias, eps, 1, backend)
+    return _differentiable("ln", x, weight, bias, eps, 1, backend, knobs)
 
 
 def multihead_layer_norm(
-    x: mx.array, weight: mx.array | None, bias: mx.array | None, num_heads: int, eps: float = 1e-5
+    x: mx.array, weight: mx.array | None, bias: mx.array | None, num_heads: int, eps: float = 1e-5, *,
+    knobs: dict | None = None,
 ) -> mx.array:
     """LayerNorm of each head slice of the last axis separately (xLSTM's multi-head / group norm).
 
@@ -378,6 +431,8 @@ def multihead_layer_norm(
         bias: (num_heads * head_dim,) shift, or None.
         num_heads: a positive divisor of x's last axis.
         eps: finite, >= 0.
+        knobs: optional {knob: value} of the forward kernel (layer_norm's knobs, keyed on
+            the head slice length head_dim).
 
     Returns:
         (..., num_heads * head_dim) in the promoted dtype; each head slice normalised with
@@ -388,5 +443,7 @@ def multihead_layer_norm(
     x, weight, bias = _validate("multihead_layer_norm", x, weight, bias, eps, num_heads)
     backend = current_backend()
     if backend == "reference" or x.size == 0:
+        if knobs is not None:  # checked all the same
+            _forward_knobs("ln", x.shape[-1] // num_heads, x.dtype, knobs)
         return multihead_layer_norm_reference(x, weight, bias, num_heads, eps)
-    return _differentiable("ln", x, weight, bias, eps, num_heads, backend)
+    return _differentiable("ln", x, weight, bias, eps, num_heads, backend, knobs)

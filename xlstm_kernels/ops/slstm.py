@@ -51,6 +51,12 @@ initial state (y, c, n, m), and from cotangents of y and of the returned final s
 The step at which i_raw == lfm exactly sends the gradient of m_t to lfm, like
 ``mx.maximum``.
 
+Knobs (:mod:`xlstm_kernels.tiles.knobs`, op ``slstm``, shape class by DH):
+``threads_per_unit`` (K) and ``r_in_registers``, resolved by :func:`plan` field by field:
+the ``config=`` argument, then ``XLSTM_SLSTM_THREADS_PER_UNIT`` /
+``XLSTM_SLSTM_R_IN_REGISTERS``, then the presets, then the heuristic below. A K with
+DH*K > 1024 is an error from the argument or a variable, and skipped from a preset.
+
 The ``reference`` backend runs :func:`slstm_reference` (per-step mx-ops loop in float32,
 differentiable by MLX).
 """
@@ -63,6 +69,8 @@ from typing import Any, Sequence
 import mlx.core as mx
 
 from ..runtime import KernelSpec, current_backend, launch
+from ..tiles.gemm import dtype_name
+from ..tiles.knobs import resolve_knobs, slstm_fits
 from ._validate import check_array
 
 __all__ = ["SLSTMConfig", "plan", "slstm", "slstm_reference", "slstm_step", "slstm_step_reference"]
@@ -103,16 +111,13 @@ def plan(dh: int, dtype: mx.Dtype = mx.float32, config: Any = None) -> SLSTMConf
     exceeds the pipeline's maxTotalThreadsPerThreadgroup, which shrinks as a kernel uses
     more registers (about 100 32-bit registers per thread still allow 512 threads on
     Apple GPUs). ``config`` (an :class:`SLSTMConfig` or a dict with either field)
-    overrides; tune it on the device with bench/ops_slstm.py.
+    overrides field by field; below it come the knobs' variables and presets
+    (``XLSTM_SLSTM_THREADS_PER_UNIT``, ``XLSTM_SLSTM_R_IN_REGISTERS``; see the module
+    docstring). ``xlstm-kernels tune --op slstm`` measures them on the device.
     """
-    k = 1
-    while k < 32 and k * 2 * 8 <= dh and dh * k * 2 <= _MAX_THREADS:
-        k *= 2
-    itemsize = 4 if dtype == mx.float32 else 2
-    rreg = 4 * (-(-dh // k)) * itemsize <= _RREG_BYTES
     if config is None:
-        return SLSTMConfig(k, rreg)
-    if isinstance(config, SLSTMConfig):
+        fields: dict = {}
+    elif isinstance(config, SLSTMConfig):
         fields = {"threads_per_unit": config.threads_per_unit, "r_in_registers": config.r_in_registers}
     elif isinstance(config, dict):
         unknown = set(config) - {"threads_per_unit", "r_in_registers"}
@@ -121,17 +126,24 @@ def plan(dh: int, dtype: mx.Dtype = mx.float32, config: Any = None) -> SLSTMConf
         fields = dict(config)
     else:
         raise TypeError(f"config must be an SLSTMConfig, a dict or None, got {type(config).__name__}")
-    k = fields.get("threads_per_unit", k)
-    if not isinstance(k, int) or isinstance(k, bool) or k < 1 or k > 32 or k & (k - 1):
-        raise ValueError(f"config: threads_per_unit must be a power of two in 1..32, got {k!r}")
-    if dh * k > 1024:
-        raise ValueError(f"config: threads_per_unit={k} gives DH*K = {dh * k} threads per threadgroup (max 1024)")
-    if "r_in_registers" not in fields:
+    if "threads_per_unit" in fields:
+        k = fields["threads_per_unit"]
+        if not isinstance(k, int) or isinstance(k, bool) or k < 1 or k > 32 or k & (k - 1):
+            raise ValueError(f"config: threads_per_unit must be a power of two in 1..32, got {k!r}")
+        if dh * k > 1024:
+            raise ValueError(f"config: threads_per_unit={k} gives DH*K = {dh * k} threads per threadgroup (max 1024)")
+    if "r_in_registers" in fields and not isinstance(fields["r_in_registers"], bool):
+        raise ValueError(f"config: r_in_registers must be a bool, got {fields['r_in_registers']!r}")
+    v = resolve_knobs("slstm", dtype, dh, args=fields, fits=slstm_fits(dh)).values
+    k = v["threads_per_unit"]
+    if k is None:
+        k = 1
+        while k < 32 and k * 2 * 8 <= dh and dh * k * 2 <= _MAX_THREADS:
+            k *= 2
+    rreg = v["r_in_registers"]
+    if rreg is None:
+        itemsize = 4 if dtype_name(dtype) == "float32" else 2
         rreg = 4 * (-(-dh // k)) * itemsize <= _RREG_BYTES
-    else:
-        rreg = fields["r_in_registers"]
-        if not isinstance(rreg, bool):
-            raise ValueError(f"config: r_in_registers must be a bool, got {rreg!r}")
     return SLSTMConfig(k, rreg)
 
 
