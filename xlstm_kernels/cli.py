@@ -128,22 +128,43 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 def _cmd_tune(args: argparse.Namespace) -> int:
     from .benchmarks import BenchArgumentError, format_leaderboard, tune, write_presets
     from .benchmarks.tuner import TuneError, ensure_presets_file, presets_target, save_tune
-    from .tiles import TileConfigError
+    from .tiles import KNOB_OPS, TileConfigError
     from .tiles.env import ENV_PRESETS
+    from .tiles.knobs import knob_env_vars
 
     backend = runtime.current_backend()
+    knob_op = args.op in KNOB_OPS
+    if args.shapes is not None:  # the number of sizes depends on the op
+        from .benchmarks.args import parse_shapes
+        from .benchmarks.tune_knobs import parse_knob_shapes
+
+        try:
+            args.shapes = (parse_knob_shapes(args.op, args.shapes, "--shapes") if knob_op
+                           else parse_shapes(args.shapes, "--shapes"))
+        except BenchArgumentError as e:
+            print(f"xlstm-kernels tune: error: argument {e}", file=sys.stderr)
+            return 2
     try:
         if args.write and os.environ.get(ENV_PRESETS, "").strip() and ensure_presets_file(presets_target()):
             print(f"created {presets_target()} (named by {ENV_PRESETS})", flush=True)
-        mode = "a subprocess per candidate with XLSTM_GEMM_* set" if args.env else "in process (tiles=)"
+        prefix = f"XLSTM_{args.op.upper()}_" if knob_op else "XLSTM_GEMM_"
+        if args.env:
+            mode = f"a subprocess per candidate with {prefix}* set"
+        else:
+            mode = "in process (the op's knob arguments)" if knob_op else "in process (tiles=)"
         print(f"xlstm-kernels tune: {args.op} {args.dtype} on backend '{backend}', {mode}", flush=True)
-        shadowing = sorted(v for v in os.environ if v.startswith("XLSTM_GEMM_") and os.environ[v].strip())
+        watched = set(knob_env_vars(args.op)) if knob_op else None
+        shadowing = sorted(v for v in os.environ if os.environ[v].strip()
+                           and (v in watched if knob_op else v.startswith("XLSTM_GEMM_")))
         if args.write and shadowing:
             print(f"note: {', '.join(shadowing)} set: environment variables take precedence over the preset file, "
                   "so the written winners apply once they are unset", flush=True)
         if backend == "emulate":
             print("note: emulator: times are CPU-emulator times (they rank configs for the emulator's 'cpu' family, "
                   "not for a GPU); tiny shapes and the quick grid only", flush=True)
+        if args.paths is not None and knob_op:
+            raise BenchArgumentError(f"paths: --paths applies to the GEMM ops only; {args.op} sweeps its knobs "
+                                     f"{', '.join(KNOB_OPS[args.op])}")
         res = tune(args.op, args.dtype, args.shapes, env=args.env, quick=args.quick, limit=args.limit,
                    paths=args.paths, backend=backend, warmup=args.warmup, repeats=args.repeats, seed=args.seed,
                    progress=not args.no_progress)
@@ -155,14 +176,15 @@ def _cmd_tune(args: argparse.Namespace) -> int:
             except (TileConfigError, OSError) as e:  # the sweep's results are saved all the same
                 write_error = e
         files = save_tune(res, args.out)
-        print(f"saved {files['json']}, heatmap {files['png']}")
+        print(f"saved {files['json']}, {'bar chart' if knob_op else 'heatmap'} {files['png']}")
         if write_error is not None:
             return _fail("tune", write_error)
         if args.write and not res.winners:
             print("nothing written: no candidate was correct on every shape of a class", file=sys.stderr)
         elif args.write:
+            section = "kernel_shapes" if knob_op else "shapes"
             print(f"wrote winners for family '{res.device['family']}' to {res.presets_path} "
-                  f"(shapes.<class>.{res.op}.{res.dtype}; the runtime loads this file)")
+                  f"({section}.<class>.{res.op}.{res.dtype}; the runtime loads this file)")
         else:
             print(f"(not written; --write stores the winners in {presets_target()})")
     except (BenchArgumentError, TileConfigError, TuneError, runtime.BackendUnavailableError, OSError) as e:
@@ -202,6 +224,10 @@ def build_parser() -> argparse.ArgumentParser:
         if not text.strip().isdigit():
             raise BenchArgumentError(f"{name}: must be a non-negative integer, got {text!r}")
         return int(text)
+
+    def any_shapes(text: str, name: str) -> list[tuple[int, ...]]:
+        """Sizes joined by 'x' (the op decides how many: checked by tune)."""
+        return parse_shapes(text, name, dims=None, form="sizes joined by 'x' in the op's notation, e.g. 64x64x64")
 
     def paths(text: str, name: str) -> list[str]:
         from .benchmarks.args import parse_names
@@ -251,26 +277,31 @@ def build_parser() -> argparse.ArgumentParser:
     b.set_defaults(func=_cmd_bench)
 
     t = sub.add_parser(
-        "tune", help="sweep a kernel's tile configs, print a leaderboard, optionally write the winners to the user presets",
-        description="Enumerate every valid config of the op (GemmConfig.validate rejects the rest), time each with a "
-                    "progress bar, print a leaderboard and save a heatmap of time over (TM, TN). With --write, store the "
-                    "winners per (device family, op, dtype, shape class) in the user preset YAML the runtime loads "
-                    "($XLSTM_KERNELS_PRESETS if set, else ~/.config/xlstm_kernels/presets.yaml).")
+        "tune", help="sweep a kernel's tile configs or knobs, print a leaderboard, optionally write the winners "
+                     "to the user presets",
+        description="Enumerate every valid config of the op (GEMM: GemmConfig.validate rejects the rest; norms, "
+                    "attention, mLSTM, sLSTM: their knobs, checked like the runtime checks them), time each with a "
+                    "progress bar, print a leaderboard and save a heatmap of time over (TM, TN) (knob ops: a bar chart). "
+                    "With --write, store the winners per (device family, op, dtype, shape class) in the user preset "
+                    "YAML the runtime loads ($XLSTM_KERNELS_PRESETS if set, else ~/.config/xlstm_kernels/presets.yaml).")
     t.add_argument("--op", required=True, type=_argtype(parse_tune_op, "--op"),
                    help=f"op to tune: {', '.join(TUNABLE_OPS)}")
     t.add_argument("--dtype", type=_argtype(one_dtype, "--dtype"), default="float16",
                    help="float32, float16 or bfloat16 (default float16)")
-    t.add_argument("--shapes", type=_argtype(parse_shapes, "--shapes"), default=None,
-                   help="MxNxK shapes (output M x N, reduction K), comma-separated (default: 64x64x64 on the emulator, "
-                        "one per shape class on Metal)")
+    t.add_argument("--shapes", type=_argtype(any_shapes, "--shapes"), default=None,
+                   help="comma-separated shapes in the op's notation: GEMM MxNxK (output M x N, reduction K); "
+                        "rms_norm/layer_norm ROWSxN; attention BxHxLqxLkxD (Lq <= 8 tunes the split-KV block size, "
+                        "else block_q x block_k); mlstm BxHxSxD; slstm BxHxSxDH (default: tiny on the emulator, "
+                        "about one per shape class on a GPU)")
     t.add_argument("--env", action="store_true",
-                   help="run each candidate in a subprocess configured with XLSTM_GEMM_* variables")
+                   help="run each candidate in a subprocess configured with XLSTM_GEMM_* (knob ops: "
+                        "XLSTM_<OP>_<KNOB>) variables")
     t.add_argument("--write", action="store_true", help="store the winners in the user preset YAML")
     t.add_argument("--quick", action="store_true", help="a small grid of candidates (implied on the emulator)")
     t.add_argument("--limit", type=_argtype(parse_positive_int, "--limit"), default=None,
                    help="run at most N candidates per shape (the current config first, then a seeded shuffle)")
     t.add_argument("--paths", type=_argtype(paths, "--paths"), default=None,
-                   help="restrict to scalar and/or simd (M == 1 shapes tune the gemv kernel)")
+                   help="GEMM ops only: restrict to scalar and/or simd (M == 1 shapes tune the gemv kernel)")
     t.add_argument("--repeats", type=_argtype(parse_positive_int, "--repeats"), default=None,
                    help="timed runs per candidate (default 10 on Metal, 5 on the emulator)")
     t.add_argument("--warmup", type=_argtype(nonneg, "--warmup"), default=None, help="untimed runs per candidate, at least 1 (default 2 on Metal, 1 on the emulator)")

@@ -7,12 +7,14 @@
 
     tr = xb.tune("gemm_av", "float16", shapes="64x64x64", quick=True, limit=4)
     print(xb.format_leaderboard(tr)); xb.write_presets(tr)   # winners -> user preset YAML
+    tr = xb.tune("rms_norm", "float16", shapes="64x200")     # kernel knobs: kernel_shapes.<class>.rms_norm
 
     print(xb.format_info(xb.collect_info()))
 
 Modules: ``args`` (argument parsing, BenchArgumentError), ``timing`` (warm-up + median with
 mx.eval), ``suite`` (op registry, rows), ``report`` (table, JSON, CSV, PNG), ``tuner``
-(candidates, sweep, leaderboard, heatmap, preset writing), ``info``. Benchmark modules of
+(candidates, sweep, leaderboard, heatmap, preset writing), ``tune_knobs`` (the same for the
+norm, attention, mLSTM and sLSTM knobs), ``info``. Benchmark modules of
 the other kernel families live here as ``ops_<family>.py`` with
 ``run(backend, dtypes, quick) -> list[dict]``.
 """

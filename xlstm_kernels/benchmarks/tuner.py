@@ -1,6 +1,9 @@
-"""``xlstm-kernels tune``: sweep the GEMM kernels' tunables, rank them, write the winners.
+"""``xlstm-kernels tune``: sweep the kernels' tunables, rank them, write the winners.
 
-For one op and dtype and a few shapes (M x N output, reduction K):
+Ops (``TUNABLE_OPS``): the GEMM layouts gemm_av, gemm_at_b, gemm_a_bt (this module), and
+the kernel knobs of rms_norm, layer_norm, attention, mlstm and slstm
+(:mod:`xlstm_kernels.benchmarks.tune_knobs`: same steps, knob candidates, winners under
+``kernel_shapes``). For a GEMM op, one dtype and a few shapes (M x N output, reduction K):
 
 1. enumerate candidate configs from the :class:`~xlstm_kernels.tiles.GemmConfig` fields
    (scalar path: TM, TN, TK, RM, RN, PAD, double buffering, VEC4, ALIGN_EXECW; simd path:
@@ -25,8 +28,6 @@ leaderboard shows the speed-up over it. On the emulator times are CPU-emulator t
 they rank configs for the emulator (the ``cpu`` family), not for a GPU; shapes must be
 tiny there and the quick grid is used.
 
-Only the GEMM layouts are tunable so far (``TUNABLE_OPS``); norm, attention and the xLSTM
-kernels join as their tunables land in :mod:`xlstm_kernels.tiles`.
 """
 
 from __future__ import annotations
@@ -52,10 +53,12 @@ from ..tiles import env as env_mod
 from ..tiles import presets as presets_mod
 from ..tiles.errors import TileConfigError
 from ..tiles.gemm import SCALAR_FIELDS, SIMD_FIELDS, GemmConfig, dtype_name
+from ..tiles.knobs import KNOB_OPS
 from .args import BenchArgumentError, dtype_of, parse_dtypes, parse_names, parse_positive_int, parse_shapes, shape_text
 
 __all__ = [
     "EMULATOR_MAX_MNK",
+    "GEMM_TUNE_OPS",
     "TUNABLE_OPS",
     "CandidateResult",
     "TuneError",
@@ -72,7 +75,8 @@ __all__ = [
     "write_presets",
 ]
 
-TUNABLE_OPS = ("gemm_av", "gemm_at_b", "gemm_a_bt")
+GEMM_TUNE_OPS = ("gemm_av", "gemm_at_b", "gemm_a_bt")
+TUNABLE_OPS = GEMM_TUNE_OPS + tuple(KNOB_OPS)
 PATHS = ("scalar", "simd")
 SCHEMA = "xlstm-kernels/tune"
 SCHEMA_VERSION = 1
@@ -176,8 +180,13 @@ def _shuffle_key(cfg: GemmConfig, seed: int) -> tuple[str, int]:
 
 
 def config_label(cfg: GemmConfig | dict) -> str:
-    """A short human description, e.g. 'scalar 32x32x16 r4x4 pad1 db vec4'."""
+    """A short human description, e.g. 'scalar 32x32x16 r4x4 pad1 db vec4' (knobs:
+    'n_reads=4 simd_rows=8')."""
     c = cfg.to_dict() if isinstance(cfg, GemmConfig) else dict(cfg)
+    if "path" not in c:  # a kernel-knob candidate
+        from .tune_knobs import knob_label
+
+        return knob_label(c)
     if c["path"] == "gemv":
         return f"gemv threads={c['gemv_threads']}"
     if c["path"] == "simd":
@@ -199,7 +208,12 @@ def preset_entry(cfg: GemmConfig | dict) -> dict[str, Any]:
 
 
 def config_env(op: str, cfg: GemmConfig | dict) -> dict[str, str]:
-    """The ``XLSTM_GEMM_*`` variables that make the runtime pick `cfg` for `op`."""
+    """The ``XLSTM_GEMM_*`` variables that make the runtime pick `cfg` for `op` (knob ops:
+    the ``XLSTM_<OP>_<KNOB>`` variables of the knob dict `cfg`)."""
+    if op in KNOB_OPS:
+        from .tune_knobs import knob_config_env
+
+        return knob_config_env(op, dict(cfg))
     if op not in env_mod.ENV_TILE:
         raise BenchArgumentError(f"op: {op!r} has no environment variables; expected one of {', '.join(TUNABLE_OPS)}")
     c = cfg.to_dict() if isinstance(cfg, GemmConfig) else dict(cfg)
@@ -350,8 +364,8 @@ class Progress:
 
 @dataclass
 class CandidateResult:
-    shape: tuple[int, int, int]
-    config: dict  # every GemmConfig field
+    shape: tuple[int, ...]  # GEMM (M, N, K); knob ops: the op's notation
+    config: dict  # every GemmConfig field; knob ops: {knob: value} of the swept knobs
     current: bool  # the config the runtime picks now
     median_s: float | None
     min_s: float | None
@@ -365,10 +379,16 @@ class CandidateResult:
         return config_label(self.config)
 
     def to_dict(self, op: str) -> dict:
-        return {"shape": shape_text(self.shape), "dims": list(self.shape), "shape_class": tiles_mod.shape_class(*self.shape),
+        if op in KNOB_OPS:
+            from ..tiles.knobs import knob_shape_class, shape_size
+
+            cls, config = knob_shape_class(op, shape_size(op, self.shape)), dict(self.config)
+        else:
+            cls, config = tiles_mod.shape_class(*self.shape), _relevant(self.config)
+        return {"shape": shape_text(self.shape), "dims": list(self.shape), "shape_class": cls,
                 "label": self.label, "current": self.current, "median_ms": _ms(self.median_s), "min_ms": _ms(self.min_s),
                 "max_rel_err": _finite(self.max_rel_err), "ok": self.ok, "error": self.error, "repeats": self.repeats,
-                "config": _relevant(self.config), "env": config_env(op, self.config)}
+                "config": config, "env": config_env(op, self.config)}
 
 
 def _ms(s: float | None) -> float | None:
@@ -385,7 +405,7 @@ class TuneResult:
     dtype: str
     backend: str
     device: dict  # name, architecture, family
-    shapes: list[tuple[int, int, int]]
+    shapes: list[tuple[int, ...]]
     mode: str  # "in-process" | "env"
     quick: bool
     limit: int | None
@@ -401,6 +421,18 @@ class TuneResult:
     @property
     def emulated(self) -> bool:
         return self.backend == "emulate"
+
+    @property
+    def knob_op(self) -> bool:
+        """A kernel-knob op (not a GEMM layout)."""
+        return self.op in KNOB_OPS
+
+    def shape_class_of(self, shape) -> str:
+        if self.knob_op:
+            from ..tiles.knobs import knob_shape_class, shape_size
+
+            return knob_shape_class(self.op, shape_size(self.op, shape))
+        return tiles_mod.shape_class(*shape)
 
     def for_shape(self, shape) -> list[CandidateResult]:
         """This shape's results, fastest correct first, then the failures."""
@@ -486,10 +518,7 @@ def _class_winners(result: TuneResult) -> dict:
 def parse_tune_op(value: Any, name: str = "--op") -> str:
     text = str(value).strip().lower() if value is not None else ""
     if text not in TUNABLE_OPS:
-        raise BenchArgumentError(
-            f"{name}: {value!r} is not a tunable op; expected one of {', '.join(TUNABLE_OPS)} "
-            "(norm, attention and xLSTM tunables are not exposed yet)"
-        )
+        raise BenchArgumentError(f"{name}: {value!r} is not a tunable op; expected one of {', '.join(TUNABLE_OPS)}")
     return text
 
 
@@ -512,18 +541,23 @@ def tune(
     stream=None,
     on_result: Callable[[CandidateResult], None] | None = None,
 ) -> TuneResult:
-    """Sweep `op`'s valid configs at `shapes` and find the fastest correct ones.
+    """Sweep `op`'s valid configs (or knob values) at `shapes` and find the fastest correct ones.
 
     Args:
-        op: gemm_av | gemm_at_b | gemm_a_bt.
+        op: gemm_av | gemm_at_b | gemm_a_bt, or a knob op: rms_norm | layer_norm |
+            attention | mlstm | slstm (see :mod:`xlstm_kernels.benchmarks.tune_knobs`).
         dtype: float32 | float16 | bfloat16.
-        shapes: "MxNxK" (output M x N, reduction K), comma string or list (default: one
-            shape per class on Metal, 64x64x64 on the emulator).
-        env: run each candidate in a subprocess configured by XLSTM_GEMM_* variables.
+        shapes: GEMM: "MxNxK" (output M x N, reduction K), comma string or list (default:
+            one shape per class on Metal, 64x64x64 on the emulator). Knob ops: their own
+            notation: norms "ROWSxN", attention "BxHxLqxLkxD", mlstm "BxHxSxD", slstm
+            "BxHxSxDH" (defaults: tiny on the emulator, about one per class on a GPU).
+        env: run each candidate in a subprocess configured by XLSTM_GEMM_* variables
+            (knob ops: XLSTM_<OP>_<KNOB>).
         quick: the small grid (implied on the emulator).
         limit: run at most this many candidates per shape (the current config first, then a
             seeded pseudo-random order that is the same at every shape).
-        paths: restrict to "scalar" and/or "simd" (M == 1 shapes always sweep gemv threads).
+        paths: restrict to "scalar" and/or "simd" (M == 1 shapes always sweep gemv threads);
+            GEMM ops only.
         backend: metal | emulate (default: the active backend if it runs kernels, else
             metal where available, else emulate). The reference backend runs no kernels.
         warmup, repeats: per candidate (default: 1 and 5 on the emulator, 2 and 10 on Metal);
@@ -539,7 +573,6 @@ def tune(
     if len(dt) != 1:
         raise BenchArgumentError(f"dtype: tune takes one dtype, got {dtype!r}")
     dt = dt[0]
-    path_sel = parse_names(paths, "paths", PATHS, what="path") if paths is not None else list(PATHS)
     limit = parse_positive_int(limit, "limit") if limit is not None else None
     backend = backend or _default_backend()
     if backend == "reference":
@@ -550,18 +583,34 @@ def tune(
     if not ok:
         raise TuneError(f"backend '{backend}' is not available: {why}")
     emulated = backend == "emulate"
-    if shapes is None:
-        shape_list = [(64, 64, 64)] if emulated else [(64, 128, 128), (512, 512, 512), (2048, 2048, 2048)]
+    knob_op = op in KNOB_OPS
+    if knob_op:
+        from . import tune_knobs as tk
+
+        if paths is not None:
+            raise BenchArgumentError(f"paths: --paths applies to the GEMM ops only ({', '.join(GEMM_TUNE_OPS)}); "
+                                     f"{op} sweeps its knobs {', '.join(KNOB_OPS[op])}")
+        if shapes is None:
+            shape_list = list((tk.EMULATOR_SHAPES if emulated else tk.DEFAULT_SHAPES)[op])
+        else:
+            shape_list = tk.parse_knob_shapes(op, shapes, "shapes")
+        if emulated:
+            tk.check_emulator_shapes(op, shape_list, "shapes")
+            quick = True
     else:
-        shape_list = parse_shapes(shapes, "shapes")
-    if emulated:
-        big = [s for s in shape_list if s[0] * s[1] * s[2] > EMULATOR_MAX_MNK]
-        if big:
-            raise BenchArgumentError(
-                f"shapes: {shape_text(big[0])} is too large for the emulator (M*N*K must be <= 256**3 = "
-                f"{EMULATOR_MAX_MNK}; every GPU thread runs on the CPU); use tiny shapes such as 64x64x64"
-            )
-        quick = True
+        path_sel = parse_names(paths, "paths", PATHS, what="path") if paths is not None else list(PATHS)
+        if shapes is None:
+            shape_list = [(64, 64, 64)] if emulated else [(64, 128, 128), (512, 512, 512), (2048, 2048, 2048)]
+        else:
+            shape_list = parse_shapes(shapes, "shapes")
+        if emulated:
+            big = [s for s in shape_list if s[0] * s[1] * s[2] > EMULATOR_MAX_MNK]
+            if big:
+                raise BenchArgumentError(
+                    f"shapes: {shape_text(big[0])} is too large for the emulator (M*N*K must be <= 256**3 = "
+                    f"{EMULATOR_MAX_MNK}; every GPU thread runs on the CPU); use tiny shapes such as 64x64x64"
+                )
+            quick = True
     if warmup is None:
         warmup = 1 if emulated else 2
     if repeats is None:
@@ -571,10 +620,19 @@ def tune(
         max_seconds = None if emulated else 2.0
 
     device = tiles_mod.detect_device()
-    plan: list[tuple[tuple[int, int, int], GemmConfig, bool]] = []
+    plan: list[tuple[tuple[int, ...], Any, bool]] = []
     counts: dict[str, dict] = {}
     rejected_examples: list[str] = []
+    valid_by_shape: dict = {}
     for s in shape_list:
+        if knob_op:
+            with runtime.use_backend(backend):
+                current = tk.current_knobs(op, dt, s)
+            chosen, counts[shape_text(s)], examples, valid_by_shape[s] = tk.plan_shape(
+                op, dt, s, current, quick=quick, seed=seed, limit=limit)
+            rejected_examples += examples[: max(0, 4 - len(rejected_examples))]
+            plan += [(s, c, cur) for c, cur in chosen]
+            continue
         valid, rejected = enumerate_candidates(op, dt, s, quick=quick, paths=path_sel)
         for _, msg in rejected[:2]:
             if len(rejected_examples) < 4:
@@ -599,16 +657,20 @@ def tune(
     operands: dict = {}
     best: dict = {}
     for s, cfg, cur in plan:
-        if env:
+        if env and knob_op:
+            out = tk.run_subprocess(op, s, dt, cfg, backend, warmup, repeats, seed, max_seconds, timeout)
+        elif env:
             out = _run_subprocess(op, s, dt, cfg, backend, warmup, repeats, seed, max_seconds, timeout)
         else:
             if s not in operands:
                 operands.clear()  # one shape's inputs at a time
-                operands[s] = _operands(op, *s, dt, seed)
-            call, ref, _ = operands[s]
+                with runtime.use_backend(backend):
+                    operands[s] = tk.operands(op, s, dt, seed) if knob_op else _operands(op, *s, dt, seed)[:2]
+            call, ref = operands[s]
             with runtime.use_backend(backend):
                 out = _run_one(call, ref, cfg, dt, warmup, repeats, max_seconds)
-        r = CandidateResult(shape=s, config=cfg.to_dict(), current=cur, median_s=out["median_s"], min_s=out["min_s"],
+        config = dict(cfg) if knob_op else cfg.to_dict()
+        r = CandidateResult(shape=s, config=config, current=cur, median_s=out["median_s"], min_s=out["min_s"],
                             max_rel_err=out["max_rel_err"], ok=bool(out["ok"]), error=out.get("error", ""),
                             repeats=out.get("repeats", 0))
         result.results.append(r)
@@ -618,7 +680,7 @@ def tune(
             on_result(r)
         shown = f"best {best[s] * 1e3:.3f} ms" if s in best else "no correct config yet"
         bar.update(f"{shape_text(s)} {r.label} -> {'%.3f ms' % (r.median_s * 1e3) if r.ok else 'FAIL'}; {shown}")
-    result.winners = _class_winners(result)
+    result.winners = tk.class_winners(result, valid_by_shape) if knob_op else _class_winners(result)
     result.seconds = time.perf_counter() - t_start
     return result
 
@@ -648,9 +710,13 @@ def format_leaderboard(result: TuneResult, top: int = 10) -> str:
         good = [r for r in rs if r.ok]
         cur = next((r for r in rs if r.current), None)
         lines.append("")
-        lines.append(f"shape {shape_text(s)} (class {tiles_mod.shape_class(*s)}): {c['enumerated']} enumerated, "
-                     f"{c['valid']} valid, {c['rejected']} rejected by GemmConfig.validate, {c['run']} run, "
-                     f"{len(good)} correct")
+        if result.knob_op:
+            checks = "rejected by the runtime's knob checks"
+            same = f", {c.get('same_launch', 0)} launching the same kernel as another"
+        else:
+            checks, same = "rejected by GemmConfig.validate", ""
+        lines.append(f"shape {shape_text(s)} (class {result.shape_class_of(s)}): {c['enumerated']} enumerated, "
+                     f"{c['valid']} valid, {c['rejected']} {checks}{same}, {c['run']} run, {len(good)} correct")
         lines.append(f"  {'rank':>4} {'ms':>10} {'vs current':>10} {'rel.err':>9}  config")
         shown = good[:top]
         if cur is not None and cur not in shown:
@@ -679,7 +745,11 @@ def format_leaderboard(result: TuneResult, top: int = 10) -> str:
 
 def write_heatmap(result: TuneResult, path: str) -> str:
     """Best time per (TM, TN) (scalar) and (BM, BN) (simd) for each shape; gemv shapes: time
-    per thread count. One PNG, Agg canvas."""
+    per thread count. One PNG, Agg canvas. Knob ops: a bar chart of every candidate's time."""
+    if result.knob_op:
+        from .tune_knobs import write_bars
+
+        return write_bars(result, path)
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -745,7 +815,8 @@ def write_heatmap(result: TuneResult, path: str) -> str:
 
 
 def save_tune(result: TuneResult, out_dir: str) -> dict:
-    """tune-<op>-<dtype>-<backend>.json (every candidate) and .png (heatmap) in `out_dir`."""
+    """tune-<op>-<dtype>-<backend>.json (every candidate) and .png (heatmap; knob ops: bar
+    chart) in `out_dir`."""
     os.makedirs(out_dir, exist_ok=True)
     stem = os.path.join(out_dir, f"tune-{result.op}-{result.dtype}-{result.backend}")
     files = {"json": stem + ".json", "png": stem + ".png"}
@@ -773,7 +844,8 @@ def presets_target() -> str:
 def write_presets(result: TuneResult, path: str | None = None, *, family: str | None = None) -> str:
     """Merge `result`'s class winners into the user preset YAML and return its path.
 
-    Writes ``families.<family>.shapes.<class>.<op>.<dtype>`` (family: the detected one at
+    Writes ``families.<family>.shapes.<class>.<op>.<dtype>`` (knob ops:
+    ``families.<family>.kernel_shapes.<class>.<op>.<dtype>``; family: the detected one at
     tune time), keeping everything else in the file. The new text is checked by the
     runtime's strict loader before it replaces the file (atomically); the previous file
     is kept as ``<path>.bak``. YAML comments of an existing file are not preserved.
@@ -798,9 +870,10 @@ def write_presets(result: TuneResult, path: str | None = None, *, family: str | 
     fam = fams.get(family)
     if not isinstance(fam, dict):
         fam = fams[family] = {}
-    shapes = fam.get("shapes")
+    section = "kernel_shapes" if result.op in KNOB_OPS else "shapes"
+    shapes = fam.get(section)
     if not isinstance(shapes, dict):
-        shapes = fam["shapes"] = {}
+        shapes = fam[section] = {}
     for cls, w in result.winners.items():
         per_op = shapes.get(cls)
         if not isinstance(per_op, dict):
