@@ -1,5 +1,7 @@
-"""``xlstm-kernels info``: versions, device, preset family, backend, env overrides, and the
-config each tunable op would pick for a sample shape (as :func:`xlstm_kernels.explain`)."""
+"""``xlstm-kernels info``: versions, device, preset family, backend, env overrides, the
+config each GEMM op would pick for a sample shape (as :func:`xlstm_kernels.explain`), and
+the knobs of the other kernels for a sample shape each (as
+:func:`xlstm_kernels.tiles.explain_knobs`, with the values the op then uses)."""
 
 from __future__ import annotations
 
@@ -13,14 +15,23 @@ import mlx.core as mx
 from .. import runtime
 from .. import tiles as tiles_mod
 from ..tiles import env as env_mod
+from ..tiles import knobs as knobs_mod
 from ..tiles import presets as presets_mod
 from .args import parse_dtypes, parse_shapes, shape_text
 from .tuner import _relevant
 
-__all__ = ["ENV_DESCRIPTIONS", "EXPLAIN_OPS", "collect_info", "env_overrides", "format_info"]
+__all__ = ["ENV_DESCRIPTIONS", "EXPLAIN_OPS", "KNOB_SAMPLE_SHAPES", "collect_info", "env_overrides", "format_info"]
 
 EXPLAIN_OPS = ("gemm_av", "gemm_at_b", "gemm_a_bt")
 DEFAULT_SHAPES = ((512, 512, 512), (1, 4096, 4096))
+#: One sample shape per knob op, in the tuner's notation.
+KNOB_SAMPLE_SHAPES = {
+    "rms_norm": (4096, 4096),
+    "layer_norm": (4096, 4096),
+    "attention": (1, 32, 512, 2048, 128),
+    "mlstm": (1, 8, 1024, 128),
+    "slstm": (8, 4, 256, 64),
+}
 
 ENV_DESCRIPTIONS = {
     runtime.ENV_VAR: "backend: metal | emulate | reference",
@@ -38,6 +49,9 @@ ENV_DESCRIPTIONS = {
     env_mod.ENV_WARPS: "simd-path simdgroups WMxWN",
     env_mod.ENV_SPLIT_K: "simd-path K partitions, forced for every shape",
     env_mod.ENV_GEMV_THREADS: "threads per threadgroup of the M == 1 kernel",
+    **{knobs_mod.knob_env_var(op, k): f"{op} knob {k}: {knob.meaning}"
+       for op, ks in knobs_mod.KNOBS.items() for k, knob in ks.items()},
+    knobs_mod.ALIAS_SPLIT_MIN_KEYS: "alias of XLSTM_ATTENTION_SPLIT_KV_MIN_KEYS",
     "XLSTM_KERNELS_EMULATE_CACHE": "emulator build cache directory",
     "XLSTM_EMULATE_WORKERS": "CPU threads running emulated threadgroups",
     "XLSTM_EMULATE_STACK_KB": "stack per emulated thread (KiB)",
@@ -47,7 +61,8 @@ ENV_DESCRIPTIONS = {
 
 def env_overrides() -> list[dict[str, Any]]:
     """Every XLSTM_* variable set (non-empty) in this process, with its meaning and, for the
-    GEMM variables, the error the runtime would raise for a malformed value."""
+    GEMM and kernel-knob variables, the error the runtime would raise for a malformed value.
+    Knob variables also carry ``knob: true``."""
     errors: dict[str, str] = {}
     for op in EXPLAIN_OPS:
         try:
@@ -55,6 +70,16 @@ def env_overrides() -> list[dict[str, Any]]:
         except tiles_mod.TileConfigError as e:
             var = str(e).split("=", 1)[0].strip()
             errors.setdefault(var, str(e))
+    for op, spec in knobs_mod.KNOBS.items():
+        for name, knob in spec.items():
+            var = knobs_mod.knob_env_var(op, name)
+            for v in (var, knobs_mod.ALIAS_SPLIT_MIN_KEYS) if name == "split_kv_min_keys" else (var,):
+                value = os.environ.get(v, "")
+                if value.strip():
+                    try:
+                        knobs_mod.parse_knob_env(op, knob, v, value)
+                    except tiles_mod.TileConfigError as e:
+                        errors.setdefault(v, str(e))
     out = []
     for name in sorted(os.environ):
         if not name.startswith("XLSTM_"):
@@ -65,8 +90,31 @@ def env_overrides() -> list[dict[str, Any]]:
         if name == runtime.ENV_VAR and value.strip().lower() not in runtime.BACKENDS:
             errors[name] = f"{name}: unknown backend {value!r}; expected one of {', '.join(runtime.BACKENDS)}"
         out.append({"name": name, "value": value, "meaning": ENV_DESCRIPTIONS.get(name, ""),
-                    "error": errors.get(name, "")})
+                    "error": errors.get(name, ""), "knob": name in _KNOB_VARS})
     return out
+
+
+_KNOB_VARS = frozenset(knobs_mod.knob_env_vars())
+
+
+def _knob_items(dtype: str) -> list[dict[str, Any]]:
+    """Per knob op: the sample shape's resolved knobs, their sources, skipped presets and
+    the values the op then uses (or the error a malformed setting gives)."""
+    from .args import shape_text
+    from .tune_knobs import effective_knobs
+
+    items = []
+    for op, shape in KNOB_SAMPLE_SHAPES.items():
+        item: dict[str, Any] = {"op": op, "shape": shape_text(shape), "dtype": dtype}
+        try:
+            ex = knobs_mod.explain_knobs(op, dtype, shape)
+            item.update(shape_class=ex["shape_class"], family=ex["family"], values=ex["values"],
+                        sources=ex["sources"], skipped=ex["skipped"], effective=effective_knobs(op, dtype, shape),
+                        error="")
+        except Exception as e:  # noqa: BLE001  (a malformed variable: reported, info goes on)
+            item["error"] = str(e)
+        items.append(item)
+    return items
 
 
 def _backend_info() -> dict[str, Any]:
@@ -151,6 +199,7 @@ def collect_info(shapes: Any = None, dtype: Any = "float16") -> dict[str, Any]:
         "env": env_overrides(),
         "roofline": None,
         "explain": [],
+        "knobs": [],
     }
     try:
         info["roofline"] = tiles_mod.roofline()
@@ -169,6 +218,7 @@ def collect_info(shapes: Any = None, dtype: Any = "float16") -> dict[str, Any]:
             except Exception as e:  # noqa: BLE001
                 item["error"] = str(e)
             info["explain"].append(item)
+    info["knobs"] = _knob_items(dt)
     return info
 
 
@@ -217,4 +267,22 @@ def format_info(info: dict[str, Any]) -> str:
             srcs.setdefault(src, []).append(f)
         for src, fs in srcs.items():
             lines.append(f"      {','.join(fs)} <- {src}")
+    knob_env = [e["name"] for e in info["env"] if e.get("knob")]
+    lines.append("kernel knobs (as xlstm_kernels.tiles.explain_knobs picks them; "
+                 + (f"env overrides: {', '.join(knob_env)})" if knob_env else "no XLSTM_<OP>_<KNOB> override set)"))
+    for it in info.get("knobs", []):
+        head = f"  {it['op']:<10} {it['shape']:<16} {it['dtype']:<9}"
+        if it.get("error"):
+            lines.append(f"{head} error: {it['error']}")
+            continue
+        eff = ", ".join(f"{k}={v}" for k, v in it["effective"].items())
+        lines.append(f"{head} {it['shape_class']:<6} {eff}")
+        srcs = {}
+        for k, src in it["sources"].items():
+            src = src[: -len(k) - 1] if src.endswith("." + k) else src
+            srcs.setdefault(src, []).append(k)
+        for src, ks in srcs.items():
+            lines.append(f"      {','.join(ks)} <- {src}")
+        for sk in it["skipped"]:
+            lines.append(f"      skipped {sk['knob']}={sk['value']!r} from {sk['source']}: {sk['reason']}")
     return "\n".join(lines)

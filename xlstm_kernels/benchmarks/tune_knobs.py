@@ -54,6 +54,7 @@ __all__ = [
     "KNOB_TUNE_OPS",
     "class_winners",
     "current_knobs",
+    "effective_knobs",
     "enumerate_knob_candidates",
     "knob_config_env",
     "knob_label",
@@ -138,6 +139,13 @@ def _kind(op: str, shape: tuple[int, ...]) -> str:
 def current_knobs(op: str, dtype: Any, shape: tuple[int, ...]) -> dict[str, Any]:
     """The swept knobs' values the runtime picks now for `shape` (env, presets, defaults,
     heuristics), read through the ops' own helpers."""
+    vals = effective_knobs(op, dtype, shape)
+    return {k: vals[k] for k in swept_knobs(op, shape)}
+
+
+def effective_knobs(op: str, dtype: Any, shape: tuple[int, ...]) -> dict[str, Any]:
+    """Every knob's value a call of `op` at `shape` (the op's notation) uses now, defaults
+    and heuristics filled in, through the ops' own helpers."""
     from ..ops import attention as att
     from ..ops import mlstm as ml
     from ..ops import norm as nm
@@ -153,7 +161,7 @@ def current_knobs(op: str, dtype: Any, shape: tuple[int, ...]) -> dict[str, Any]
     else:
         cfg = sl.plan(shape[3], dtype)
         vals = {"threads_per_unit": cfg.threads_per_unit, "r_in_registers": cfg.r_in_registers}
-    return {k: vals[k] for k in swept_knobs(op, shape)}
+    return vals
 
 
 def launch_key(op: str, shape: tuple[int, ...], cand: dict[str, Any]) -> tuple:

@@ -78,6 +78,7 @@ __all__ = [
     "knob_env_var",
     "knob_env_vars",
     "knob_shape_class",
+    "parse_knob_env",
     "read_knob_env",
     "resolve_knobs",
     "shape_fits",
@@ -340,7 +341,8 @@ _ALL_VARS = tuple(knob_env_vars())
 _snapshot = env_mod.make_snapshot(_ALL_VARS)
 
 
-def _parse_env(op: str, knob: Knob, var: str, text: str) -> Any:
+def parse_knob_env(op: str, knob: Knob, var: str, text: str) -> Any:
+    """The value of variable `var` = `text` for `knob` of `op`; TileConfigError naming `var`."""
     if knob.kind == "bool":
         return env_mod.parse_bool(var, text)
     word = text.strip()
@@ -358,12 +360,12 @@ def read_knob_env(op: str) -> dict[str, tuple[Any, str]]:
         var = knob_env_var(op, name)
         text = os.environ.get(var, "")
         if text.strip():
-            out[name] = (_parse_env(op, knob, var, text), var)
+            out[name] = (parse_knob_env(op, knob, var, text), var)
         elif op == "attention" and name == "split_kv_min_keys":
             text = os.environ.get(ALIAS_SPLIT_MIN_KEYS, "")
             if text.strip():
                 label = f"{ALIAS_SPLIT_MIN_KEYS} (alias of {var})"
-                out[name] = (_parse_env(op, knob, ALIAS_SPLIT_MIN_KEYS, text), label)
+                out[name] = (parse_knob_env(op, knob, ALIAS_SPLIT_MIN_KEYS, text), label)
     return out
 
 
