@@ -25,7 +25,9 @@ from xlstm_kernels import benchmarks as xb
 from xlstm_kernels import cli, tiles
 from xlstm_kernels.benchmarks import report, suite
 from xlstm_kernels.benchmarks import tuner as tune_mod
-from xlstm_kernels.tiles import GemmConfig, TileConfigError, explain
+from xlstm_kernels.benchmarks import tune_knobs
+from xlstm_kernels.tiles import GemmConfig, TileConfigError, explain, explain_knobs, knob_shape_class
+from xlstm_kernels.tiles import knobs as knobs_mod
 from xlstm_kernels.tiles import presets as presets_mod
 from xlstm_kernels.tiles import resolve as resolve_mod
 
@@ -40,9 +42,10 @@ def _reset():
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch, tmp_path):
     """No XLSTM_* tile variables, an empty config home, fresh tile caches."""
+    knob_vars = set(knobs_mod.knob_env_vars())
     for var in list(os.environ):
-        if var.startswith("XLSTM_GEMM_") or var in ("XLSTM_KERNELS_PRESETS", "XLSTM_KERNELS_DEVICE",
-                                                     "XLSTM_KERNELS_BACKEND"):
+        if var.startswith("XLSTM_GEMM_") or var in knob_vars or var in ("XLSTM_KERNELS_PRESETS", "XLSTM_KERNELS_DEVICE",
+                                                                        "XLSTM_KERNELS_BACKEND"):
             monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config-home"))
     _reset()
@@ -310,12 +313,140 @@ def test_write_presets_refuses_an_invalid_file(tmp_path):
 def test_tune_library_errors():
     with pytest.raises(xb.BenchArgumentError, match="^limit: must be a positive integer, got 0"):
         xb.tune("gemm_av", "float16", limit=0, backend="emulate")
-    with pytest.raises(xb.BenchArgumentError, match="^op: 'rms_norm' is not a tunable op"):
-        xb.tune("rms_norm", "float16")
+    with pytest.raises(xb.BenchArgumentError, match="^op: 'gru' is not a tunable op; expected one of gemm_av, "
+                                                    "gemm_at_b, gemm_a_bt, rms_norm, layer_norm, attention, mlstm, slstm"):
+        xb.tune("gru", "float16")
+    with pytest.raises(xb.BenchArgumentError, match="^paths: applies to the GEMM ops only"):
+        xb.tune("rms_norm", "float16", paths="scalar", backend="emulate")
+    with pytest.raises(xb.BenchArgumentError, match=r"^shapes: '1x2x40x48' is not a shape; expected 5 positive "
+                                                    r"integers joined by 'x': BxHxLqxLkxD"):
+        xb.tune("attention", "float16", shapes="1x2x40x48", backend="emulate")
+    with pytest.raises(xb.BenchArgumentError, match="^shapes: '64x200x3' is not a shape; expected 2 positive integers"):
+        xb.tune("layer_norm", "float16", shapes="64x200x3", backend="emulate")
+    with pytest.raises(xb.BenchArgumentError, match="^shapes: 1x8x4096x128 is too large for the emulator"):
+        xb.tune("mlstm", "float16", shapes="1x8x4096x128", backend="emulate")
     with pytest.raises(xb.BenchArgumentError, match="too large for the emulator"):
         xb.tune("gemm_av", "float16", shapes="1024x1024x1024", backend="emulate")
     with pytest.raises(tune_mod.TuneError, match="reference backend"):
         xb.tune("gemm_av", "float16", backend="reference")
+
+
+# ---------------------------------------------------------------------------------------
+# tune: kernel knobs
+# ---------------------------------------------------------------------------------------
+
+
+def _check_knob_runtime_picks(path: Path, op: str, dtype: str, winners: dict, shape, family: str) -> dict:
+    """The written entry is in kernel_shapes.<class>.<op>.<dtype> and explain_knobs names it."""
+    cls = knob_shape_class(op, knobs_mod.shape_size(op, shape))
+    doc = yaml.safe_load(path.read_text())
+    entry = doc["families"][family]["kernel_shapes"][cls][op][dtype]
+    assert entry == {**entry, **winners[cls]["entry"]} and entry
+    info = explain_knobs(op, dtype, shape)
+    for knob, value in entry.items():
+        assert info["values"][knob] == value, knob
+        assert info["sources"][knob] == f"{path}: families.{family}.kernel_shapes.{cls}.{op}.{dtype}.{knob}"
+    current = tune_knobs.current_knobs(op, dtype, shape)  # what the ops now launch with
+    assert all(current[k] == v for k, v in entry.items() if k in current)
+    return entry
+
+
+@pytest.mark.parametrize("op, dtype, shapes, limit", [
+    ("rms_norm", "float32", "48x200", 3),
+    ("attention", "float16", "1x2x40x48x32,1x2x1x300x32", 2),
+    ("slstm", "bfloat16", "1x2x6x16", 3),
+])
+def test_tune_knob_op_cli_writes_presets_the_runtime_loads(kernel_backend_name, tmp_path, monkeypatch, capsys,
+                                                          op, dtype, shapes, limit):
+    target = tmp_path / "tuned.yaml"  # created by --write
+    monkeypatch.setenv("XLSTM_KERNELS_PRESETS", str(target))
+    out = tmp_path / "out"
+    rc, stdout, stderr = _main(["--backend", kernel_backend_name, "tune", "--op", op, "--dtype", dtype, "--shapes",
+                                shapes, "--limit", str(limit), "--write", "--out", str(out)], capsys)
+    assert rc == 0, stdout + stderr
+    n_shapes = len(shapes.split(","))
+    assert f"{limit * n_shapes}/{limit * n_shapes}" in stderr  # progress bar
+    assert f"created {target}" in stdout and "(current)" in stdout and "winner" in stdout
+    assert f"kernel_shapes.<class>.{op}.{dtype}" in stdout
+    doc = json.loads((out / f"tune-{op}-{dtype}-{kernel_backend_name}.json").read_text())
+    assert doc["schema"] == "xlstm-kernels/tune" and doc["op"] == op and doc["presets_path"] == str(target)
+    assert len(doc["results"]) == limit * n_shapes and sum(r["current"] for r in doc["results"]) == n_shapes
+    for r in doc["results"]:
+        assert r["ok"], r
+        swept = tune_knobs.swept_knobs(op, tuple(r["dims"]))
+        assert set(r["config"]) == set(swept)
+        assert r["env"] == {knobs_mod.knob_env_var(op, k): (str(int(v)) if isinstance(v, bool) else str(v))
+                            for k, v in r["config"].items()}
+    for c in doc["counts"].values():
+        assert c["run"] == limit and c["valid"] + c["rejected"] == c["enumerated"]
+    assert (out / f"tune-{op}-{dtype}-{kernel_backend_name}.png").read_bytes()[:4] == b"\x89PNG"
+    _reset()
+    family = tiles.detect_device().family_key
+    for text in shapes.split(","):
+        shape = tuple(int(p) for p in text.split("x"))
+        _check_knob_runtime_picks(target, op, dtype, doc["winners"], shape, family)
+    if op == "attention":  # one class: the prefill and decode winners merged into one entry
+        assert set(doc["winners"]["small"]["entry"]) == {"block_q", "block_k", "split_kv_block_size"}
+    presets_mod.load_preset_file(str(target))
+
+
+def test_tune_knob_env_mode(kernel_backend_name, tmp_path, monkeypatch):
+    """--env for mlstm: each candidate in a subprocess configured by XLSTM_MLSTM_CHUNK_SIZE only;
+    the parent's own setting is what "current" means and is replaced in the children."""
+    target = tmp_path / "mine.yaml"
+    target.write_text("families:\n  m1:\n    gemm:\n      gemm_av:\n        float32: {tm: 16}\n")
+    monkeypatch.setenv("XLSTM_KERNELS_PRESETS", str(target))
+    monkeypatch.setenv("XLSTM_MLSTM_CHUNK_SIZE", "16")
+    seen = []
+    res = xb.tune("mlstm", "float32", shapes="1x2x40x16", env=True, limit=2, backend=kernel_backend_name,
+                  progress=False, on_result=seen.append)
+    assert res.mode == "env" and len(seen) == 2 and all(r.ok for r in seen), [r.error for r in seen]
+    assert seen[0].current and seen[0].config == {"chunk_size": 16} and seen[1].config["chunk_size"] != 16
+    assert res.to_dict()["results"][1]["env"] == {"XLSTM_MLSTM_CHUNK_SIZE": str(seen[1].config["chunk_size"])}
+    path = xb.write_presets(res)
+    assert path == str(target) and (tmp_path / "mine.yaml.bak").exists()
+    monkeypatch.delenv("XLSTM_MLSTM_CHUNK_SIZE")  # the variable shadows the file
+    _reset()
+    family = tiles.detect_device().family_key
+    assert yaml.safe_load(target.read_text())["families"]["m1"]["gemm"]["gemm_av"]["float32"] == {"tm": 16}
+    _check_knob_runtime_picks(target, "mlstm", "float32", res.winners, (1, 2, 40, 16), family)
+
+
+def test_knob_env_child_checks_what_it_resolved(monkeypatch, capsys):
+    """A child whose variables resolve to other knobs than intended reports it, runs nothing."""
+    monkeypatch.setenv("XLSTM_MLSTM_CHUNK_SIZE", "16")
+    spec = {"op": "mlstm", "shape": [1, 1, 8, 8], "dtype": "float32", "warmup": 1, "repeats": 1, "seed": 0,
+            "max_seconds": None, "expect": {"chunk_size": 32}}
+    assert tune_knobs.child_main(json.dumps(spec)) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    out = json.loads(line[len(tune_mod.RESULT_TAG):])
+    assert out["ok"] is False and "resolved to different knobs: {'chunk_size': 16}" in out["error"]
+
+
+def test_knob_candidates_use_the_runtime_checks():
+    valid, rejected = tune_knobs.enumerate_knob_candidates("attention", "float32", (1, 2, 40, 48, 64))
+    assert {c["block_k"] for c in valid} == {8, 16, 32, 64} and rejected  # block_k 128: > 32 KiB at D = 64
+    assert all("32 KiB" in msg and c["block_k"] == 128 for c, msg in rejected)
+    valid, _ = tune_knobs.enumerate_knob_candidates("attention", "float16", (1, 2, 1, 300, 64), quick=True)
+    assert valid == [{"split_kv_block_size": v} for v in (64, 128, 256)]
+    valid, rejected = tune_knobs.enumerate_knob_candidates("slstm", "float32", (1, 1, 4, 64))
+    assert {c["threads_per_unit"] for c in valid} == {1, 2, 4, 8, 16}  # 32 * 64 > 1024 threads
+    assert all("DH*K = 2048" in msg for _, msg in rejected) and len(rejected) == 2
+    # one run per distinct launch: simd_rows only matters where rows run one simdgroup each
+    chosen, counts, _, _ = tune_knobs.plan_shape("rms_norm", "float32", (64, 1000),
+                                                 tune_knobs.current_knobs("rms_norm", "float32", (64, 1000)),
+                                                 quick=True, seed=0, limit=None)
+    keys = [tune_knobs.launch_key("rms_norm", (64, 1000), c) for c, _ in chosen]
+    assert len(keys) == len(set(keys)) == 4 and counts["same_launch"] == counts["valid"] - 3
+    assert chosen[0] == ({"n_reads": 4, "simd_rows": 8, "looped_threads": 1024}, True)
+
+
+def test_tune_help_lists_every_op(capsys):
+    rc, out, _ = _main(["tune", "--help"], capsys)
+    assert rc == 0
+    flat = " ".join(out.split())
+    assert "gemm_av, gemm_at_b, gemm_a_bt, rms_norm, layer_norm, attention, mlstm, slstm" in flat
+    assert "not exposed" not in flat
 
 
 # ---------------------------------------------------------------------------------------
@@ -347,6 +478,35 @@ def test_info_text_and_json(monkeypatch, capsys):
     assert by[("gemm_at_b", "1x64x64")]["path"] == "gemv"
 
 
+def test_info_shows_kernel_knobs(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("XLSTM_SLSTM_THREADS_PER_UNIT", "4")
+    monkeypatch.setenv("XLSTM_ATTENTION_BLOCK_Q", "12")
+    user = tmp_path / "k.yaml"
+    user.write_text("families:\n  cpu:\n    kernels:\n      slstm:\n        default: {threads_per_unit: 4}\n"
+                    "      mlstm:\n        default: {chunk_size: 32}\n")
+    monkeypatch.setenv("XLSTM_KERNELS_PRESETS", str(user))
+    monkeypatch.setenv("XLSTM_KERNELS_DEVICE", "cpu")
+    rc, out, err = _main(["info"], capsys)
+    assert rc == 0 and err == ""
+    assert "XLSTM_SLSTM_THREADS_PER_UNIT=4   # slstm knob threads_per_unit" in out
+    assert "INVALID: XLSTM_ATTENTION_BLOCK_Q='12'" in out
+    assert "env overrides: XLSTM_ATTENTION_BLOCK_Q, XLSTM_SLSTM_THREADS_PER_UNIT" in out
+    assert "threads_per_unit <- XLSTM_SLSTM_THREADS_PER_UNIT" in out
+    assert f"chunk_size <- {user}: families.cpu.kernels.mlstm.default" in out
+    assert "attention  1x32x512x2048x128 float16   error: XLSTM_ATTENTION_BLOCK_Q='12'" in out
+    monkeypatch.delenv("XLSTM_ATTENTION_BLOCK_Q")
+    rc, out, _ = _main(["info", "--json", "--dtype", "float32"], capsys)
+    info = json.loads(out)
+    by = {k["op"]: k for k in info["knobs"]}
+    assert set(by) == set(knobs_mod.KNOB_OPS)
+    assert by["slstm"]["effective"] == {"threads_per_unit": 4, "r_in_registers": False}  # 4*16 floats > 128 B
+    assert by["slstm"]["sources"]["threads_per_unit"] == "XLSTM_SLSTM_THREADS_PER_UNIT"
+    assert by["mlstm"]["values"] == {"chunk_size": 32} and by["mlstm"]["shape_class"] == "medium"
+    assert by["attention"]["effective"]["block_q"] == 32 and by["attention"]["error"] == ""
+    assert by["rms_norm"]["sources"]["n_reads"].startswith("built-in")
+    assert [e["name"] for e in info["env"] if e["knob"]] == ["XLSTM_SLSTM_THREADS_PER_UNIT"]
+
+
 # ---------------------------------------------------------------------------------------
 # Malformed arguments: a clear message naming the argument, non-zero exit, no traceback
 # ---------------------------------------------------------------------------------------
@@ -361,7 +521,14 @@ def test_info_text_and_json(monkeypatch, capsys):
     (["bench", "--repeats", "0"], "argument --repeats: must be a positive integer"),
     (["tune", "--op", "gemm_av", "--limit", "0"], "argument --limit: must be a positive integer, got 0"),
     (["tune", "--op", "gemm_av", "--limit", "many"], "argument --limit: must be a positive integer"),
-    (["tune", "--op", "attention"], "argument --op: 'attention' is not a tunable op"),
+    (["tune", "--op", "gru"], "argument --op: 'gru' is not a tunable op; expected one of gemm_av, gemm_at_b, "
+                              "gemm_a_bt, rms_norm, layer_norm, attention, mlstm, slstm"),
+    (["tune", "--op", "rms_norm", "--shapes", "64x64x64"],
+     "argument --shapes: '64x64x64' is not a shape; expected 2 positive integers joined by 'x': ROWSxN"),
+    (["tune", "--op", "slstm", "--shapes", "1x2x0x16"], "argument --shapes: '1x2x0x16' has a zero size"),
+    (["tune", "--op", "attention", "--paths", "simd"], "argument --paths: applies to the GEMM ops only"),
+    (["--backend", "emulate", "tune", "--op", "attention", "--shapes", "1x32x2048x2048x128"],
+     "error: --shapes: 1x32x2048x2048x128 is too large for the emulator"),
     (["tune", "--dtype", "float16"], "the following arguments are required: --op"),
     (["tune", "--op", "gemm_av", "--dtype", "int8"], "argument --dtype: unknown dtype 'int8'"),
     (["tune", "--op", "gemm_av", "--shapes", "64x64"], "argument --shapes: '64x64' is not a shape"),

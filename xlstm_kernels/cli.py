@@ -144,6 +144,10 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         except BenchArgumentError as e:
             print(f"xlstm-kernels tune: error: argument {e}", file=sys.stderr)
             return 2
+    if args.paths is not None and knob_op:
+        print(f"xlstm-kernels tune: error: argument --paths: applies to the GEMM ops only; {args.op} sweeps its "
+              f"knobs {', '.join(KNOB_OPS[args.op])}", file=sys.stderr)
+        return 2
     try:
         if args.write and os.environ.get(ENV_PRESETS, "").strip() and ensure_presets_file(presets_target()):
             print(f"created {presets_target()} (named by {ENV_PRESETS})", flush=True)
@@ -162,9 +166,6 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         if backend == "emulate":
             print("note: emulator: times are CPU-emulator times (they rank configs for the emulator's 'cpu' family, "
                   "not for a GPU); tiny shapes and the quick grid only", flush=True)
-        if args.paths is not None and knob_op:
-            raise BenchArgumentError(f"paths: --paths applies to the GEMM ops only; {args.op} sweeps its knobs "
-                                     f"{', '.join(KNOB_OPS[args.op])}")
         res = tune(args.op, args.dtype, args.shapes, env=args.env, quick=args.quick, limit=args.limit,
                    paths=args.paths, backend=backend, warmup=args.warmup, repeats=args.repeats, seed=args.seed,
                    progress=not args.no_progress)

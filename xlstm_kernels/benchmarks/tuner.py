@@ -588,7 +588,7 @@ def tune(
         from . import tune_knobs as tk
 
         if paths is not None:
-            raise BenchArgumentError(f"paths: --paths applies to the GEMM ops only ({', '.join(GEMM_TUNE_OPS)}); "
+            raise BenchArgumentError(f"paths: applies to the GEMM ops only ({', '.join(GEMM_TUNE_OPS)}); "
                                      f"{op} sweeps its knobs {', '.join(KNOB_OPS[op])}")
         if shapes is None:
             shape_list = list((tk.EMULATOR_SHAPES if emulated else tk.DEFAULT_SHAPES)[op])
