@@ -27,13 +27,7 @@
 #define XK_LOG2E 1.4426950408889634f
 #define XK_LN2 0.6931471805599453f
 
-// Lane (thread_index_in_simdgroup) -> (row, first column) of its two elements in an
-// 8x8 simdgroup_matrix; the second element is at column + 1.
-inline void xk_frag_coord(uint lane, thread int& row, thread int& col) {
-  const int qid = int(lane) / 4;
-  row = (qid & 4) + (int(lane) / 2) % 4;
-  col = (qid & 2) * 2 + (int(lane) % 2) * 2;
-}
+// xk_frag_coord (lane -> fragment coordinates): metal_src/_simdgroup.metal.
 
 inline void xk_frag_set(thread simdgroup_matrix<float, 8, 8>& m, float a, float b) {
   reinterpret_cast<thread vec<float, 2>&>(m.thread_elements()) = vec<float, 2>(a, b);

@@ -163,9 +163,8 @@ xk_norm_gemm_tile<T, BM, BN, BK, WM, WN>(x, nw, w, As, Bs, Rs, acc, row0, col0, 
                                          eps, tid, sg);
 
 // Each lane holds 2 elements of each fragment: (fr, fc) and (fr, fc + 1).
-const int qid = int(lane) / 4;
-const int fr = (qid & 4) + (int(lane) / 2) % 4;
-const int fc = (qid & 2) * 2 + (int(lane) % 2) * 2;
+int fr, fc;
+xk_frag_coord(lane, fr, fc);
 for (int i = 0; i < FM; ++i) {
   const int lr = wm * (BM / WM) + i * 8 + fr;
   const long row = row0 + lr;
@@ -250,9 +249,8 @@ xk_norm_gemm_tile<T, BM, BN, BK, WM, WN>(x, nw, w, As, Bs, Rs, acc, row0, col0, 
                                          eps, tid, sg);
 
 // Stage the scaled tile: every (row, column) cell of Cs has exactly one writing lane.
-const int qid = int(lane) / 4;
-const int fr = (qid & 4) + (int(lane) / 2) % 4;
-const int fc = (qid & 2) * 2 + (int(lane) % 2) * 2;
+int fr, fc;
+xk_frag_coord(lane, fr, fc);
 for (int i = 0; i < FM; ++i) {
   const int lr = wm * (BM / WM) + i * 8 + fr;
   const float r = Rs[lr];

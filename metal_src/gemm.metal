@@ -271,9 +271,8 @@ for (long k0 = k_lo; k0 < k_hi; k0 += BK) {
 
 // Each lane holds 2 elements of each fragment: (fr, fc) and (fr, fc + 1).
 const uint lane = thread_index_in_simdgroup;
-const int qid = int(lane) / 4;
-const int fr = (qid & 4) + (int(lane) / 2) % 4;
-const int fc = (qid & 2) * 2 + (int(lane) % 2) * 2;
+int fr, fc;
+xk_frag_coord(lane, fr, fc);
 for (int i = 0; i < FM; ++i) {
   const long row = row0 + wm * (BM / WM) + i * 8 + fr;
   for (int j = 0; j < FN; ++j) {

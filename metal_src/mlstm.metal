@@ -36,13 +36,7 @@ inline float xk_logsigmoid(float x) {
   return metal::min(x, 0.0f) - xk_log1p(metal::exp(-metal::fabs(x)));
 }
 
-// Lane coordinates of the two elements a lane holds in an 8x8 simdgroup_matrix:
-// (row, col) and (row, col + 1).
-inline void xk_frag_coord(uint lane, thread int& row, thread int& col) {
-  const int qid = int(lane) / 4;
-  row = (qid & 4) + (int(lane) / 2) % 4;
-  col = (qid & 2) * 2 + (int(lane) % 2) * 2;
-}
+// xk_frag_coord (lane -> fragment coordinates): metal_src/_simdgroup.metal.
 
 // @kernel mlstm_chunk_states
 // Inter-chunk states: sequential over the NC chunks of one (batch, head), parallel over

@@ -16,11 +16,13 @@
 //
 // Two variants per norm:
 // * cached (`rms_norm`, `layer_norm`, n <= tpr * N_READS <= 4096): each thread loads its
-//   N_READS consecutive elements once into registers and keeps them through the
+//   N_READS elements (tid + j * tpr: each simdgroup load reads 32 consecutive elements,
+//   coalesced on every GPU) once into registers and keeps them through the
 //   reductions and the write, so x is read from memory exactly once. LayerNorm is
 //   two-pass on the registers: the mean, then the variance of the centred values.
-// * looped (`*_looped`, long rows): 1024 threads stride over the row in chunks of
-//   1024 * N_READS; the row is re-read per pass (from cache): 2 passes for RMSNorm,
+// * looped (`*_looped`, long rows): the threads stride over the row in chunks of
+//   tpr * N_READS (element tid + j * tpr of each chunk); the row is re-read per pass
+//   (from cache): 2 passes for RMSNorm,
 //   3 (mean, centred variance, write) for LayerNorm.
 //
 // All arithmetic in float; the normalised value is rounded to T before the weight
@@ -91,26 +93,25 @@ if (row < nrows) {  // uniform per row: every thread of a row takes the same bra
   const device T* xr = x + size_t(row) * n;
   device T* yr = y + size_t(row) * n;
   const uint woff = HAS_W ? (row % nh) * n : 0;
-  const uint c0 = tid * N_READS;
-  const bool full = c0 + N_READS <= n;
+  const uint tpr = threads_per_threadgroup.x;  // this thread's elements: tid + j * tpr
   float v[N_READS];
   float acc = 0.0f;
   for (int j = 0; j < N_READS; j++) {
-    v[j] = (full || c0 + j < n) ? float(xr[c0 + j]) : 0.0f;
+    v[j] = (tid + j * tpr < n) ? float(xr[tid + j * tpr]) : 0.0f;
     acc += v[j] * v[j];
   }
   acc = xk_row_sum<ONE_SIMD>(acc, red_a, lane, sg, nsg);
   const float r = metal::precise::rsqrt(acc / float(n) + eps);
   for (int j = 0; j < N_READS; j++) {
-    if (full || c0 + j < n) {
-      yr[c0 + j] = xk_affine<T, HAS_W, false>(v[j] * r, w, w, woff + c0 + j);
+    if (tid + j * tpr < n) {
+      yr[tid + j * tpr] = xk_affine<T, HAS_W, false>(v[j] * r, w, w, woff + tid + j * tpr);
     }
   }
 }
 
 // @kernel rms_norm_looped
-// As rms_norm for long rows: threadgroup per row, N_READS-element chunks strided by
-// tpr * N_READS; two passes over x (sum of squares, write).
+// As rms_norm for long rows: threadgroup per row, chunks of tpr * N_READS elements
+// (thread tid: tid + j * tpr of each); two passes over x (sum of squares, write).
 // inputs/outputs as rms_norm.  template: T, HAS_W, N_READS
 const uint n = uint(params[1]);
 const uint nh = uint(params[2]);
@@ -126,11 +127,10 @@ const device T* xr = x + size_t(row) * n;
 device T* yr = y + size_t(row) * n;
 const uint woff = HAS_W ? (row % nh) * n : 0;
 float acc = 0.0f;
-for (uint c = tid * N_READS; c < n; c += step) {
-  const bool full = c + N_READS <= n;
+for (uint c = tid; c < n; c += step) {
   for (int j = 0; j < N_READS; j++) {
-    const uint i = c + j;
-    if (!full && i >= n) {
+    const uint i = c + j * threads_per_threadgroup.x;
+    if (i >= n) {
       break;
     }
     float v = float(xr[i]);
@@ -139,11 +139,10 @@ for (uint c = tid * N_READS; c < n; c += step) {
 }
 acc = xk_row_sum<false>(acc, red_a, lane, sg, nsg);
 const float r = metal::precise::rsqrt(acc / float(n) + eps);
-for (uint c = tid * N_READS; c < n; c += step) {
-  const bool full = c + N_READS <= n;
+for (uint c = tid; c < n; c += step) {
   for (int j = 0; j < N_READS; j++) {
-    const uint i = c + j;
-    if (!full && i >= n) {
+    const uint i = c + j * threads_per_threadgroup.x;
+    if (i >= n) {
       break;
     }
     yr[i] = xk_affine<T, HAS_W, false>(float(xr[i]) * r, w, w, woff + i);
@@ -171,25 +170,24 @@ if (row < nrows) {  // uniform per row
   const device T* xr = x + size_t(row) * n;
   device T* yr = y + size_t(row) * n;
   const uint woff = (HAS_W || HAS_B) ? (row % nh) * n : 0;
-  const uint c0 = tid * N_READS;
-  const bool full = c0 + N_READS <= n;
+  const uint tpr = threads_per_threadgroup.x;  // this thread's elements: tid + j * tpr
   float v[N_READS];
   float s = 0.0f;
   for (int j = 0; j < N_READS; j++) {
-    v[j] = (full || c0 + j < n) ? float(xr[c0 + j]) : 0.0f;
+    v[j] = (tid + j * tpr < n) ? float(xr[tid + j * tpr]) : 0.0f;
     s += v[j];
   }
   const float mean = xk_row_sum<ONE_SIMD>(s, red_a, lane, sg, nsg) / float(n);
   float q = 0.0f;
   for (int j = 0; j < N_READS; j++) {
-    v[j] = (full || c0 + j < n) ? v[j] - mean : 0.0f;
+    v[j] = (tid + j * tpr < n) ? v[j] - mean : 0.0f;
     q += v[j] * v[j];
   }
   q = xk_row_sum<ONE_SIMD>(q, red_b, lane, sg, nsg);
   const float r = metal::precise::rsqrt(q / float(n) + eps);
   for (int j = 0; j < N_READS; j++) {
-    if (full || c0 + j < n) {
-      yr[c0 + j] = xk_affine<T, HAS_W, HAS_B>(v[j] * r, w, b, woff + c0 + j);
+    if (tid + j * tpr < n) {
+      yr[tid + j * tpr] = xk_affine<T, HAS_W, HAS_B>(v[j] * r, w, b, woff + tid + j * tpr);
     }
   }
 }
@@ -212,11 +210,10 @@ const device T* xr = x + size_t(row) * n;
 device T* yr = y + size_t(row) * n;
 const uint woff = (HAS_W || HAS_B) ? (row % nh) * n : 0;
 float s = 0.0f;
-for (uint c = tid * N_READS; c < n; c += step) {
-  const bool full = c + N_READS <= n;
+for (uint c = tid; c < n; c += step) {
   for (int j = 0; j < N_READS; j++) {
-    const uint i = c + j;
-    if (!full && i >= n) {
+    const uint i = c + j * threads_per_threadgroup.x;
+    if (i >= n) {
       break;
     }
     s += float(xr[i]);
@@ -224,11 +221,10 @@ for (uint c = tid * N_READS; c < n; c += step) {
 }
 const float mean = xk_row_sum<false>(s, red_a, lane, sg, nsg) / float(n);
 float q = 0.0f;
-for (uint c = tid * N_READS; c < n; c += step) {
-  const bool full = c + N_READS <= n;
+for (uint c = tid; c < n; c += step) {
   for (int j = 0; j < N_READS; j++) {
-    const uint i = c + j;
-    if (!full && i >= n) {
+    const uint i = c + j * threads_per_threadgroup.x;
+    if (i >= n) {
       break;
     }
     float d = float(xr[i]) - mean;
@@ -237,11 +233,10 @@ for (uint c = tid * N_READS; c < n; c += step) {
 }
 q = xk_row_sum<false>(q, red_b, lane, sg, nsg);
 const float r = metal::precise::rsqrt(q / float(n) + eps);
-for (uint c = tid * N_READS; c < n; c += step) {
-  const bool full = c + N_READS <= n;
+for (uint c = tid; c < n; c += step) {
   for (int j = 0; j < N_READS; j++) {
-    const uint i = c + j;
-    if (!full && i >= n) {
+    const uint i = c + j * threads_per_threadgroup.x;
+    if (i >= n) {
       break;
     }
     yr[i] = xk_affine<T, HAS_W, HAS_B>((float(xr[i]) - mean) * r, w, b, woff + i);

@@ -185,7 +185,8 @@ OPTIONS = {
     "gemv32": ({"path": "gemv", "gemv_threads": 32}, (1, 37, 70)),
     "gemv128": ({"path": "gemv", "gemv_threads": 128}, (1, 70, 101)),
     "gemv1024": ({"path": "gemv", "gemv_threads": 1024}, (1, 67, 33)),
-    "gemv_on_m_gt_1": ({"path": "gemv", "gemv_threads": 128}, (37, 70, 40)),  # M > 1: the simd path runs
+    # M > 1: the simd path runs (its tile pinned: the device family must not matter)
+    "gemv_on_m_gt_1": ({"path": "gemv", "gemv_threads": 128, "bm": 32, "bn": 32, "bk": 16}, (37, 70, 40)),
 }
 
 

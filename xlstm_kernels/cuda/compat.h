@@ -23,8 +23,8 @@
 //            active, an ordered gather over the active lanes when it is not, so
 //            `if (lane < 8) x = simd_sum(v);` gives Metal's answer. Reductions and scans
 //            of half/bfloat accumulate in float.
-//  matrix    simdgroup_matrix<T, 8, 8> with Apple's lane layout (q = lane / 4;
-//            row = (q & 4) + (lane / 2) % 4; col = (q & 2) * 2 + (lane % 2) * 2, +1):
+//  matrix    simdgroup_matrix<T, 8, 8> in the tensor cores' accumulator layout (lane
+//            4g + t holds row g, columns 2t and 2t + 1; xk_frag_coord says so to bodies):
 //            simdgroup_load / store (each lane its own two elements) and
 //            simdgroup_multiply(_accumulate): half x half and bfloat x bfloat on tensor
 //            cores (mma.m16n8k8, float accumulate; sm_80+), float products in float32
@@ -1039,28 +1039,33 @@ inline bool simd_any(bool expr) { return __any_sync(__activemask(), expr); }
 inline bool simd_is_first() { return int(msl_detail::lane_id()) == __ffs(__activemask()) - 1; }
 
 // ----------------------------------------------------------------- simdgroup_matrix
+// Element layout: the tensor cores' accumulator layout (PTX mma.m16n8k8, rows 0-7): lane
+// 4g + t holds M[g][2t] and M[g][2t + 1]. Metal leaves the layout to the implementation;
+// metal_src bodies ask xk_frag_coord (metal_src/_simdgroup.metal: Apple's layout unless
+// XK_SIMDGROUP_LAYOUT is defined, as here).
+#define XK_SIMDGROUP_LAYOUT 1
 namespace msl_detail {
 inline void lane_coord(uint lane, int& row, int& col) {
-  const uint q = lane / 4;
-  row = int((q & 4) + (lane / 2) % 4);
-  col = int((q & 2) * 2 + (lane % 2) * 2);
+  row = int(lane / 4);
+  col = int(lane % 4) * 2;
 }
 // The lane holding elements (row, 2p) and (row, 2p + 1).
-inline int lane_of(int row, int p) { return (p & 1) | ((row & 3) << 1) | ((p >> 1) << 3) | ((row >> 2) << 4); }
+inline int lane_of(int row, int p) { return 4 * row + p; }
 }  // namespace msl_detail
+inline void xk_frag_coord(uint lane, int& row, int& col) { msl_detail::lane_coord(lane, row, col); }
 
-// Tensor-core fragments. 2-byte matrices (half, bfloat) also keep the two operand
-// fragments of PTX's mma.m16n8k8 (groupID g = lane / 4, t = lane % 4):
-//   xk_a_ = {M[g][2t], M[g][2t+1]}    (the A operand, rows 0-7 of its 16 x 8)
-//   xk_b_ = {M[2t][g], M[2t+1][g]}    (the B operand, 8 x 8 "col")
+// Tensor-core operands (groupID g = lane / 4, t = lane % 4). The elements themselves are
+// mma.m16n8k8's A operand (rows 0-7 of its 16 x 8: {M[g][2t], M[g][2t+1]}) and its
+// accumulator; 2-byte matrices (half, bfloat) also keep the B operand
+//   xk_b_ = {M[2t][g], M[2t+1][g]}    (8 x 8, "col")
 // filled by simdgroup_load, make_filled_simdgroup_matrix, the diagonal constructor and a
-// product; an element written through thread_elements() would leave them stale, so the
+// product; an element written through thread_elements() would leave it stale, so the
 // non-const accessor is refused for 2-byte matrices at compile time (no body does it).
-// Unused fragments cost nothing: the compiler drops the loads that feed no product.
+// An unused xk_b_ costs nothing: the compiler drops the loads that feed no product.
 namespace msl_detail {
 template <class T, bool TC = (sizeof(T) == 2)> struct mma_frags {};
 template <class T> struct mma_frags<T, true> {
-  unsigned xk_a_, xk_b_;
+  unsigned xk_b_;
 };
 template <class T> inline unsigned pack2(T x0, T x1) {
   vec<T, 2> v;
@@ -1083,7 +1088,7 @@ struct simdgroup_matrix : msl_detail::mma_frags<T> {
     elements_[1] = r == c + 1 ? diag : z;
     if constexpr (sizeof(T) == 2) {
       const int g = int(msl_detail::lane_id() / 4), t = int(msl_detail::lane_id() % 4);
-      this->xk_a_ = this->xk_b_ = msl_detail::pack2<T>(g == 2 * t ? diag : z, g == 2 * t + 1 ? diag : z);
+      this->xk_b_ = msl_detail::pack2<T>(g == 2 * t ? diag : z, g == 2 * t + 1 ? diag : z);
     }
   }
   template <class U = T> vec<U, 2>& thread_elements() {
@@ -1102,7 +1107,7 @@ inline simdgroup_matrix<T, Cols, Rows> make_filled_simdgroup_matrix(T value) {
   simdgroup_matrix<T, Cols, Rows> m;
   m.elements_[0] = value;
   m.elements_[1] = value;
-  if constexpr (sizeof(T) == 2) m.xk_a_ = m.xk_b_ = msl_detail::pack2<T>(value, value);
+  if constexpr (sizeof(T) == 2) m.xk_b_ = msl_detail::pack2<T>(value, value);
   return m;
 }
 
@@ -1122,8 +1127,6 @@ inline void simdgroup_load(simdgroup_matrix<T, C, R>& d, const U* src, unsigned 
   d.elements_[1] = msl_detail::conv<T>(base[r * si + (c + 1) * sj]);
   if constexpr (sizeof(T) == 2) {
     const long g = long(lane / 4), t2 = 2 * long(lane % 4);
-    d.xk_a_ = msl_detail::pack2<T>(msl_detail::conv<T>(base[g * si + t2 * sj]),
-                                   msl_detail::conv<T>(base[g * si + (t2 + 1) * sj]));
     d.xk_b_ = msl_detail::pack2<T>(msl_detail::conv<T>(base[t2 * si + g * sj]),
                                    msl_detail::conv<T>(base[(t2 + 1) * si + g * sj]));
   }
@@ -1147,9 +1150,8 @@ inline void simdgroup_store(const simdgroup_matrix<T, C, R>& d, U* dst, unsigned
 }
 
 // D = A * B (+ C), accumulated in float.
-// * A and B both half or both bfloat (sm_80+): one tensor-core mma.m16n8k8 on the
-//   fragments (rows 8-15 of its A are zero), with C moved into mma's accumulator layout
-//   (lane 4g + t holds C[g][2t], C[g][2t+1]) and D back to Apple's by 4 shuffles.
+// * A and B both half or both bfloat (sm_80+): one tensor-core mma.m16n8k8 (rows 8-15 of
+//   its A are zero); A, C and D are already in its layout, B is the kept xk_b_: no shuffles.
 // * otherwise, in float on the CUDA cores: lane (r, c) gathers row r of A and columns
 //   c, c + 1 of B with 24 shuffles (12 for half / bfloat); float stays float32-exact.
 // All 32 lanes take part, as on Metal.
@@ -1193,7 +1195,7 @@ template <class TA, class TB> struct tensor_core_pair {
 template <> struct tensor_core_pair<::__half, ::__half> { static constexpr bool v = true; };
 template <> struct tensor_core_pair<::__nv_bfloat16, ::__nv_bfloat16> { static constexpr bool v = true; };
 #endif
-// d (mma layout, rows g) = A * B + c (mma layout), A and B 2-byte fragments.
+// {d0, d1} = rows 0-7 of A * B + {c0, c1}, A and B 2-byte operands (packed pairs).
 template <class T> inline void mma_m16n8k8(float& d0, float& d1, unsigned a, unsigned b, float c0, float c1) {
   float d2, d3;
   if constexpr (same<T, ::__nv_bfloat16>::v) {
@@ -1211,49 +1213,23 @@ template <class T> inline void mma_m16n8k8(float& d0, float& d1, unsigned a, uns
 template <class TD, class TA, class TB, class TC>
 inline void simdgroup_mma(simdgroup_matrix<TD, 8, 8>& d, const simdgroup_matrix<TA, 8, 8>& a,
                           const simdgroup_matrix<TB, 8, 8>& b, const simdgroup_matrix<TC, 8, 8>* c) {
-  float d0, d1;
+  float d0 = c ? conv<float>(c->elements_[0]) : 0.0f;
+  float d1 = c ? conv<float>(c->elements_[1]) : 0.0f;
   if constexpr (tensor_core_pair<TA, TB>::v) {
+    mma_m16n8k8<TA>(d0, d1, *reinterpret_cast<const unsigned*>(&a.elements_), b.xk_b_, d0, d1);
+  } else {
+    mma8_cores(d0, d1, a, b);
+  }
+  if constexpr (sizeof(TD) == 2) {
+    // xk_b_ = {D[2t][g], D[2t+1][g]}: element g % 2 of lanes lane_of(2t, g / 2), lane_of(2t + 1, g / 2)
     const unsigned mask = 0xFFFFFFFFu;
     const uint lane = lane_id();
     const int g = int(lane / 4), t = int(lane % 4);
-    float c0 = 0.0f, c1 = 0.0f;
-    if (c) shfl_pair(mask, c->elements_, lane_of(g, t), c0, c1);  // C[g][2t], C[g][2t+1]
-    mma_m16n8k8<TA>(d0, d1, a.xk_a_, b.xk_b_, c0, c1);
-    if constexpr (sizeof(TD) == 2) {
-      d.xk_a_ = pack2<TD>(conv<TD>(d0), conv<TD>(d1));
-      // xk_b_ = {D[2t][g], D[2t+1][g]}: element g % 2 of mma lanes 8t + g / 2 and 8t + 4 + g / 2
-      const unsigned e0 = __shfl_sync(mask, pack2<TD>(conv<TD>(d0), conv<TD>(d1)), 8 * t + g / 2);
-      const unsigned e1 = __shfl_sync(mask, pack2<TD>(conv<TD>(d0), conv<TD>(d1)), 8 * t + 4 + g / 2);
-      const unsigned sh = (g & 1) ? 16u : 0u;
-      d.xk_b_ = ((e0 >> sh) & 0xFFFFu) | (((e1 >> sh) & 0xFFFFu) << 16);
-    }
-    int r, cc;
-    lane_coord(lane, r, cc);
-    const int src = 4 * r + cc / 2;  // the mma lane holding D[r][cc], D[r][cc + 1]
-    const float x0 = __shfl_sync(mask, d0, src), x1 = __shfl_sync(mask, d1, src);
-    d0 = x0;
-    d1 = x1;
-  } else {
-    d0 = c ? conv<float>(c->elements_[0]) : 0.0f;
-    d1 = c ? conv<float>(c->elements_[1]) : 0.0f;
-    mma8_cores(d0, d1, a, b);
-    if constexpr (sizeof(TD) == 2) {
-      const unsigned mask = 0xFFFFFFFFu;
-      const uint lane = lane_id();
-      const int g = int(lane / 4), t = int(lane % 4);
-      int r, cc;
-      lane_coord(lane, r, cc);
-      // fragments of the result from Apple's layout: {D[g][2t..]} at lane_of(g, t);
-      // D[2t][g] is element g % 2 of lane_of(2t, g / 2), D[2t+1][g] of lane_of(2t+1, g / 2)
-      const unsigned mine = pack2<TD>(conv<TD>(d0), conv<TD>(d1));
-      d.xk_a_ = __shfl_sync(mask, mine, lane_of(g, t));
-      const unsigned e0 = __shfl_sync(mask, mine, lane_of(2 * t, g / 2));
-      const unsigned e1 = __shfl_sync(mask, mine, lane_of(2 * t + 1, g / 2));
-      const unsigned sh = (g & 1) ? 16u : 0u;
-      d.xk_b_ = ((e0 >> sh) & 0xFFFFu) | (((e1 >> sh) & 0xFFFFu) << 16);
-      (void)r;
-      (void)cc;
-    }
+    const unsigned mine = pack2<TD>(conv<TD>(d0), conv<TD>(d1));
+    const unsigned e0 = __shfl_sync(mask, mine, lane_of(2 * t, g / 2));
+    const unsigned e1 = __shfl_sync(mask, mine, lane_of(2 * t + 1, g / 2));
+    const unsigned sh = (g & 1) ? 16u : 0u;
+    d.xk_b_ = ((e0 >> sh) & 0xFFFFu) | (((e1 >> sh) & 0xFFFFu) << 16);
   }
   d.elements_[0] = conv<TD>(d0);
   d.elements_[1] = conv<TD>(d1);

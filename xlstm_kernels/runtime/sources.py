@@ -7,7 +7,9 @@ A family file ``metal_src/<family>.metal`` holds named sections::
     // @kernel rms_norm   the body of one kernel
     ...
 
-Lines before the first marker are a comment block and are ignored.
+Lines before the first marker are a comment block and are ignored. Files named
+``_<name>.metal`` are not families: their ``@header`` sections are appended to every
+family's header (helpers all kernels share, such as ``xk_frag_coord``).
 """
 
 from __future__ import annotations
@@ -28,7 +30,14 @@ class KernelSourceError(LookupError):
 def families() -> list[str]:
     """Names of the shipped kernel families (``metal_src/*.metal``)."""
     root = resources.files("xlstm_kernels.metal_src")
-    return sorted(p.name[: -len(".metal")] for p in root.iterdir() if p.name.endswith(".metal"))
+    return sorted(p.name[: -len(".metal")] for p in root.iterdir()
+                  if p.name.endswith(".metal") and not p.name.startswith("_"))
+
+
+def _shared_names() -> list[str]:
+    root = resources.files("xlstm_kernels.metal_src")
+    return sorted(p.name[: -len(".metal")] for p in root.iterdir()
+                  if p.name.endswith(".metal") and p.name.startswith("_"))
 
 
 @functools.lru_cache(maxsize=None)
@@ -60,6 +69,10 @@ def kernel_body(family: str, kernel: str) -> str:
     return sections[kernel]
 
 
+@functools.lru_cache(maxsize=None)
 def family_header(family: str) -> str:
-    """The family's shared header section ('' if none)."""
-    return family_sections(family).get("@header", "")
+    """The family's header section, then the shared ``_*.metal`` headers."""
+    parts = [family_sections(family).get("@header", "")]
+    if not family.startswith("_"):
+        parts += [family_sections(name).get("@header", "") for name in _shared_names()]
+    return "\n".join(p for p in parts if p)
