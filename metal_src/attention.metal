@@ -193,8 +193,7 @@ for (int kb = 0; kb < kb_end; ++kb) {
     }
     xk_frag_set(S[j], s[0], s[1]);
   }
-  rmax = metal::max(rmax, simd_shuffle_xor(rmax, 1));
-  rmax = metal::max(rmax, simd_shuffle_xor(rmax, 8));
+  rmax = xk_frag_row_max(rmax);
   const float m_new = metal::max(m_i, rmax);
   const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // all -inf so far: keep exp2 finite
   const float factor = metal::fast::exp2(m_i - m_use);
@@ -206,8 +205,7 @@ for (int kb = 0; kb < kb_end; ++kb) {
     rsum += p0 + p1;
     xk_frag_set(S[j], p0, p1);
   }
-  rsum += simd_shuffle_xor(rsum, 1);
-  rsum += simd_shuffle_xor(rsum, 8);
+  rsum = xk_frag_row_sum(rsum);
   l_i = l_i * factor + rsum;
   m_i = m_new;
   for (int t = 0; t < TV; ++t) {

@@ -274,7 +274,16 @@ def test_simdgroup_matrix_gemm(metal_kernel, dtype, shape):
     assert _rel_err(c, ref) < (1e-5 if dtype == mx.float32 else 1e-4)
 
 
-def test_simdgroup_matrix_thread_elements_layout(metal_kernel):
+def _frag_coord(lane: int, backend: str) -> tuple[int, int]:
+    """Metal leaves the element layout to the implementation: Apple's (and the emulator's)
+    differs from xlstm_kernels.cuda's (the tensor cores' accumulator layout)."""
+    if backend == "cuda":
+        return lane // 4, 2 * (lane % 4)
+    q = lane // 4
+    return (q & 4) + (lane // 2) % 4, (q & 2) * 2 + (lane % 2) * 2
+
+
+def test_simdgroup_matrix_thread_elements_layout(metal_kernel, backend):
     rng = np.random.default_rng(12)
     src = rng.standard_normal((8, 8)).astype(np.float32)
     kernel = metal_kernel(name="feat_sg_layout", input_names=["src"], output_names=["out"],
@@ -283,11 +292,42 @@ def test_simdgroup_matrix_thread_elements_layout(metal_kernel):
                     grid=(32, 1, 1), threadgroup=(32, 1, 1))
     expected = np.empty((32, 2), np.float32)
     for lane in range(32):
-        q = lane // 4
-        row = (q & 4) + (lane // 2) % 4
-        col = (q & 2) * 2 + (lane % 2) * 2
+        row, col = _frag_coord(lane, backend)
         expected[lane] = src[row, col], src[row, col + 1]
     np.testing.assert_array_equal(np.array(out), expected)
+
+
+def test_shared_header_frag_helpers_match_the_layout(metal_kernel):
+    """xk_frag_coord / xk_frag_row_max / xk_frag_row_sum (metal_src/_simdgroup.metal, in every
+    family's header) agree with the backend's own simdgroup_matrix layout."""
+    from xlstm_kernels.runtime import family_header
+
+    rng = np.random.default_rng(13)
+    src = rng.standard_normal((8, 8)).astype(np.float32)
+    body = """
+const uint lane = thread_index_in_simdgroup;
+simdgroup_matrix<float, 8, 8> m;
+simdgroup_load(m, src, 8);
+int r, c;
+xk_frag_coord(lane, r, c);
+const vec<float, 2> e = m.thread_elements();
+out[lane * 5 + 0] = e[0] - src[r * 8 + c];
+out[lane * 5 + 1] = e[1] - src[r * 8 + c + 1];
+out[lane * 5 + 2] = float(r);
+out[lane * 5 + 3] = xk_frag_row_max(metal::max(e[0], e[1]));
+out[lane * 5 + 4] = xk_frag_row_sum(e[0] + e[1]);
+"""
+    kernel = metal_kernel(name="feat_frag_helpers", input_names=["src"], output_names=["out"], source=body,
+                          header="#include <metal_stdlib>\n#include <metal_simdgroup_matrix>\nusing namespace metal;\n"
+                          + family_header("gemm"))
+    (out,) = kernel(inputs=[mx.array(src)], output_shapes=[(32, 5)], output_dtypes=[mx.float32],
+                    grid=(32, 1, 1), threadgroup=(32, 1, 1))
+    got = np.array(out)
+    np.testing.assert_array_equal(got[:, :2], 0.0)  # thread_elements are where xk_frag_coord says
+    rows = got[:, 2].astype(int)
+    assert sorted(np.bincount(rows, minlength=8)) == [4] * 8  # 4 lanes per row
+    np.testing.assert_array_equal(got[:, 3], src.max(axis=1)[rows])
+    np.testing.assert_allclose(got[:, 4], src.sum(axis=1)[rows], rtol=1e-5, atol=1e-6)
 
 
 # ---------------------------------------------------------------------------

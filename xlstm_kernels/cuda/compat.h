@@ -1044,6 +1044,8 @@ inline bool simd_is_first() { return int(msl_detail::lane_id()) == __ffs(__activ
 // metal_src bodies ask xk_frag_coord (metal_src/_simdgroup.metal: Apple's layout unless
 // XK_SIMDGROUP_LAYOUT is defined, as here).
 #define XK_SIMDGROUP_LAYOUT 1
+#define XK_FRAG_ROW_XOR_A 1  // the lanes 4g .. 4g + 3 of one row differ in lane bits 1 and 2
+#define XK_FRAG_ROW_XOR_B 2
 namespace msl_detail {
 inline void lane_coord(uint lane, int& row, int& col) {
   row = int(lane / 4);
