@@ -44,7 +44,6 @@ import numpy as np
 
 from .. import runtime
 from ..tiles import knobs as knobs_mod
-from ..tiles.errors import TileConfigError
 from .args import BenchArgumentError, dtype_of, parse_shapes, shape_text
 
 __all__ = [
@@ -493,8 +492,3 @@ def write_bars(result, path: str) -> str:
     fig.tight_layout()
     fig.savefig(path)
     return path
-
-
-def validate_knob_op(op: str) -> None:
-    if op not in KNOB_TUNE_OPS:
-        raise TileConfigError(f"op {op!r}: not a knob op; expected one of {', '.join(KNOB_TUNE_OPS)}")
