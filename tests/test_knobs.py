@@ -24,6 +24,7 @@ from xlstm_kernels.tiles import (
     explain_knobs,
     knob_env_var,
     knob_shape_class,
+    reload_presets,
     resolve_knobs,
 )
 from xlstm_kernels.tiles import knobs as knobs_mod
@@ -275,7 +276,8 @@ def test_precedence_argument_env_user_files_shipped_builtin(monkeypatch, tmp_pat
     assert explain_knobs("rms_norm", "float32", shape)["sources"]["n_reads"] == "built-in default: 4 (ops.norm.N_READS)"
 
 
-def test_env_and_file_changes_take_effect_without_reload(monkeypatch, tmp_path):
+def test_env_and_file_changes_take_effect(monkeypatch, tmp_path):
+    """Env changes apply at once; an in-place file edit after reload_presets() (or STAMP_TTL_S)."""
     assert resolve_knobs("mlstm", "float32", 70).values["chunk_size"] is None
     monkeypatch.setenv("XLSTM_MLSTM_CHUNK_SIZE", "16")
     assert ml.knob_values(70, "float32") == {"chunk_size": 16}
@@ -286,11 +288,13 @@ def test_env_and_file_changes_take_effect_without_reload(monkeypatch, tmp_path):
     assert ml.knob_values(70, "float32") == {"chunk_size": 8}
     path.write_text("families:\n  cpu:\n    kernels:\n      mlstm:\n        default: {chunk_size: 32}\n")
     os.utime(path, ns=(time.time_ns() + 10**9, time.time_ns() + 10**9))
+    reload_presets()
     assert ml.knob_values(70, "float32") == {"chunk_size": 32}
     assert ml.knob_values(70, "float32", 5) == {"chunk_size": 5}  # an explicit argument wins
     # another family's entries do not apply
     path.write_text("families:\n  m3:\n    kernels:\n      mlstm:\n        default: {chunk_size: 32}\n")
     os.utime(path, ns=(time.time_ns() + 2 * 10**9, time.time_ns() + 2 * 10**9))
+    monkeypatch.setattr(presets_mod, "STAMP_TTL_S", 0.0)  # as if STAMP_TTL_S had passed
     assert ml.knob_values(70, "float32") == {"chunk_size": 64}
     monkeypatch.setenv("XLSTM_KERNELS_DEVICE", "m3")
     assert resolve_knobs("mlstm", "float32", 70).family == "m3"

@@ -16,6 +16,7 @@ from xlstm_kernels.tiles import (
     detect_device,
     explain,
     get_gemm_tiles,
+    reload_presets,
     resolve_gemm_config,
     roofline,
     set_gemm_tiles,
@@ -147,7 +148,15 @@ def test_user_file_edits_are_picked_up(monkeypatch, tmp_path):
     assert resolve_gemm_config("gemm_av", 64, 64, 64, "float32").config.tm == 16
     _write(user, "families:\n  cpu:\n    gemm:\n      default:\n        default: {tm: 64, rm: 8}\n")
     os.utime(user, ns=(time.time_ns() + 10**9, time.time_ns() + 10**9))
+    # within STAMP_TTL_S of the last look the file is not stat()ed again ...
+    monkeypatch.setattr(presets_mod, "STAMP_TTL_S", 3600.0)
+    assert resolve_gemm_config("gemm_av", 64, 64, 64, "float32").config.tm == 16
+    reload_presets()  # ... unless asked to
     assert resolve_gemm_config("gemm_av", 64, 64, 64, "float32").config.tm == 64
+    _write(user, "families:\n  cpu:\n    gemm:\n      default:\n        default: {tm: 32}\n")
+    os.utime(user, ns=(time.time_ns() + 2 * 10**9, time.time_ns() + 2 * 10**9))
+    monkeypatch.setattr(presets_mod, "STAMP_TTL_S", 0.0)  # or once STAMP_TTL_S has passed
+    assert resolve_gemm_config("gemm_av", 64, 64, 64, "float32").config.tm == 32
 
 
 def test_missing_user_file_named(monkeypatch, tmp_path):

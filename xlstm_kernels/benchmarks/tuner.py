@@ -900,6 +900,7 @@ def write_presets(result: TuneResult, path: str | None = None, *, family: str | 
             with open(path + ".bak", "w", encoding="utf-8") as fh:
                 fh.write(old_text)
         os.replace(tmp, path)
+        presets_mod.reload_presets()
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -916,4 +917,5 @@ def ensure_presets_file(path: str) -> bool:
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     with open(path, "w", encoding="utf-8") as fh:
         fh.write("# xlstm-kernels user presets (created by `xlstm-kernels tune --write`)\nversion: 1\nfamilies: {}\n")
+    presets_mod.reload_presets()
     return True

@@ -133,10 +133,42 @@ class CudaKernelError(RuntimeError):
     """A kernel that the CUDA backend cannot build or launch as asked."""
 
 
-@functools.lru_cache(maxsize=1)
-def compat_header() -> str:
-    """The text of ``compat.h``."""
-    return resources.files(__package__).joinpath("compat.h").read_text()
+# compat.h is always part of a kernel's header; the other parts only when the kernel's text
+# (family header + body, comments ignored) matches their pattern. vector_io.h is small and
+# always included (the shared metal_src header refers to its helpers).
+HEADER_PARTS: tuple[tuple[str, "re.Pattern[str] | None"], ...] = (
+    ("compat.h", None),
+    ("vector_io.h", None),
+    ("simdgroup_matrix.h", re.compile(r"\b(simdgroup_matrix|simdgroup_load|simdgroup_store|simdgroup_multiply"
+                                      r"|make_filled_simdgroup_matrix|simdgroup_float8x8|simdgroup_half8x8"
+                                      r"|simdgroup_bfloat8x8)\b")),
+    ("atomics.h", re.compile(r"\b(atomic|atomic_\w+)\b|\bmemory_order")),
+)
+
+# C/C++ comments (removed) or string / char literals (kept, so asm("...") survives).
+_COMMENT_OR_LITERAL = re.compile(r'//[^\n]*|/\*.*?\*/|"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'', re.S)
+
+
+def strip_comments(text: str) -> str:
+    """C++ text without comments, blank lines and indentation (same meaning, fewer bytes).
+
+    MLX hashes the whole kernel text on every launch (the JIT module's name), so every
+    byte of header costs host time per call."""
+    text = _COMMENT_OR_LITERAL.sub(lambda m: m.group(0) if m.group(0)[0] in "\"'" else " ", text)
+    lines = (ln.strip() for ln in text.split("\n"))
+    return "\n".join(ln for ln in lines if ln) + "\n"
+
+
+@functools.lru_cache(maxsize=None)
+def header_part(name: str, stripped: bool = True) -> str:
+    """The text of one header file of this package (``compat.h``, ...), comments stripped."""
+    text = resources.files(__package__).joinpath(name).read_text()
+    return strip_comments(text) if stripped else text
+
+
+def compat_header(stripped: bool = False) -> str:
+    """Every header part, in order (the full MSL subset; `stripped`: without comments)."""
+    return "".join(header_part(name, stripped) for name, _ in HEADER_PARTS)
 
 
 def rewrite_threadgroup_decls(body: str) -> str:
@@ -161,6 +193,11 @@ def rewrite_threadgroup_decls(body: str) -> str:
 
 def _blank_metal_includes(header: str) -> str:
     return _METAL_INCLUDE.sub("", header)
+
+
+def _blank_comments_only(text: str) -> str:
+    """`text` with its comments blanked (string literals kept): what header patterns search."""
+    return _COMMENT_OR_LITERAL.sub(lambda m: m.group(0) if m.group(0)[0] in "\"'" else " ", text)
 
 
 
@@ -201,6 +238,7 @@ class CudaKernel:
         self._body = rewrite_half_literals(rewrite_threadgroup_decls(source))
         self._family_header = rewrite_half_literals(_blank_metal_includes(header))
         self._objects: dict[tuple, Any] = {}
+        self._plans: dict[tuple, Any] = {}
         self._lock = threading.Lock()
 
     # -- generated text ------------------------------------------------------------
@@ -211,7 +249,12 @@ class CudaKernel:
         return ins, outs
 
     def cuda_header(self, threads: int) -> str:
-        parts = [f"#define XK_MAX_THREADS {int(threads)}\n", compat_header(), "\nnamespace mlx::core::cu {\n"]
+        parts = [f"#define XK_MAX_THREADS {int(threads)}\n"]
+        code = _blank_comments_only(self._family_header + "\n" + self._body)
+        for name, pattern in HEADER_PARTS:
+            if pattern is None or pattern.search(code) or (name == "atomics.h" and self.atomic_outputs):
+                parts.append(header_part(name))
+        parts.append("namespace mlx::core::cu {\n")
         if self._family_header:
             parts += [f"#line 1 {_c_string(self.name + '.header.metal')}\n", self._family_header]
             if not self._family_header.endswith("\n"):
@@ -279,6 +322,45 @@ class CudaKernel:
         ):
             if actual != expected:
                 raise ValueError(f"[metal_kernel] Expected `{what}` to have size {expected} but got size {actual}.")
+        arrays = [v if isinstance(v, mx.array) else _as_array(v) for v in inputs]
+        zero_d = tuple([a.ndim == 0 for a in arrays])
+        try:  # the launch plan of this (grid, threadgroup, template, 0-d inputs), if seen before
+            key = (tuple(grid), tuple(threadgroup), zero_d,
+                   tuple([(k, v, v.__class__) for k, v in template]) if template else ())
+            plan = self._plans.get(key)
+        except TypeError:  # unhashable arguments: checked (and refused) by _plan below
+            key, plan = None, None
+        if plan is None:
+            plan = self._plan(grid, threadgroup, template, zero_d)
+            if key is not None:
+                with self._lock:
+                    if len(self._plans) > 4096:
+                        self._plans.clear()
+                    self._plans[key] = plan
+        shapes = [tuple(int(d) for d in s) for s in output_shapes]
+        dtypes = list(output_dtypes)
+        if plan is _EMPTY:  # Metal dispatches nothing: outputs keep init_value (else undefined)
+            fill = 0.0 if init_value is None else init_value
+            return [mx.full(s, fill, dtype=d) for s, d in zip(shapes, dtypes)]
+        obj, grid_arg, launch_grid, block = plan
+        kwargs: dict[str, Any] = {}
+        if init_value is not None:
+            kwargs["init_value"] = init_value
+        if stream is not None:
+            kwargs["stream"] = stream
+        return obj(
+            inputs=[*arrays, grid_arg],
+            output_shapes=shapes,
+            output_dtypes=dtypes,
+            grid=launch_grid,
+            threadgroup=block,
+            verbose=bool(verbose),
+            **kwargs,
+        )
+
+    def _plan(self, grid: Sequence[int], threadgroup: Sequence[int], template, zero_d: tuple[bool, ...]):
+        """(cuda_kernel object, xk_grid input, CUDA grid in threads, block) of one launch
+        signature, or _EMPTY for an empty grid; checks the arguments as Metal's wrapper does."""
         g = _triple(grid, "grid")
         t = _triple(threadgroup, "threadgroup")
         if 0 in t:
@@ -289,34 +371,21 @@ class CudaKernel:
                 f"Thread group size ({n_threads}) is greater than the maximum allowed threads per "
                 f"threadgroup ({MAX_THREADS_PER_THREADGROUP})."
             )
-        arrays = [_as_array(v) for v in inputs]
-        shapes = [tuple(int(d) for d in s) for s in output_shapes]
-        dtypes = list(output_dtypes)
-        if 0 in g:  # Metal dispatches nothing: outputs keep init_value (else undefined)
-            fill = 0.0 if init_value is None else init_value
-            return [mx.full(s, fill, dtype=d) for s, d in zip(shapes, dtypes)]
+        template_key = _template_key(template)
+        if 0 in g:
+            return _EMPTY
         block = tuple(min(a, b) for a, b in zip(t, g))
         counts = tuple(-(-gg // bb) for gg, bb in zip(g, block))
         total = counts[0] * counts[1] * counts[2]
         if total * block[0] > _MAX_GRID_X_BLOCKS:
             raise CudaKernelError(f"[{self.name}] grid {g} with threadgroup {t} needs {total} threadgroups: too many")
-        zero_d = tuple(a.ndim == 0 for a in arrays)
         native = counts[1] <= _MAX_GRID_YZ_BLOCKS and counts[2] <= _MAX_GRID_YZ_BLOCKS
-        obj = self._object(zero_d, n_threads, _template_key(template), native)
-        kwargs: dict[str, Any] = {}
-        if init_value is not None:
-            kwargs["init_value"] = init_value
-        if stream is not None:
-            kwargs["stream"] = stream
-        return obj(
-            inputs=[*arrays, _grid_array(g, counts)],
-            output_shapes=shapes,
-            output_dtypes=dtypes,
-            grid=tuple(c * b for c, b in zip(counts, block)) if native else (total * block[0], block[1], block[2]),
-            threadgroup=block,
-            verbose=bool(verbose),
-            **kwargs,
-        )
+        obj = self._object(zero_d, n_threads, template_key, native)
+        launch_grid = tuple(c * b for c, b in zip(counts, block)) if native else (total * block[0], block[1], block[2])
+        return obj, mx.array([*g, *counts], dtype=mx.int32), launch_grid, block
+
+
+_EMPTY = object()  # the plan of a launch with an empty grid
 
 
 def _template_key(template: Sequence[tuple[str, Any]] | None) -> tuple:
@@ -354,22 +423,6 @@ def template_lines(key: tuple) -> list[str]:
                 raise ValueError(f"[metal_kernel] template dtype {v} has no CUDA type")
             lines.append(f"using {name} = {_CUDA_TYPES[v]};")
     return lines
-
-
-_grid_cache: dict[tuple, mx.array] = {}
-_grid_lock = threading.Lock()
-
-
-def _grid_array(g: tuple[int, int, int], counts: tuple[int, int, int]) -> mx.array:
-    key = (*g, *counts)
-    with _grid_lock:
-        a = _grid_cache.get(key)
-        if a is None:
-            if len(_grid_cache) > 4096:
-                _grid_cache.clear()
-            a = mx.array(list(key), dtype=mx.int32)
-            _grid_cache[key] = a
-    return a
 
 
 def metal_kernel(

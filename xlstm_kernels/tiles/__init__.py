@@ -17,7 +17,7 @@ Typical use (the ops do this per call)::
 from .errors import TileConfigError
 from .gemm import DTYPES, OPS, GemmConfig
 from .knobs import KNOB_OPS, ResolvedKnobs, explain_knobs, knob_env_var, knob_shape_class, resolve_knobs
-from .presets import DeviceInfo, detect_device, roofline, shape_class
+from .presets import DeviceInfo, detect_device, reload_presets, roofline, shape_class
 from .resolve import (
     ResolvedGemmConfig,
     explain,
@@ -42,6 +42,7 @@ __all__ = [
     "get_gemm_tiles",
     "knob_env_var",
     "knob_shape_class",
+    "reload_presets",
     "resolve_gemm_config",
     "resolve_knobs",
     "roofline",

@@ -530,6 +530,7 @@ def explain_knobs(
     Returns a dict: op, dtype, size, shape (or None), shape_class, family, device,
     values, sources, skipped, env (knob -> variable), builtin (knob -> the built-in rule).
     """
+    presets_mod.reload_presets()  # diagnostics always read the files as they are now
     spec = _check_op(op)
     shape = None
     if isinstance(size, (tuple, list)):

@@ -34,6 +34,7 @@ from __future__ import annotations
 import importlib.resources
 import os
 import re
+import time
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
@@ -451,10 +452,34 @@ class PresetStack:
 _STACK_CACHE: dict[tuple, PresetStack] = {}
 
 
+# Preset files are stat()ed at most once per STAMP_TTL_S for the same environment (an op
+# call resolves its tiles / knobs every time; two stats per call were a tenth of a small
+# op's host time). A changed XLSTM_KERNELS_PRESETS / XDG variable is seen at once, an edit
+# of a file in place within STAMP_TTL_S; reload_presets() forgets the memo (the tuner's
+# writer calls it).
+STAMP_TTL_S = 0.5
+_STAMP_MEMO: list = [None, 0.0, None]  # [env snapshot, time checked, stamps]
+
+
+def reload_presets() -> None:
+    """Make the next tile / knob resolve re-read the preset files' stamps (after editing one)."""
+    _STAMP_MEMO[0] = None
+
+
 def stack_stamps(snap: tuple | None = None) -> tuple:
     """(path, display, stamp) of every preset file in play, highest first; raises if
     XLSTM_KERNELS_PRESETS names a missing file. `snap`: an env.snapshot()."""
     snap = snap if snap is not None else snapshot()
+    now = time.monotonic()
+    memo = _STAMP_MEMO
+    if memo[0] == snap and now - memo[1] < STAMP_TTL_S:
+        return memo[2]
+    stamps = _read_stamps(snap)
+    memo[0], memo[1], memo[2] = snap, now, stamps
+    return stamps
+
+
+def _read_stamps(snap: tuple) -> tuple:
     out = []
     env_file = (snapshot_value(snap, ENV_PRESETS) or "").strip()
     if env_file:

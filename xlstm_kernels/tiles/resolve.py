@@ -345,6 +345,7 @@ def explain(op: str, shapes: Any, dtype: Any, tiles: Any = None, *, family: str 
     threadgroup_bytes, grid (in threads), template, roofline (the family's peaks plus
     this call's flops, bytes and lower-bound time in microseconds).
     """
+    presets_mod.reload_presets()  # diagnostics always read the files as they are now
     m, n, k, batch = _mnk(op, shapes)
     res = resolve_gemm_config(op, m, n, k, dtype, tiles, batch=batch, family=family)
     cfg, dt = res.config, dtype_name(dtype)

@@ -1,0 +1,204 @@
+// simdgroup_matrix.h
+// simdgroup_matrix<T, 8, 8>, simdgroup_load / store, simdgroup_multiply(_accumulate) for CUDA
+// (layout and xk_frag_coord: compat.h).
+// Included after compat.h by xlstm_kernels.cuda.kernel when a kernel's text needs it.
+#ifndef XLSTM_CUDA_SIMDGROUP_MATRIX_H
+#define XLSTM_CUDA_SIMDGROUP_MATRIX_H
+namespace mlx::core::cu {
+
+// Tensor-core operands (groupID g = lane / 4, t = lane % 4). The elements themselves are
+// mma.m16n8k8's A operand (rows 0-7 of its 16 x 8: {M[g][2t], M[g][2t+1]}) and its
+// accumulator; 2-byte matrices (half, bfloat) also keep the B operand
+//   xk_b_ = {M[2t][g], M[2t+1][g]}    (8 x 8, "col")
+// filled by simdgroup_load, make_filled_simdgroup_matrix, the diagonal constructor and a
+// product; an element written through thread_elements() would leave it stale, so the
+// non-const accessor is refused for 2-byte matrices at compile time (no body does it).
+// An unused xk_b_ costs nothing: the compiler drops the loads that feed no product.
+namespace msl_detail {
+template <class T, bool TC = (sizeof(T) == 2)> struct mma_frags {};
+template <class T> struct mma_frags<T, true> {
+  unsigned xk_b_;
+};
+template <class T> inline unsigned pack2(T x0, T x1) {
+  vec<T, 2> v;
+  v.v[0] = x0;
+  v.v[1] = x1;
+  return *reinterpret_cast<const unsigned*>(&v);
+}
+}  // namespace msl_detail
+
+template <typename T, int Cols, int Rows>
+struct simdgroup_matrix : msl_detail::mma_frags<T> {
+  static_assert(Cols == 8 && Rows == 8, "only 8x8 simdgroup matrices are supported");
+  vec<T, 2> elements_;
+  simdgroup_matrix() = default;
+  explicit simdgroup_matrix(T diag) {
+    int r, c;
+    msl_detail::lane_coord(msl_detail::lane_id(), r, c);
+    const T z = msl_detail::conv<T>(0.0f);
+    elements_[0] = r == c ? diag : z;
+    elements_[1] = r == c + 1 ? diag : z;
+    if constexpr (sizeof(T) == 2) {
+      const int g = int(msl_detail::lane_id() / 4), t = int(msl_detail::lane_id() % 4);
+      this->xk_b_ = msl_detail::pack2<T>(g == 2 * t ? diag : z, g == 2 * t + 1 ? diag : z);
+    }
+  }
+  template <class U = T> vec<U, 2>& thread_elements() {
+    static_assert(sizeof(U) != 2, "xlstm_kernels.cuda: writing elements of a half/bfloat simdgroup_matrix "
+                                  "is not supported (its tensor-core fragments would go stale)");
+    return elements_;
+  }
+  const vec<T, 2>& thread_elements() const { return elements_; }
+};
+typedef simdgroup_matrix<float, 8, 8> simdgroup_float8x8;
+typedef simdgroup_matrix<half, 8, 8> simdgroup_half8x8;
+typedef simdgroup_matrix<bfloat, 8, 8> simdgroup_bfloat8x8;
+
+template <typename T, int Cols, int Rows>
+inline simdgroup_matrix<T, Cols, Rows> make_filled_simdgroup_matrix(T value) {
+  simdgroup_matrix<T, Cols, Rows> m;
+  m.elements_[0] = value;
+  m.elements_[1] = value;
+  if constexpr (sizeof(T) == 2) m.xk_b_ = msl_detail::pack2<T>(value, value);
+  return m;
+}
+
+// Each lane loads or stores only its own elements (2-byte matrices: also its fragments).
+template <typename T, typename U, int C, int R>
+inline void simdgroup_load(simdgroup_matrix<T, C, R>& d, const U* src, unsigned long elements_per_row = 8,
+                           vec<unsigned long, 2> matrix_origin = vec<unsigned long, 2>(0, 0),
+                           bool transpose_matrix = false) {
+  int r, c;
+  const uint lane = msl_detail::lane_id();
+  msl_detail::lane_coord(lane, r, c);
+  const long ld = long(elements_per_row);
+  const U* base = src + long(matrix_origin.y) * ld + long(matrix_origin.x);
+  // M[i][j] = base[i * si + j * sj]
+  const long si = transpose_matrix ? 1 : ld, sj = transpose_matrix ? ld : 1;
+  d.elements_[0] = msl_detail::conv<T>(base[r * si + c * sj]);
+  d.elements_[1] = msl_detail::conv<T>(base[r * si + (c + 1) * sj]);
+  if constexpr (sizeof(T) == 2) {
+    const long g = long(lane / 4), t2 = 2 * long(lane % 4);
+    d.xk_b_ = msl_detail::pack2<T>(msl_detail::conv<T>(base[t2 * si + g * sj]),
+                                   msl_detail::conv<T>(base[(t2 + 1) * si + g * sj]));
+  }
+}
+
+template <typename T, typename U, int C, int R>
+inline void simdgroup_store(const simdgroup_matrix<T, C, R>& d, U* dst, unsigned long elements_per_row = 8,
+                            vec<unsigned long, 2> matrix_origin = vec<unsigned long, 2>(0, 0),
+                            bool transpose_matrix = false) {
+  int r, c;
+  msl_detail::lane_coord(msl_detail::lane_id(), r, c);
+  const long ld = long(elements_per_row);
+  U* base = dst + long(matrix_origin.y) * ld + long(matrix_origin.x);
+  if (transpose_matrix) {
+    base[long(c) * ld + r] = msl_detail::conv<U>(d.elements_[0]);
+    base[long(c + 1) * ld + r] = msl_detail::conv<U>(d.elements_[1]);
+  } else {
+    base[long(r) * ld + c] = msl_detail::conv<U>(d.elements_[0]);
+    base[long(r) * ld + c + 1] = msl_detail::conv<U>(d.elements_[1]);
+  }
+}
+
+// D = A * B (+ C), accumulated in float.
+// * A and B both half or both bfloat (sm_80+): one tensor-core mma.m16n8k8 (rows 8-15 of
+//   its A are zero); A, C and D are already in its layout, B is the kept xk_b_: no shuffles.
+// * otherwise, in float on the CUDA cores: lane (r, c) gathers row r of A and columns
+//   c, c + 1 of B with 24 shuffles (12 for half / bfloat); float stays float32-exact.
+// All 32 lanes take part, as on Metal.
+namespace msl_detail {
+// The two elements of lane `src`'s fragment, as floats (2-byte types in one shuffle).
+template <class T> inline void shfl_pair(unsigned mask, const vec<T, 2>& e, int src, float& x0, float& x1) {
+  if constexpr (sizeof(T) == 2) {
+    const unsigned p = __shfl_sync(mask, *reinterpret_cast<const unsigned*>(&e), src);
+    vec<T, 2> r;
+    *reinterpret_cast<unsigned*>(&r) = p;
+    x0 = conv<float>(r.v[0]);
+    x1 = conv<float>(r.v[1]);
+  } else {
+    x0 = __shfl_sync(mask, conv<float>(e.v[0]), src);
+    x1 = __shfl_sync(mask, conv<float>(e.v[1]), src);
+  }
+}
+template <class TA, class TB>
+inline void mma8_cores(float& d0, float& d1, const simdgroup_matrix<TA, 8, 8>& a, const simdgroup_matrix<TB, 8, 8>& b) {
+  const unsigned mask = __activemask();
+  const uint lane = lane_id();
+  int r, c;
+  lane_coord(lane, r, c);
+  const int pc = c >> 1;
+#pragma unroll
+  for (int p = 0; p < 4; ++p) {
+    float x0, x1, y00, y01, y10, y11;
+    shfl_pair(mask, a.elements_, lane_of(r, p), x0, x1);           // A[r][2p], A[r][2p+1]
+    shfl_pair(mask, b.elements_, lane_of(2 * p, pc), y00, y01);     // B[2p][c], B[2p][c+1]
+    shfl_pair(mask, b.elements_, lane_of(2 * p + 1, pc), y10, y11); // B[2p+1][c], B[2p+1][c+1]
+    d0 = fmaf(x0, y00, d0);
+    d1 = fmaf(x0, y01, d1);
+    d0 = fmaf(x1, y10, d0);
+    d1 = fmaf(x1, y11, d1);
+  }
+}
+template <class TA, class TB> struct tensor_core_pair {
+  static constexpr bool v = false;
+};
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+template <> struct tensor_core_pair<::__half, ::__half> { static constexpr bool v = true; };
+template <> struct tensor_core_pair<::__nv_bfloat16, ::__nv_bfloat16> { static constexpr bool v = true; };
+#endif
+// {d0, d1} = rows 0-7 of A * B + {c0, c1}, A and B 2-byte operands (packed pairs).
+template <class T> inline void mma_m16n8k8(float& d0, float& d1, unsigned a, unsigned b, float c0, float c1) {
+  float d2, d3;
+  if constexpr (same<T, ::__nv_bfloat16>::v) {
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%7,%8,%9,%10};"
+                 : "=f"(d0), "=f"(d1), "=f"(d2), "=f"(d3)
+                 : "r"(a), "r"(0u), "r"(b), "f"(c0), "f"(c1), "f"(0.0f), "f"(0.0f));
+  } else {
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%7,%8,%9,%10};"
+                 : "=f"(d0), "=f"(d1), "=f"(d2), "=f"(d3)
+                 : "r"(a), "r"(0u), "r"(b), "f"(c0), "f"(c1), "f"(0.0f), "f"(0.0f));
+  }
+  (void)d2;
+  (void)d3;
+}
+template <class TD, class TA, class TB, class TC>
+inline void simdgroup_mma(simdgroup_matrix<TD, 8, 8>& d, const simdgroup_matrix<TA, 8, 8>& a,
+                          const simdgroup_matrix<TB, 8, 8>& b, const simdgroup_matrix<TC, 8, 8>* c) {
+  float d0 = c ? conv<float>(c->elements_[0]) : 0.0f;
+  float d1 = c ? conv<float>(c->elements_[1]) : 0.0f;
+  if constexpr (tensor_core_pair<TA, TB>::v) {
+    mma_m16n8k8<TA>(d0, d1, *reinterpret_cast<const unsigned*>(&a.elements_), b.xk_b_, d0, d1);
+  } else {
+    mma8_cores(d0, d1, a, b);
+  }
+  if constexpr (sizeof(TD) == 2) {
+    // xk_b_ = {D[2t][g], D[2t+1][g]}: element g % 2 of lanes lane_of(2t, g / 2), lane_of(2t + 1, g / 2)
+    const unsigned mask = 0xFFFFFFFFu;
+    const uint lane = lane_id();
+    const int g = int(lane / 4), t = int(lane % 4);
+    const unsigned mine = pack2<TD>(conv<TD>(d0), conv<TD>(d1));
+    const unsigned e0 = __shfl_sync(mask, mine, lane_of(2 * t, g / 2));
+    const unsigned e1 = __shfl_sync(mask, mine, lane_of(2 * t + 1, g / 2));
+    const unsigned sh = (g & 1) ? 16u : 0u;
+    d.xk_b_ = ((e0 >> sh) & 0xFFFFu) | (((e1 >> sh) & 0xFFFFu) << 16);
+  }
+  d.elements_[0] = conv<TD>(d0);
+  d.elements_[1] = conv<TD>(d1);
+}
+}  // namespace msl_detail
+
+template <class TD, class TA, class TB, class TC>
+inline void simdgroup_multiply_accumulate(simdgroup_matrix<TD, 8, 8>& d, const simdgroup_matrix<TA, 8, 8>& a,
+                                          const simdgroup_matrix<TB, 8, 8>& b, const simdgroup_matrix<TC, 8, 8>& c) {
+  msl_detail::simdgroup_mma(d, a, b, &c);
+}
+
+template <class TD, class TA, class TB>
+inline void simdgroup_multiply(simdgroup_matrix<TD, 8, 8>& d, const simdgroup_matrix<TA, 8, 8>& a,
+                               const simdgroup_matrix<TB, 8, 8>& b) {
+  msl_detail::simdgroup_mma(d, a, b, static_cast<const simdgroup_matrix<TD, 8, 8>*>(nullptr));
+}
+
+}  // namespace mlx::core::cu
+#endif
