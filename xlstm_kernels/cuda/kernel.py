@@ -50,6 +50,7 @@ Differences from Metal (documented, none used by metal_src/):
 from __future__ import annotations
 
 import functools
+import os
 import re
 import threading
 from importlib import resources
@@ -166,6 +167,34 @@ def header_part(name: str, stripped: bool = True) -> str:
     return strip_comments(text) if stripped else text
 
 
+# Header parts are passed as `#include "<absolute path>"` lines when the package's files
+# are on disk (NVRTC reads them itself): the kernel text that MLX copies and hashes on
+# every launch then holds only the family header and the body (a few KB instead of ~55 KB).
+# INCLUDE_HEADERS = False (or XLSTM_KERNELS_CUDA_INLINE_HEADERS=1) pastes the text instead.
+INCLUDE_HEADERS = os.environ.get("XLSTM_KERNELS_CUDA_INLINE_HEADERS", "").strip() not in ("1", "true", "yes", "on")
+
+
+@functools.lru_cache(maxsize=None)
+def _include_line(name: str) -> str | None:
+    """``#include "<path>"`` of a header part, or None when it is not a plain file on disk."""
+    try:
+        path = os.path.abspath(os.fspath(resources.files(__package__).joinpath(name)))
+    except TypeError:  # not a filesystem resource (zip import)
+        return None
+    if not os.path.isfile(path) or any(c in path for c in '"\\\n'):
+        return None
+    return f'#include "{path}"\n'
+
+
+def header_part_text(name: str) -> str:
+    """What the kernel text carries for one header part: an include line, else its text."""
+    if INCLUDE_HEADERS:
+        line = _include_line(name)
+        if line is not None:
+            return line
+    return header_part(name)
+
+
 def compat_header(stripped: bool = False) -> str:
     """Every header part, in order (the full MSL subset; `stripped`: without comments)."""
     return "".join(header_part(name, stripped) for name, _ in HEADER_PARTS)
@@ -253,7 +282,7 @@ class CudaKernel:
         code = _blank_comments_only(self._family_header + "\n" + self._body)
         for name, pattern in HEADER_PARTS:
             if pattern is None or pattern.search(code) or (name == "atomics.h" and self.atomic_outputs):
-                parts.append(header_part(name))
+                parts.append(header_part_text(name))
         parts.append("namespace mlx::core::cu {\n")
         if self._family_header:
             parts += [f"#line 1 {_c_string(self.name + '.header.metal')}\n", self._family_header]

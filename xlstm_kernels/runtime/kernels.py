@@ -58,10 +58,9 @@ def get_kernel(spec: KernelSpec, backend: str | None = None) -> Any:
     """The kernel object for `spec` on `backend` (default: the active one)."""
     backend = backend or current_backend()
     key = (backend, spec)
-    with _lock:
-        k = _cache.get(key)
-        if k is not None:
-            return k
+    k = _cache.get(key)  # a dict lookup is atomic; the lock only guards insertion
+    if k is not None:
+        return k
     if backend == "metal":
         if not mx.metal.is_available():
             raise BackendUnavailableError(

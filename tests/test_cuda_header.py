@@ -1,0 +1,132 @@
+"""How the cuda backend assembles a kernel's text and reuses its launch plans, checked
+without a GPU (mx.fast.cuda_kernel is replaced by a recorder)."""
+
+from __future__ import annotations
+
+import os
+import re
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from xlstm_kernels.cuda import kernel as ck
+from xlstm_kernels.runtime.sources import family_header, kernel_body
+
+COPY = "const uint i = thread_position_in_grid.x;\nif (i < uint(n)) { y[i] = x[i]; }\n"
+
+
+class _Recorder:
+    """Stands in for mx.fast.cuda_kernel: records each object built and each launch."""
+
+    def __init__(self):
+        self.built: list[dict] = []
+        self.launches: list[dict] = []
+
+    def __call__(self, name, input_names, output_names, source, header, ensure_row_contiguous=True, **kw):
+        self.built.append({"name": name, "source": source, "header": header})
+
+        def run(inputs, output_shapes, output_dtypes, grid, threadgroup, **kwargs):
+            self.launches.append({"grid": grid, "threadgroup": threadgroup, "inputs": inputs})
+            return [mx.zeros(s, dtype=d) for s, d in zip(output_shapes, output_dtypes)]
+
+        return run
+
+
+@pytest.fixture
+def recorder(monkeypatch):
+    rec = _Recorder()
+    monkeypatch.setattr(mx.fast, "cuda_kernel", rec)
+    return rec
+
+
+def _kernel(family: str, name: str, inputs, outputs, atomic: bool = False) -> ck.CudaKernel:
+    return ck.CudaKernel(name, inputs, outputs, kernel_body(family, name), family_header(family),
+                         atomic_outputs=atomic)
+
+
+def test_strip_comments_keeps_code_and_string_literals():
+    text = 'int a = 1; // one\n/* block\n comment */ asm("mma.sync // not a comment");\n\n  char c = \'/\';\n'
+    out = ck.strip_comments(text)
+    assert "one" not in out and "block" not in out
+    assert 'asm("mma.sync // not a comment");' in out and "char c = '/';" in out
+    assert "\n\n" not in out and not out.startswith(" ")
+
+
+def test_header_parts_follow_what_the_kernel_uses():
+    norm = _kernel("norm", "rms_norm", ["x", "w", "eps", "params"], ["y"]).cuda_header(256)
+    gemm = _kernel("gemm", "gemm_simd", ["A", "B", "bias", "residual", "params"], ["C", "P"]).cuda_header(256)
+    atomic = ck.CudaKernel("acc", ["x"], ["y"], "y[0] += x[0];", atomic_outputs=True).cuda_header(32)
+    names = lambda h: {n for n, _ in ck.HEADER_PARTS if ck.header_part_text(n) in h}  # noqa: E731
+    assert names(norm) == {"compat.h", "vector_io.h"}
+    assert names(gemm) == {"compat.h", "vector_io.h", "simdgroup_matrix.h"}
+    assert names(atomic) == {"compat.h", "vector_io.h", "atomics.h"}
+    for h in (norm, gemm, atomic):
+        assert h.startswith("#define XK_MAX_THREADS ")
+        assert h.index("compat.h") < h.index("namespace mlx::core::cu {")
+
+
+def test_included_parts_are_the_package_files_and_inline_mode_pastes_them(monkeypatch):
+    for name, _ in ck.HEADER_PARTS:
+        line = ck.header_part_text(name)
+        m = re.fullmatch(r'#include "(.+)"\n', line)
+        assert m, line
+        assert os.path.isfile(m.group(1)) and m.group(1).endswith(os.sep + name)
+    monkeypatch.setattr(ck, "INCLUDE_HEADERS", False)
+    inline = ck.header_part_text("simdgroup_matrix.h")
+    assert "#include" not in inline.split("\n", 1)[0] and "mma.sync" in inline
+    assert "//" not in inline.replace('"//', "")  # comments stripped (string literals kept)
+    assert len(ck.compat_header(stripped=True)) < len(ck.compat_header())
+
+
+def test_small_kernel_text_per_launch(recorder):
+    """MLX copies and hashes source + header on every launch: keep them small."""
+    k = _kernel("norm", "rms_norm", ["x", "w", "eps", "params"], ["y"])
+    x = mx.array(np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32))
+    k(inputs=[x, x[0], mx.array(1e-5), mx.array([4, 64, 1], dtype=mx.int32)], output_shapes=[(4, 64)],
+      output_dtypes=[mx.float32], grid=(32, 4, 1), threadgroup=(32, 4, 1),
+      template=[("T", mx.float32), ("HAS_W", True), ("N_READS", 4), ("ONE_SIMD", True)])
+    (b,) = recorder.built
+    assert len(b["header"]) + len(b["source"]) < 16384
+
+
+def test_launch_plans_are_reused_per_signature(recorder):
+    k = ck.CudaKernel("copy", ["x", "n"], ["y"], COPY)
+    x = mx.array(np.random.default_rng(1).standard_normal(1000).astype(np.float32))
+    n = mx.array(1000, dtype=mx.int32)
+
+    def go(grid, tg, template):
+        return k(inputs=[x, n], output_shapes=[(1000,)], output_dtypes=[mx.float32], grid=grid,
+                 threadgroup=tg, template=template)
+
+    go((1000, 1, 1), (256, 1, 1), [("T", mx.float32)])
+    go([1000, 1, 1], [256, 1, 1], [("T", mx.float32)])  # lists hash like tuples
+    assert len(recorder.built) == 1 and len(recorder.launches) == 2
+    assert recorder.launches[0]["grid"] == (1024, 1, 1)  # rounded up to whole blocks
+    assert recorder.launches[0]["inputs"][-1] is recorder.launches[1]["inputs"][-1]  # xk_grid made once
+    go((1000, 1, 1), (256, 1, 1), [("T", mx.float16)])  # another template: another object
+    go((1000, 1, 1), (256, 1, 1), [("FLAG", True)])
+    go((1000, 1, 1), (256, 1, 1), [("FLAG", 1)])  # bool and int are different template values
+    assert len(recorder.built) == 4
+    assert "constexpr bool FLAG = true;" in recorder.built[2]["source"]
+    assert "constexpr int FLAG = 1;" in recorder.built[3]["source"]
+    go((2000, 1, 1), (256, 1, 1), [("T", mx.float32)])  # same object, new grid
+    assert len(recorder.built) == 4 and recorder.launches[-1]["grid"] == (2048, 1, 1)
+
+
+def test_bad_launches_still_raise_after_a_good_one(recorder):
+    k = ck.CudaKernel("copy", ["x", "n"], ["y"], COPY)
+    x = mx.zeros((8,))
+    ok = dict(inputs=[x, mx.array(8)], output_shapes=[(8,)], output_dtypes=[mx.float32], grid=(8, 1, 1),
+              threadgroup=(8, 1, 1))
+    k(**ok)
+    with pytest.raises(ValueError, match="threadgroup"):
+        k(**{**ok, "threadgroup": (2048, 1, 1)})
+    with pytest.raises(ValueError, match="threadgroup"):
+        k(**{**ok, "threadgroup": (0, 1, 1)})
+    with pytest.raises(ValueError, match="inputs"):
+        k(**{**ok, "inputs": [x]})
+    with pytest.raises(ValueError, match="template argument"):
+        k(**ok, template=[("T", 1.5)])
+    (y,) = k(**{**ok, "grid": (0, 1, 1)}, init_value=3.0)  # empty grid: nothing runs, init_value kept
+    assert np.all(np.asarray(y) == 3.0) and len(recorder.launches) == 1
