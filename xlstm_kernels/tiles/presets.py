@@ -459,11 +459,13 @@ _STACK_CACHE: dict[tuple, PresetStack] = {}
 # writer calls it).
 STAMP_TTL_S = 0.5
 _STAMP_MEMO: list = [None, 0.0, None]  # [env snapshot, time checked, stamps]
+RELOADS = [0]  # reload_presets() calls (memos built on the stamps compare it)
 
 
 def reload_presets() -> None:
     """Make the next tile / knob resolve re-read the preset files' stamps (after editing one)."""
     _STAMP_MEMO[0] = None
+    RELOADS[0] += 1
 
 
 def stack_stamps(snap: tuple | None = None) -> tuple:

@@ -1,0 +1,69 @@
+"""The memo of prepared op calls: a configuration change must invalidate it at once."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from xlstm_kernels import runtime, tiles
+from xlstm_kernels.ops._callcache import CallCache, config_token
+from xlstm_kernels.tiles import presets as presets_mod
+
+
+def test_token_is_stable_while_nothing_changes():
+    assert config_token() == config_token()
+
+
+def test_env_backend_and_process_tiles_change_the_token(monkeypatch):
+    base = config_token()
+    monkeypatch.setenv("XLSTM_RMS_NORM_N_READS", "2")
+    knob = config_token()
+    assert knob != base
+    monkeypatch.setenv("XLSTM_GEMM_SPLIT_K", "2")
+    assert config_token() not in (base, knob)
+    monkeypatch.delenv("XLSTM_RMS_NORM_N_READS")
+    monkeypatch.delenv("XLSTM_GEMM_SPLIT_K")
+    assert config_token() == base  # equal configurations, equal tokens
+    with runtime.use_backend("reference"):
+        ref = config_token()
+    assert ref != base and config_token() == base
+    monkeypatch.setenv(runtime.ENV_VAR, "reference")
+    assert config_token() != base
+    monkeypatch.delenv(runtime.ENV_VAR)
+    tiles.set_gemm_tiles(av="32x8")
+    try:
+        assert config_token() != base
+    finally:
+        tiles.set_gemm_tiles()
+
+
+def test_preset_edits_change_the_token_after_reload_or_ttl(monkeypatch, tmp_path):
+    path = tmp_path / "p.yaml"
+    path.write_text("families: {}\n")
+    monkeypatch.setenv("XLSTM_KERNELS_PRESETS", str(path))
+    before = config_token()
+    path.write_text("families:\n  cpu:\n    kernels:\n      mlstm:\n        default: {chunk_size: 8}\n")
+    os.utime(path, ns=(time.time_ns() + 10**9, time.time_ns() + 10**9))
+    monkeypatch.setattr(presets_mod, "STAMP_TTL_S", 3600.0)
+    assert config_token() == before  # not stat()ed again within the TTL ...
+    tiles.reload_presets()
+    edited = config_token()
+    assert edited != before  # ... unless asked to
+    os.utime(path, ns=(time.time_ns() + 2 * 10**9, time.time_ns() + 2 * 10**9))
+    monkeypatch.setattr(presets_mod, "STAMP_TTL_S", 0.0)
+    assert config_token() not in (before, edited)  # or once the TTL has passed
+
+
+def test_call_cache_keys_on_configuration(monkeypatch):
+    c = CallCache("t", maxsize=3)
+    assert c.get(("k", 1)) is None
+    assert c.put(("k", 1), "v") == "v" and c.get(("k", 1)) == "v"
+    monkeypatch.setenv("XLSTM_MLSTM_CHUNK_SIZE", "16")
+    assert c.get(("k", 1)) is None  # another configuration
+    c.put(("k", 1), "w")
+    monkeypatch.delenv("XLSTM_MLSTM_CHUNK_SIZE")
+    assert c.get(("k", 1)) == "v"  # back to the first one
+    assert c.get(["unhashable"]) is None and c.put(["unhashable"], 1) == 1
+    c.put(("k", 2), "x")
+    c.put(("k", 3), "y")  # the memo was full: cleared, then stored
+    assert len(c) == 1 and c.get(("k", 3)) == "y"
