@@ -67,3 +67,25 @@ def test_call_cache_keys_on_configuration(monkeypatch):
     c.put(("k", 2), "x")
     c.put(("k", 3), "y")  # the memo was full: cleared, then stored
     assert len(c) == 1 and c.get(("k", 3)) == "y"
+
+
+def test_prepared_launch_matches_launch_on_the_emulator():
+    import mlx.core as mx
+    import numpy as np
+
+    from xlstm_kernels.ops import norm as nm
+
+    rng = np.random.default_rng(3)
+    x = mx.array(rng.standard_normal((5, 300)).astype(np.float32))
+    w = mx.array(rng.standard_normal(300).astype(np.float32))
+    with runtime.use_backend("emulate"):
+        spec, kw = nm._plan("rms", x, w, None, 1e-5)
+        (want,) = runtime.launch(spec, **kw)
+        run = runtime.prepare_launch(spec, **kw)
+        (got,) = run(kw["inputs"])
+        x2 = mx.array(rng.standard_normal((5, 300)).astype(np.float32))
+        (got2,) = run([x2, *kw["inputs"][1:]])
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    xf = np.asarray(x2, dtype=np.float64)
+    ref = xf / np.sqrt((xf * xf).mean(-1, keepdims=True) + 1e-5) * np.asarray(w, dtype=np.float64)
+    np.testing.assert_allclose(np.asarray(got2), ref, rtol=1e-5, atol=1e-5)

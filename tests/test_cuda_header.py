@@ -130,3 +130,21 @@ def test_bad_launches_still_raise_after_a_good_one(recorder):
         k(**ok, template=[("T", 1.5)])
     (y,) = k(**{**ok, "grid": (0, 1, 1)}, init_value=3.0)  # empty grid: nothing runs, init_value kept
     assert np.all(np.asarray(y) == 3.0) and len(recorder.launches) == 1
+
+
+def test_prepared_launch_checks_once_and_reuses_the_plan(recorder):
+    k = ck.CudaKernel("copy", ["x", "n"], ["y"], COPY)
+    x = mx.array(np.random.default_rng(2).standard_normal(300).astype(np.float32))
+    run = k.prepare(zero_d=[False, True], output_shapes=[(300,)], output_dtypes=[mx.float32], grid=(300, 1, 1),
+                    threadgroup=(128, 1, 1), template=[("T", mx.float32)])
+    run([x, mx.array(300)])
+    run([x, mx.array(300)])
+    assert len(recorder.built) == 1 and len(recorder.launches) == 2
+    assert recorder.launches[0]["grid"] == (384, 1, 1) and recorder.launches[0]["threadgroup"] == (128, 1, 1)
+    assert "const auto n = xk_s_n[0];" in recorder.built[0]["source"]  # the 0-d input became a value
+    with pytest.raises(ValueError, match="inputs"):
+        k.prepare(zero_d=[False], output_shapes=[(300,)], output_dtypes=[mx.float32], grid=(300, 1, 1),
+                  threadgroup=(128, 1, 1))
+    with pytest.raises(ValueError, match="Thread group size"):
+        k.prepare(zero_d=[False, True], output_shapes=[(300,)], output_dtypes=[mx.float32], grid=(300, 1, 1),
+                  threadgroup=(2048, 1, 1))

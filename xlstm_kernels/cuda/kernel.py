@@ -387,6 +387,34 @@ class CudaKernel:
             **kwargs,
         )
 
+    def prepare(self, *, zero_d: Sequence[bool], output_shapes: Sequence[Sequence[int]],
+                output_dtypes: Sequence[mx.Dtype], grid: Sequence[int], threadgroup: Sequence[int],
+                template: Sequence[tuple[str, Any]] | None = None, init_value: float | None = None):
+        """A function ``run(inputs) -> outputs`` for repeated launches of one signature
+        (`zero_d[i]`: input i is 0-d); the arguments are checked once, here."""
+        if len(zero_d) != len(self.input_names):
+            raise ValueError(f"[metal_kernel] Expected `inputs` to have size {len(self.input_names)} "
+                             f"but got size {len(zero_d)}.")
+        if not (len(output_shapes) == len(output_dtypes) == len(self.output_names)):
+            raise ValueError(f"[metal_kernel] Expected `output_shapes` and `output_dtypes` to have size "
+                             f"{len(self.output_names)}.")
+        plan = self._plan(grid, threadgroup, template, tuple(bool(z) for z in zero_d))
+        shapes = [tuple(int(d) for d in s) for s in output_shapes]
+        dtypes = list(output_dtypes)
+        if plan is _EMPTY:
+            fill = 0.0 if init_value is None else init_value
+            return lambda inputs: [mx.full(s, fill, dtype=d) for s, d in zip(shapes, dtypes)]
+        obj, grid_arg, launch_grid, block = plan
+        kwargs: dict[str, Any] = {"output_shapes": shapes, "output_dtypes": dtypes, "grid": launch_grid,
+                                  "threadgroup": block}
+        if init_value is not None:
+            kwargs["init_value"] = init_value
+
+        def run(inputs: Sequence[mx.array]) -> list[mx.array]:
+            return obj(inputs=[*inputs, grid_arg], **kwargs)
+
+        return run
+
     def _plan(self, grid: Sequence[int], threadgroup: Sequence[int], template, zero_d: tuple[bool, ...]):
         """(cuda_kernel object, xk_grid input, CUDA grid in threads, block) of one launch
         signature, or _EMPTY for an empty grid; checks the arguments as Metal's wrapper does."""

@@ -1,7 +1,7 @@
 """Kernel runtime: backend choice, kernel sources, kernel objects and launches."""
 
 from .backends import BACKENDS, ENV_VAR, BackendUnavailableError, available, current_backend, default_backend, use_backend
-from .kernels import KernelSpec, get_kernel, launch
+from .kernels import KernelSpec, get_kernel, launch, prepare_launch
 from .sources import KernelSourceError, families, family_header, kernel_body
 
 __all__ = [
@@ -18,5 +18,6 @@ __all__ = [
     "get_kernel",
     "kernel_body",
     "launch",
+    "prepare_launch",
     "use_backend",
 ]
