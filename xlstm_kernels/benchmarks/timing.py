@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import mlx.core as mx
 
-__all__ = ["Timing", "measure", "sync"]
+__all__ = ["Timing", "measure", "measure_queued", "sync"]
 
 
 def sync(out: Any) -> Any:
@@ -77,3 +77,18 @@ def measure(fn: Callable[[], Any], *, warmup: int = 2, repeats: int = 10, max_se
         if max_seconds is not None and spent >= max_seconds:
             break
     return Timing(statistics.median(times), min(times), max(times), times, max(1, warmup), first)
+
+
+def measure_queued(fn: Callable[[], Any], *, calls: int = 20, repeats: int = 5) -> float:
+    """Seconds per call when `calls` calls are queued and evaluated together (median of
+    `repeats` batches, after a warm-up batch): the throughput a model's forward sees,
+    where the host builds the next ops while the GPU runs (no per-call sync)."""
+    if calls < 1 or repeats < 1:
+        raise ValueError(f"measure_queued: calls and repeats must be >= 1, got {calls}, {repeats}")
+    mx.eval([fn() for _ in range(calls)])
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        mx.eval([fn() for _ in range(calls)])
+        times.append((time.perf_counter() - t0) / calls)
+    return statistics.median(times)
