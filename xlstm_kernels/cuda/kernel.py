@@ -58,7 +58,7 @@ from typing import Any, Sequence
 
 import mlx.core as mx
 
-from ..emulate.kernel import _as_array, _triple
+from ..emulate.kernel import _as_array, check_counts, launch_shape
 from ..emulate.translate import _TG_DECL, _blank_comments, _c_string, rewrite_half_literals
 
 __all__ = ["CudaKernel", "CudaKernelError", "metal_kernel", "compat_header", "rewrite_threadgroup_decls",
@@ -344,13 +344,7 @@ class CudaKernel:
         """Run the kernel; the keywords of ``mx.fast.metal_kernel``'s callable (``grid``
         counts threads)."""
         inputs = list(inputs)
-        for what, actual, expected in (
-            ("inputs", len(inputs), len(self.input_names)),
-            ("output_shapes", len(output_shapes), len(self.output_names)),
-            ("output_dtypes", len(output_dtypes), len(self.output_names)),
-        ):
-            if actual != expected:
-                raise ValueError(f"[metal_kernel] Expected `{what}` to have size {expected} but got size {actual}.")
+        check_counts(self.input_names, self.output_names, inputs, output_shapes, output_dtypes)
         arrays = [v if isinstance(v, mx.array) else _as_array(v) for v in inputs]
         zero_d = tuple([a.ndim == 0 for a in arrays])
         try:  # the launch plan of this (grid, threadgroup, template, 0-d inputs), if seen before
@@ -418,16 +412,7 @@ class CudaKernel:
     def _plan(self, grid: Sequence[int], threadgroup: Sequence[int], template, zero_d: tuple[bool, ...]):
         """(cuda_kernel object, xk_grid input, CUDA grid in threads, block) of one launch
         signature, or _EMPTY for an empty grid; checks the arguments as Metal's wrapper does."""
-        g = _triple(grid, "grid")
-        t = _triple(threadgroup, "threadgroup")
-        if 0 in t:
-            raise ValueError(f"[metal_kernel] `threadgroup` must be positive, got {tuple(threadgroup)!r}")
-        n_threads = t[0] * t[1] * t[2]
-        if n_threads > MAX_THREADS_PER_THREADGROUP:
-            raise ValueError(
-                f"Thread group size ({n_threads}) is greater than the maximum allowed threads per "
-                f"threadgroup ({MAX_THREADS_PER_THREADGROUP})."
-            )
+        g, t, n_threads = launch_shape(grid, threadgroup)
         template_key = _template_key(template)
         if 0 in g:
             return _EMPTY

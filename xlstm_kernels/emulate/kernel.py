@@ -236,6 +236,33 @@ def _triple(value: Any, what: str) -> tuple[int, int, int]:
     return t  # type: ignore[return-value]
 
 
+def check_counts(input_names, output_names, inputs, output_shapes, output_dtypes) -> None:
+    """MLX's errors for a launch with the wrong number of inputs / output shapes / dtypes."""
+    for what, actual, expected in (
+        ("inputs", len(inputs), len(input_names)),
+        ("output_shapes", len(output_shapes), len(output_names)),
+        ("output_dtypes", len(output_dtypes), len(output_names)),
+    ):
+        if actual != expected:
+            raise ValueError(f"[metal_kernel] Expected `{what}` to have size {expected} but got size {actual}.")
+
+
+def launch_shape(grid: Any, threadgroup: Any) -> tuple[tuple[int, int, int], tuple[int, int, int], int]:
+    """(grid, threadgroup, threads per threadgroup) checked as MLX's Metal wrapper does."""
+    g = _triple(grid, "grid")
+    t = _triple(threadgroup, "threadgroup")
+    if 0 in t:
+        raise ValueError(f"[metal_kernel] `threadgroup` must be positive, got {tuple(threadgroup)!r}")
+    n_threads = t[0] * t[1] * t[2]
+    if n_threads > MAX_THREADS_PER_THREADGROUP:
+        raise ValueError(
+            f"Thread group size ({n_threads}) is greater than the maximum allowed threads per "
+            f"threadgroup ({MAX_THREADS_PER_THREADGROUP})."
+        )
+    return g, t, n_threads
+
+
+
 # ---------------------------------------------------------------------------
 # The kernel object
 # ---------------------------------------------------------------------------
@@ -317,25 +344,10 @@ class EmulatedKernel:
             One ``mx.array`` per output.
         """
         inputs = list(inputs)
-        for what, actual, expected in (
-            ("inputs", len(inputs), len(self.input_names)),
-            ("output_shapes", len(output_shapes), len(self.output_names)),
-            ("output_dtypes", len(output_dtypes), len(self.output_names)),
-        ):
-            if actual != expected:
-                raise ValueError(f"[metal_kernel] Expected `{what}` to have size {expected} but got size {actual}.")
+        check_counts(self.input_names, self.output_names, inputs, output_shapes, output_dtypes)
         if schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {sorted(SCHEDULES)}, got {schedule!r}")
-        grid = _triple(grid, "grid")
-        group = _triple(threadgroup, "threadgroup")
-        if 0 in group:
-            raise ValueError(f"[metal_kernel] `threadgroup` must be positive, got {threadgroup!r}")
-        n_threads = group[0] * group[1] * group[2]
-        if n_threads > MAX_THREADS_PER_THREADGROUP:
-            raise ValueError(
-                f"Thread group size ({n_threads}) is greater than the maximum allowed threads per "
-                f"threadgroup ({MAX_THREADS_PER_THREADGROUP})."
-            )
+        grid, group, n_threads = launch_shape(grid, threadgroup)
 
         arrays = [_as_array(v) for v in inputs]
         out_dtypes = list(output_dtypes)
