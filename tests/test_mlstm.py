@@ -247,6 +247,25 @@ def test_step_from_state_and_s1(kernel_backend):
     assert rel_err(h0, h0_ref[:, :, 0]) < TOL[mx.float32]
 
 
+def test_step_calls_reuse_one_prepared_function_with_fresh_inputs(kernel_backend):
+    """Repeated steps of one signature hit the call memo; each still computes its own inputs."""
+    from xlstm_kernels.ops import mlstm as ml
+
+    ml._STEP_CALLS.clear()
+    for seed in (11, 12, 13):
+        q, k, v, i_pre, f_pre, state = make_inputs(1, 3, 1, 16, 24, seed=seed, with_state=True)
+        h_ref, st_ref = np_mlstm(q, k, v, i_pre, f_pre, state)
+        h, st = mlstm_step(q[:, :, 0], k[:, :, 0], v[:, :, 0], i_pre[:, :, 0], f_pre[:, :, 0], state)
+        assert rel_err(h, h_ref[:, :, 0]) < TOL[mx.float32]
+        for a, r in zip(st, st_ref):
+            assert rel_err(a, r) < TOL[mx.float32]
+    assert len(ml._STEP_CALLS) == 1
+    mlstm_step(q[:, :, 0], k[:, :, 0], v[:, :, 0], i_pre[:, :, 0], f_pre[:, :, 0], state, eps=1e-3)
+    assert len(ml._STEP_CALLS) == 2  # another eps: another entry
+    with pytest.raises(ValueError, match="eps"):  # a bad call is still checked
+        mlstm_step(q[:, :, 0], k[:, :, 0], v[:, :, 0], i_pre[:, :, 0], f_pre[:, :, 0], state, eps=-1.0)
+
+
 @pytest.mark.parametrize(
     "f_shift,i_shift",
     [(-200.0, 0.0), (0.0, 60.0), (-100.0, 80.0), (40.0, -40.0), (-1000.0, -90.0)],

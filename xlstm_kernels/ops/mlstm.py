@@ -47,8 +47,9 @@ from typing import Any
 
 import mlx.core as mx
 
-from ..runtime import KernelSpec, current_backend, launch
+from ..runtime import KernelSpec, current_backend, launch, prepare_launch
 from ..tiles.knobs import resolve_knobs
+from ._callcache import CallCache
 from ._validate import check_array, check_int32, check_same_dtype
 
 __all__ = [
@@ -396,27 +397,32 @@ def _kernel_chunkwise(q, k, v, ig, fg, c0, n0, m0, chunk_size: int, eps: float, 
     )
 
 
-def _kernel_step(q, k, v, ig, fg, c0, n0, m0, eps: float, backend: str):
-    """One step on a kernel backend. q, k (B,NH,DK), v (B,NH,DV) -> (h, C, n, m)."""
-    bsz, nh, dk = q.shape
-    dv = v.shape[-1]
+def _prepared_step(bsz: int, nh: int, dk: int, dv: int, dtype: mx.Dtype, eps: float, backend: str):
+    """One step on a kernel backend, launch planned once:
+    (q, k (B,NH,DK), v (B,NH,DV), i, f (B,NH), C, n, m) -> (h, C, n, m)."""
     bh = bsz * nh
-    h, c1, n1, m1 = launch(
+    consts = [mx.array([dk, dv], dtype=mx.int32), mx.array([dk ** -0.5, eps], dtype=mx.float32)]
+    example = [mx.zeros((1,))] * 8 + consts
+    run = prepare_launch(
         STEP,
-        inputs=[
-            q.reshape(bh, dk), k.reshape(bh, dk), v.reshape(bh, dv),
-            ig.astype(mx.float32).reshape(bh), fg.astype(mx.float32).reshape(bh),
-            c0.reshape(bh, dk, dv), n0.reshape(bh, dk), m0.reshape(bh),
-            mx.array([dk, dv], dtype=mx.int32), mx.array([dk ** -0.5, eps], dtype=mx.float32),
-        ],
+        inputs=example,
         output_shapes=[(bh, dv), (bh, dk, dv), (bh, dk), (bh,)],
-        output_dtypes=[q.dtype, mx.float32, mx.float32, mx.float32],
+        output_dtypes=[dtype, mx.float32, mx.float32, mx.float32],
         grid=(32 * -(-dv // 32), 8, bh),
         threadgroup=(32, 8, 1),
-        template=[("T", q.dtype)],
+        template=[("T", dtype)],
         backend=backend,
     )
-    return h.reshape(bsz, nh, dv), c1.reshape(bsz, nh, dk, dv), n1.reshape(bsz, nh, dk), m1.reshape(bsz, nh)
+
+    def step(q, k, v, ig, fg, c0, n0, m0):
+        h, c1, n1, m1 = run([
+            q.reshape(bh, dk), k.reshape(bh, dk), v.reshape(bh, dv),
+            ig.astype(mx.float32).reshape(bh), fg.astype(mx.float32).reshape(bh),
+            c0.reshape(bh, dk, dv), n0.reshape(bh, dk), m0.reshape(bh), *consts,
+        ])
+        return h.reshape(bsz, nh, dv), c1.reshape(bsz, nh, dk, dv), n1.reshape(bsz, nh, dk), m1.reshape(bsz, nh)
+
+    return step
 
 
 def _check_chunk(chunk_size: Any) -> None:
@@ -494,8 +500,10 @@ def mlstm(
         )
 
     if s == 1:
+        step = _prepared_step(bsz, nh, dk, dv, q.dtype, eps, backend)
+
         def forward(q, k, v, ig, fg, c0, n0, m0):
-            h, c1, n1, m1 = _kernel_step(q[:, :, 0], k[:, :, 0], v[:, :, 0], ig[:, :, 0], fg[:, :, 0], c0, n0, m0, eps, backend)
+            h, c1, n1, m1 = step(q[:, :, 0], k[:, :, 0], v[:, :, 0], ig[:, :, 0], fg[:, :, 0], c0, n0, m0)
             return h[:, :, None], c1, n1, m1
 
         def ref(q, k, v, ig, fg, c0, n0, m0):
@@ -561,26 +569,58 @@ def mlstm_step(
 
     Differentiable; the VJP runs :func:`mlstm_step_reference` through MLX's autodiff.
     """
+    key = _step_key(q, k, v, i_pre, f_pre, state, eps)
+    fn = _STEP_CALLS.get(key) if key is not None else None
+    if fn is None:
+        fn = _step_function(q, k, v, i_pre, f_pre, state, eps)
+        if key is not None:
+            _STEP_CALLS.put(key, fn)
+    bsz, nh, dk = q.shape
+    c0, n0, m0 = _f32_state(state, bsz, nh, dk, v.shape[-1])
+    h, c1, n1, m1 = fn(q, k, v, i_pre, f_pre, c0, n0, m0)
+    return h, (c1, n1, m1)
+
+
+_STEP_CALLS = CallCache("mlstm_step")
+
+
+def _signature(a: Any) -> Any:
+    return (a.shape, a.dtype) if isinstance(a, mx.array) else a.__class__
+
+
+def _step_key(q, k, v, i_pre, f_pre, state, eps) -> tuple | None:
+    """The memo key of a step call (everything validation and the launch depend on), or
+    None when an argument is not an array / float (such calls are checked every time)."""
+    if state is not None and not (isinstance(state, tuple) and len(state) == 3):
+        return None
+    arrays = (q, k, v, i_pre, f_pre, *(state or ()))
+    if not all(isinstance(a, mx.array) for a in arrays) or eps.__class__ not in (float, int):
+        return None
+    return (*[(a.shape, a.dtype) for a in arrays], state is None, eps)
+
+
+def _step_function(q, k, v, i_pre, f_pre, state, eps):
+    """Validate one step call and build f(q, k, v, i_pre, f_pre, C, n, m) -> (h, C, n, m),
+    differentiable, for every later call with the same signature."""
     bsz, nh, _, dk, dv = _check_inputs(q, k, v, i_pre, f_pre, state, seq=False)
     eps = _check_eps(eps)
-    c0, n0, m0 = _f32_state(state, bsz, nh, dk, dv)
     backend = current_backend()
-    if backend == "reference" or bsz * nh == 0 or dv == 0:
-        h, st = mlstm_step_reference(q, k, v, i_pre, f_pre, (c0, n0, m0), eps=eps)
-        return h, st
-    check_int32("mlstm_step", "B * NH (the kernel's grid z)", bsz * nh, f"q has shape {tuple(q.shape)}")
 
     def ref(q, k, v, ig, fg, c0, n0, m0):
         h, (c1, n1, m1) = mlstm_step_reference(q, k, v, ig, fg, (c0, n0, m0), eps=eps)
         return h, c1, n1, m1
 
+    if backend == "reference" or bsz * nh == 0 or dv == 0:
+        return ref
+    check_int32("mlstm_step", "B * NH (the kernel's grid z)", bsz * nh, f"q has shape {tuple(q.shape)}")
+    forward = _prepared_step(bsz, nh, dk, dv, q.dtype, eps, backend)
+
     @mx.custom_function
     def f(*p):
-        return _kernel_step(*p, eps, backend)
+        return forward(*p)
 
     @f.vjp
     def f_vjp(p, cotangents, outputs):
         return _vjp_via(ref, p, cotangents)
 
-    h, c1, n1, m1 = f(q, k, v, i_pre, f_pre, c0, n0, m0)
-    return h, (c1, n1, m1)
+    return f
