@@ -68,9 +68,10 @@ from typing import Any, Sequence
 
 import mlx.core as mx
 
-from ..runtime import KernelSpec, current_backend, launch
+from ..runtime import KernelSpec, current_backend, launch, prepare_launch
 from ..tiles.gemm import dtype_name
 from ..tiles.knobs import resolve_knobs, slstm_fits
+from ._callcache import CallCache
 from ._validate import check_array
 
 __all__ = ["SLSTMConfig", "plan", "slstm", "slstm_reference", "slstm_step", "slstm_step_reference"]
@@ -397,26 +398,53 @@ def slstm_step(
 
     Differentiable; the VJP runs the sequence kernels with S = 1.
     """
+    key = _step_key(wx_t, r, b, state, config)
+    fn = _STEP_CALLS.get(key) if key is not None else None
+    if fn is None:
+        fn = _step_function(wx_t, r, b, state, config)
+        if key is not None:
+            _STEP_CALLS.put(key, fn)
+    return fn(wx_t, r, b, state)
+
+
+_STEP_CALLS = CallCache("slstm_step")
+
+
+def _step_key(wx_t, r, b, state, config) -> tuple | None:
+    """The memo key of a step call (what validation and the launch depend on), or None
+    when an argument is not an array or config is given (such calls are checked every time)."""
+    if config is not None or not isinstance(state, (tuple, list)):
+        return None
+    arrays = (wx_t, r, b, *state)
+    if not all(isinstance(a, mx.array) for a in arrays):
+        return None
+    return tuple([(a.shape, a.dtype) for a in arrays])
+
+
+def _step_function(wx_t, r, b, state, config):
+    """Validate one step call and build fn(wx_t, r, b, state) -> (y, state) for every
+    later call with the same signature."""
     bsz, nh, dh = _check_step(wx_t, r, b, state)
     cfg = plan(dh, wx_t.dtype, config)
     backend = current_backend()
     if backend == "reference" or bsz == 0 or nh == 0 or dh == 0:
-        return slstm_step_reference(wx_t, r, b, state)
-    s0 = _stack_state(state, bsz, nh, dh)
+        return slstm_step_reference
     k = cfg.threads_per_unit
+    dims = mx.array([bsz, nh], dtype=mx.int32)
+    run = prepare_launch(
+        STEP,
+        inputs=[wx_t, r, b, wx_t, dims],
+        output_shapes=[(bsz, nh, dh), (4, bsz, nh, dh)],
+        output_dtypes=[wx_t.dtype, mx.float32],
+        grid=(dh * k, nh, bsz),
+        threadgroup=(dh * k, 1, 1),
+        template=[("T", wx_t.dtype), ("DH", dh), ("K", k)],
+        backend=backend,
+    )
 
     @mx.custom_function
     def f(wx_, r_, b_, s0_):
-        y, s_out = launch(
-            STEP,
-            inputs=[wx_, r_, b_, s0_, mx.array([bsz, nh], dtype=mx.int32)],
-            output_shapes=[(bsz, nh, dh), (4, bsz, nh, dh)],
-            output_dtypes=[wx_.dtype, mx.float32],
-            grid=(dh * k, nh, bsz),
-            threadgroup=(dh * k, 1, 1),
-            template=[("T", wx_.dtype), ("DH", dh), ("K", k)],
-            backend=backend,
-        )
+        y, s_out = run([wx_, r_, b_, s0_, dims])
         return y, s_out
 
     @f.vjp
@@ -426,5 +454,9 @@ def slstm_step(
         dwx, dr, db, ds0 = _backward(wx_[:, None], r_, b_, s0_, dy[:, None], ds_out, cfg, backend)
         return dwx[:, 0], dr, db, ds0
 
-    y, s_out = f(wx_t, r.astype(wx_t.dtype), b.astype(mx.float32), s0)
-    return y, _unstack(s_out)
+    def step(wx_t, r, b, state):
+        s0 = _stack_state(state, bsz, nh, dh)
+        y, s_out = f(wx_t, r.astype(wx_t.dtype), b.astype(mx.float32), s0)
+        return y, _unstack(s_out)
+
+    return step
