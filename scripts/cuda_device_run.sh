@@ -4,8 +4,11 @@
 #
 #   scripts/cuda_device_run.sh prepare       # HERE: download + split the MLX CUDA wheels, print the calls
 #   scripts/cuda_device_run.sh stage1        # DEVICE, call 1 (carry .whl):  park part 1 in /tmp
+#   scripts/cuda_device_run.sh snapshot      # HERE: export the committed tree (HEAD) to .clean/, so that
+#                                            #   measurements ignore uncommitted edits; then call 2 is
+#                                            #   run(carry=[".whl2", ".clean"], command="bash .clean/scripts/cuda_device_run.sh stage2 ...")
 #   scripts/cuda_device_run.sh stage2 [what...] # DEVICE, call 2 (carry .whl2): install, then run
-#                                            #   what = tests | bench | overhead | probe | all (default all = tests bench)
+#                                            #   what = tests | bench | overhead | probe | host | all (default all = tests bench)
 #   scripts/cuda_device_run.sh env           # DEVICE: print the exports stage2 uses (eval it)
 #
 # Why two calls: a call carries at most 64 MiB and the mlx-cuda-13 wheel is ~90 MB. It is
@@ -83,7 +86,7 @@ device_env() {
 
 install_mlx() {
   mkdir -p "$W"
-  cp .whl2/* "$W"/ 2>/dev/null
+  cp .whl2/* "$W"/ 2>/dev/null || cp ../.whl2/* "$W"/ 2>/dev/null  # (a snapshot in .clean/: the parts are one up)
   local parts
   parts=("$W"/mlx_cuda_13-*.whl.part-*)
   [ -e "${parts[0]}" ] || { echo "no wheel parts in $W: run stage1 first (same warm machine)"; return 1; }
@@ -145,6 +148,21 @@ run_overhead() {
     tee "$OUT/overhead.log"
 }
 
+run_host() {
+  unset MLX_ENABLE_TF32
+  timeout -k 5 "${HOST_TIMEOUT:-120}" python3 scripts/cuda_host_cost.py --out "$OUT/host.json" 2>&1 | tee "$OUT/host.log"
+}
+
+snapshot() {
+  cd "$ROOT" || return 1
+  local git_dir
+  git_dir="$(git rev-parse --git-dir)"
+  grep -qxF "/.clean/" "$git_dir/info/exclude" 2>/dev/null || echo "/.clean/" >>"$git_dir/info/exclude"
+  rm -rf .clean && mkdir .clean && git archive HEAD | tar -x -C .clean || return 1
+  echo "exported $(git rev-parse --short HEAD) to .clean/ ($(du -sh .clean | cut -f1))"
+  echo 'call 2: run(carry=[".whl2", ".clean"], command="bash .clean/scripts/cuda_device_run.sh stage2 <what>")'
+}
+
 stage2() {
   local what=("$@")
   [ "${#what[@]}" -gt 0 ] || what=(all)
@@ -157,6 +175,7 @@ stage2() {
       bench) run_bench ;;
       overhead) run_overhead ;;
       probe) run_probe ;;
+      host) run_host ;;
       all) run_tests; run_bench ;;
       *) echo "unknown: $w"; return 2 ;;
     esac
@@ -167,6 +186,7 @@ cmd="${1:-}"
 shift || true
 case "$cmd" in
   prepare) prepare "$@" ;;
+  snapshot) snapshot ;;
   stage1) cd "$ROOT" && stage1 ;;
   stage2) cd "$ROOT" && stage2 "$@" ;;
   env) device_env ;;
