@@ -48,6 +48,7 @@ import time
 import mlx.core as mx
 import numpy as np
 
+from xlstm_kernels.benchmarks.kind import bench_kind
 from xlstm_kernels import runtime, tiles
 from xlstm_kernels.benchmarks.timing import measure
 from xlstm_kernels.ops import fused as fused_ops
@@ -242,7 +243,7 @@ def _bench_case(case: dict, dtype, emulated: bool, repeats: int, roof: dict) -> 
 def run(backend: str, dtypes: list, quick: bool) -> list[dict]:
     """Benchmark rows for `backend` ("metal" or "emulate") and `dtypes` (mx dtypes or names)."""
     emulated = backend == "emulate"
-    if emulated:
+    if bench_kind(backend) != "gpu":  # the emulator, or reference ops on a CPU: small cases
         lin, qkv = (LINEAR_EMULATE_QUICK, QKV_EMULATE_QUICK) if quick else (LINEAR_EMULATE, QKV_EMULATE)
     else:
         lin, qkv = (LINEAR_METAL_QUICK, QKV_METAL_QUICK) if quick else (LINEAR_METAL, QKV_METAL)

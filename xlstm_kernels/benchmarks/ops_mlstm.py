@@ -49,6 +49,7 @@ import time
 import mlx.core as mx
 import numpy as np
 
+from xlstm_kernels.benchmarks.kind import bench_kind
 from xlstm_kernels import runtime, tiles
 from xlstm_kernels.ops.mlstm import mlstm, mlstm_chunkwise_mx, mlstm_step, mlstm_step_reference
 
@@ -199,8 +200,7 @@ def _step_row(backend, case, dtype, rng, roof, repeats) -> dict:
 
 def run(backend: str, dtypes: list, quick: bool) -> list[dict]:
     """Benchmark rows for `backend` ("metal" or "emulate") over `dtypes` (mx dtypes or names)."""
-    emulated = backend == "emulate"
-    if emulated:
+    if bench_kind(backend) != "gpu":  # the emulator, or reference ops on a CPU: small cases
         cases, steps = (EMULATE_QUICK if quick else EMULATE_CASES), EMULATE_STEP
     else:
         cases, steps = (METAL_QUICK if quick else METAL_CASES), METAL_STEP

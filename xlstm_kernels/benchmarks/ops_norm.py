@@ -42,6 +42,7 @@ import time
 import mlx.core as mx
 import numpy as np
 
+from xlstm_kernels.benchmarks.kind import bench_kind
 from xlstm_kernels import runtime, tiles
 from xlstm_kernels.benchmarks.timing import measure_queued
 from xlstm_kernels.ops import norm as norm_ops
@@ -185,7 +186,7 @@ def _bench_case(op, rows, d, nh, dtype, emulated, repeats, roof, rng) -> list[di
 def run(backend: str, dtypes: list, quick: bool) -> list[dict]:
     """Benchmark rows for `backend` ("metal" or "emulate") and `dtypes` (mx dtypes or names)."""
     emulated = backend == "emulate"
-    if emulated:
+    if bench_kind(backend) != "gpu":  # the emulator, or reference ops on a CPU: small cases
         cases = EMULATE_QUICK if quick else EMULATE_CASES
     else:
         cases = METAL_QUICK if quick else METAL_CASES

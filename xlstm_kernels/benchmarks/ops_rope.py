@@ -34,6 +34,7 @@ import time
 import mlx.core as mx
 import numpy as np
 
+from xlstm_kernels.benchmarks.kind import bench_kind
 from xlstm_kernels import runtime, tiles
 from xlstm_kernels.ops.rope import rope
 
@@ -142,7 +143,7 @@ def _case_row(backend, shape, dims, traditional, offset_kind, dtype, rng, roof, 
 def run(backend: str, dtypes: list, quick: bool) -> list[dict]:
     """Benchmark rows for `backend` ("metal" or "emulate") over `dtypes` (mx dtypes or names)."""
     emulated = backend == "emulate"
-    if emulated:
+    if bench_kind(backend) != "gpu":  # the emulator, or reference ops on a CPU: small cases
         cases = EMULATE_QUICK if quick else EMULATE_CASES
     else:
         cases = METAL_QUICK if quick else METAL_CASES

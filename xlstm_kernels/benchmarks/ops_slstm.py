@@ -38,6 +38,7 @@ import time
 import mlx.core as mx
 import numpy as np
 
+from xlstm_kernels.benchmarks.kind import bench_kind
 from xlstm_kernels import runtime, tiles
 from xlstm_kernels.ops import slstm as sl
 
@@ -97,6 +98,13 @@ def _bytes(bsz, s, nh, dh, dtype) -> int:
     return item * (bsz * s * 4 * nh * dh + bsz * s * nh * dh + nh * dh * 4 * dh) + 4 * 8 * bsz * nh * dh
 
 
+def _grad_bytes(bsz, s, nh, dh, dtype) -> int:
+    """Compulsory traffic of the gradient: wx read and dwx written, dy read, r read and dr
+    written, and the forward's float32 states (y, c, n, m per step) read back."""
+    item = 2 if dtype in (mx.float16, mx.bfloat16) else 4
+    return item * (2 * bsz * s * 4 * nh * dh + bsz * s * nh * dh + 2 * nh * dh * 4 * dh) + 4 * 4 * bsz * s * nh * dh
+
+
 def _row(op, shape, dtype, **kw) -> dict:
     row = {"op": op, "shape": list(shape), "dtype": str(dtype).split(".")[-1], "ours_ms": None, "mlx_ms": None,
            "ratio": None, "gbps": None, "pct_roofline": None, "max_rel_err": None}
@@ -142,6 +150,8 @@ def run(backend: str, dtypes: list, quick: bool) -> list[dict]:
         s_list = METAL_S[:1] if quick else METAL_S
         bnh_list = METAL_BNH[:1] if quick else METAL_BNH
         dh_list = METAL_DH[:1] if quick else METAL_DH
+        if bench_kind(backend) == "cpu":  # reference ops on a CPU: the emulator's sizes
+            s_list, bnh_list, dh_list = [EMULATE_SHAPES[0][1]], [EMULATE_SHAPES[0][::2]], [EMULATE_SHAPES[0][3]]
         for dh in dh_list:
             for (bsz, nh) in bnh_list:
                 for s in s_list:
@@ -166,8 +176,12 @@ def run(backend: str, dtypes: list, quick: bool) -> list[dict]:
                                          argnums=(0, 1, 2))
                             ours_g = _timed(lambda: gk(wx, r, b), repeats)
                             base_g = _timed(lambda: gr(wx, r, b), repeats)
+                            err_g = max(_rel(a, np.asarray(c.astype(mx.float32), dtype=np.float64))
+                                        for a, c in zip(gk(wx, r, b), gr(wx, r, b)))
+                            gbps_g = _grad_bytes(bsz, s, nh, dh, dtype) / ours_g / 1e9
                             rows.append(_row("slstm_grad", (bsz, s, nh, dh), dtype, ours_ms=ours_g * 1e3,
-                                             mlx_ms=base_g * 1e3, ratio=base_g / ours_g))
+                                             mlx_ms=base_g * 1e3, ratio=base_g / ours_g, max_rel_err=err_g,
+                                             gbps=gbps_g, pct_roofline=100 * gbps_g / roof["bandwidth_gbs"]))
                         print(_fmt(rows[-1] if rows[-1]["op"] == "slstm" else rows[-2]), flush=True)
     return rows
 

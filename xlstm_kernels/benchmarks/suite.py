@@ -37,6 +37,7 @@ from .. import runtime
 from .. import tiles as tiles_mod
 from ..tiles.gemm import dtype_size
 from .args import BenchArgumentError, dtype_of, parse_dtypes, parse_names, parse_positive_int, parse_shapes, shape_text
+from .kind import bench_kind
 from .timing import measure
 
 __all__ = [
@@ -72,15 +73,9 @@ _GEMM_SHAPES = {
 }
 
 
-def _kind(backend: str) -> str:
-    if backend == "emulate":
-        return "emulate"
-    return "gpu" if backend == "metal" or mx.metal.is_available() else "cpu"
-
-
 def default_gemm_shapes(backend: str, quick: bool) -> list[tuple[int, int, int]]:
     """The GEMM shapes bench uses without --shapes (tiny on the emulator)."""
-    return list(_GEMM_SHAPES[(_kind(backend), bool(quick))])
+    return list(_GEMM_SHAPES[(bench_kind(backend), bool(quick))])
 
 
 def timing_plan(backend: str, quick: bool) -> tuple[int, int]:
