@@ -173,16 +173,22 @@ class LaunchSpy:
 
     def __init__(self, monkeypatch):
         self.calls: list[Launch] = []
-        real = gemm_mod.launch
+        real = gemm_mod.prepare_launch
 
-        def spy(spec, **kwargs):
+        def spy(spec, **kwargs):  # the op prepares its launches once per signature ...
+            run = real(spec, **kwargs)
             tmpl = dict(kwargs.get("template") or [])
-            self.calls.append(
-                Launch(spec.kernel, tuple(kwargs["grid"]), tuple(kwargs["threadgroup"]), tmpl, dict(kwargs), spec)
-            )
-            return real(spec, **kwargs)
 
-        monkeypatch.setattr(gemm_mod, "launch", spy)
+            def recorded(inputs):  # ... and records each one it runs
+                self.calls.append(Launch(spec.kernel, tuple(kwargs["grid"]), tuple(kwargs["threadgroup"]), tmpl,
+                                         {**kwargs, "inputs": list(inputs)}, spec))
+                return run(inputs)
+
+            return recorded
+
+        monkeypatch.setattr(gemm_mod, "prepare_launch", spy)
+        gemm_mod._CALLS.clear()  # launchers prepared before the spy would not report
+        gemm_mod._LAUNCHERS.clear()
 
     def clear(self) -> None:
         self.calls.clear()

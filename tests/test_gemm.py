@@ -870,7 +870,9 @@ def _first_launch(monkeypatch, fn):
         seen.append((spec.kernel, tuple(kwargs["grid"]), tuple(kwargs["threadgroup"]), dict(kwargs["template"])))
         raise _Abort
 
-    monkeypatch.setattr(gemm_mod, "launch", record)
+    monkeypatch.setattr(gemm_mod, "prepare_launch", record)  # the op prepares its launch first
+    gemm_mod._CALLS.clear()
+    gemm_mod._LAUNCHERS.clear()
     with pytest.raises(_Abort):
         fn()
     return seen[0]

@@ -24,7 +24,8 @@ from typing import Any
 import mlx.core as mx
 
 from .. import tiles as tiles_mod
-from ..runtime import KernelSpec, current_backend, launch
+from ..runtime import KernelSpec, current_backend, prepare_launch
+from ._callcache import CallCache
 from ._validate import INT32_MAX, check_array, check_int32
 
 __all__ = ["ACTIVATIONS", "gemm_a_bt", "gemm_at_b", "gemm_av", "linear", "gemm_reference"]
@@ -130,53 +131,74 @@ def _kernel_gemm(
     backend: str,
 ) -> mx.array:
     """Forward on a kernel backend. a, b already promoted; residual broadcast to the output."""
-    m, n, k = _dims(layout, a.shape, b.shape)
-    batch_shape = tuple(mx.broadcast_shapes(tuple(a.shape[:-2]), tuple(b.shape[:-2]))) if a.ndim > 2 or b.ndim > 2 else ()
+    run = _launcher(layout, tuple(a.shape), tuple(b.shape), a.dtype, bias is not None, act, residual is not None,
+                    tiles, backend)
+    return run(a, b, bias, residual)
+
+
+_LAUNCHERS = CallCache("gemm launchers")
+
+
+def _launcher(layout, a_shape, b_shape, dtype, has_bias, act, has_res, tiles, backend):
+    """run(a, b, bias, residual) -> C for operands of these shapes: the tile config resolved
+    and the launches planned once per signature (and configuration)."""
+    key = (layout.op, a_shape, b_shape, dtype, has_bias, act, has_res, tiles, backend)
+    run = _LAUNCHERS.get(key)
+    if run is None:
+        run = _LAUNCHERS.put(key, _build_launcher(layout, a_shape, b_shape, dtype, has_bias, act, has_res, tiles,
+                                                  backend))
+    return run
+
+
+def _build_launcher(layout, a_shape, b_shape, dtype, has_bias, act, has_res, tiles, backend):
+    m, n, k = _dims(layout, a_shape, b_shape)
+    batch_shape = tuple(mx.broadcast_shapes(a_shape[:-2], b_shape[:-2])) if len(a_shape) > 2 or len(b_shape) > 2 else ()
     out_shape = (*batch_shape, m, n)
-    dtype = a.dtype
 
     # A batched A times a shared 2-D B is one tall GEMM: fold the batch into M.
     # (Not when the folded M would exceed a 32-bit shape dimension: then B is broadcast per batch.)
     nbatch = 1
     for d in batch_shape:
         nbatch *= d
-    foldable = batch_shape and b.ndim == 2 and not layout.trans_a and tuple(a.shape[:-2]) == batch_shape
+    foldable = batch_shape and len(b_shape) == 2 and not layout.trans_a and a_shape[:-2] == batch_shape
     if foldable and nbatch * m <= INT32_MAX:
-        folded = _kernel_gemm(
-            layout, a.reshape(nbatch * m, a.shape[-1]), b, bias, act,
-            None if residual is None else residual.reshape(nbatch * m, n), tiles, backend,
-        )
-        return folded.reshape(out_shape)
+        inner = _launcher(layout, (nbatch * m, a_shape[-1]), b_shape, dtype, has_bias, act, has_res, tiles, backend)
+
+        def folded(a, b, bias, residual):
+            res = None if residual is None else residual.reshape(nbatch * m, n)
+            return inner(a.reshape(nbatch * m, a.shape[-1]), b, bias, res).reshape(out_shape)
+
+        return folded
 
     a_rows, a_cols = (k, m) if layout.trans_a else (m, k)
     b_rows, b_cols = (n, k) if layout.trans_b else (k, n)
-    a_data, sa = _batch_operand(a, batch_shape, a_rows, a_cols)
-    b_data, sb = _batch_operand(b, batch_shape, b_rows, b_cols)
     if out_shape and 0 in out_shape:
-        return mx.zeros(out_shape, dtype=dtype)
+        return lambda a, b, bias, residual: mx.zeros(out_shape, dtype=dtype)
+    sa = 0 if len(a_shape) == 2 and batch_shape else a_rows * a_cols
+    sb = 0 if len(b_shape) == 2 and batch_shape else b_rows * b_cols
 
     cfg = tiles_mod.resolve_gemm_config(layout.op, m, n, k, dtype, tiles, batch=nbatch).config
-    bias_in = bias.astype(dtype) if bias is not None else mx.zeros((1,), dtype=dtype)
-    res_in = residual.astype(dtype) if residual is not None else mx.zeros((1,), dtype=dtype)
-    epilogue = [("HAS_BIAS", bias is not None), ("ACT", act), ("HAS_RES", residual is not None)]
+    placeholder = mx.zeros((1,), dtype=dtype)
+    epilogue = [("HAS_BIAS", has_bias), ("ACT", act), ("HAS_RES", has_res)]
     split = cfg.split_k if cfg.path == "simd" else 1
-    shapes = f"operands of shapes {tuple(a.shape)} and {tuple(b.shape)}"
+    shapes = f"operands of shapes {a_shape} and {b_shape}"
     check_int32(layout.op, "batch count x split_k (grid z)", nbatch * split, shapes)
     if split > 1:
         check_int32(layout.op, "outputs of the split-K reduction (batch * M * N, its grid x)", nbatch * m * n,
                     shapes + "; use split_k=1")
     k_per_split = -(-k // split) if split > 1 else k
     params = mx.array([m, n, k, sa, sb, k_per_split, split, nbatch], dtype=mx.int64)
-    inputs = [a_data, b_data, bias_in, res_in, params]
+    example = [placeholder, placeholder, placeholder, placeholder, params]  # ranks only: none is 0-d
 
     if cfg.path == "gemv" and m == 1:  # op(A) is one row: A is a contiguous K-vector in every layout
         rows = max(1, cfg.gemv_threads // 32)
-        (c,) = launch(
-            GEMV, inputs=inputs, output_shapes=[(nbatch, 1, n)], output_dtypes=[dtype],
+        main = prepare_launch(
+            GEMV, inputs=example, output_shapes=[(nbatch, 1, n)], output_dtypes=[dtype],
             grid=(32, rows * -(-n // rows), nbatch), threadgroup=(32, rows, 1),
             template=[("T", dtype), ("ROWS", rows), ("TRANS_B", layout.trans_b), *epilogue],
             backend=backend,
         )
+        reduce = None
     elif cfg.path == "simd":
         grid = (32 * cfg.wn * -(-n // cfg.bn), cfg.wm * -(-m // cfg.bm), nbatch * split)
         template = [
@@ -184,16 +206,17 @@ def _kernel_gemm(
             ("TRANS_A", layout.trans_a), ("TRANS_B", layout.trans_b), *epilogue, ("SPLIT", split),
         ]
         partial_shape = (split, nbatch, m, n) if split > 1 else (1,)
-        c, p = launch(
-            SIMD, inputs=inputs, output_shapes=[(nbatch, m, n) if split == 1 else (1,), partial_shape],
+        main = prepare_launch(
+            SIMD, inputs=example, output_shapes=[(nbatch, m, n) if split == 1 else (1,), partial_shape],
             output_dtypes=[dtype, mx.float32], grid=grid, threadgroup=(32 * cfg.wn, cfg.wm, 1),
             template=template, backend=backend,
             init_value=0.0,  # the unused one of C / P stays defined
         )
+        reduce = None
         if split > 1:
             total = nbatch * m * n
-            (c,) = launch(
-                SPLIT_REDUCE, inputs=[p, bias_in, res_in, params], output_shapes=[(nbatch, m, n)],
+            reduce = prepare_launch(
+                SPLIT_REDUCE, inputs=[placeholder, placeholder, placeholder, params], output_shapes=[(nbatch, m, n)],
                 output_dtypes=[dtype], grid=(total, 1, 1), threadgroup=(min(256, total), 1, 1),
                 template=[("T", dtype), *epilogue], backend=backend,
             )
@@ -204,12 +227,24 @@ def _kernel_gemm(
             ("PAD", cfg.pad), ("DB", cfg.double_buffer), ("VEC4", cfg.vec4),
             ("TRANS_A", layout.trans_a), ("TRANS_B", layout.trans_b), *epilogue,
         ]
-        (c,) = launch(
-            SCALAR, inputs=inputs, output_shapes=[(nbatch, m, n)], output_dtypes=[dtype],
+        main = prepare_launch(
+            SCALAR, inputs=example, output_shapes=[(nbatch, m, n)], output_dtypes=[dtype],
             grid=(ct * -(-n // cfg.tn), rt * -(-m // cfg.tm), nbatch), threadgroup=(ct, rt, 1),
             template=template, backend=backend,
         )
-    return c.reshape(out_shape)
+        reduce = None
+
+    def run(a, b, bias, residual):
+        a_data, _ = _batch_operand(a, batch_shape, a_rows, a_cols)
+        b_data, _ = _batch_operand(b, batch_shape, b_rows, b_cols)
+        bias_in = bias.astype(dtype) if bias is not None else placeholder
+        res_in = residual.astype(dtype) if residual is not None else placeholder
+        outs = main([a_data, b_data, bias_in, res_in, params])
+        if reduce is not None:
+            outs = reduce([outs[1], bias_in, res_in, params])
+        return outs[0].reshape(out_shape)
+
+    return run
 
 
 def _sum_to_shape(g: mx.array, shape: tuple[int, ...]) -> mx.array:
@@ -250,6 +285,35 @@ def _run(
     residual: mx.array | None = None,
     tiles: Any = None,
 ) -> mx.array:
+    """The differentiable op: validated and built once per signature (shapes, dtypes,
+    activation, tiles) and configuration, then reused (see ops/_callcache.py)."""
+    key = _call_key(op, a, b, bias, activation, residual, tiles)
+    fn = _CALLS.get(key) if key is not None else None
+    if fn is None:
+        fn = _build_call(op, a, b, bias, activation, residual, tiles)
+        if key is not None:
+            _CALLS.put(key, fn)
+    return fn(a, b, bias, residual)
+
+
+_CALLS = CallCache("gemm")
+
+
+def _call_key(op, a, b, bias, activation, residual, tiles) -> tuple | None:
+    """Everything validation and the launches depend on, or None (not memoisable)."""
+    sig = []
+    for x in (a, b, bias, residual):
+        if x is None:
+            sig.append(None)
+        elif isinstance(x, mx.array):
+            sig.append((x.shape, x.dtype))
+        else:
+            return None
+    return (op, *sig, activation, tiles)
+
+
+def _build_call(op, a, b, bias, activation, residual, tiles):
+    """Validate one call and build fn(a, b, bias, residual) -> output for its signature."""
     layout = _LAYOUTS[op]
     check_array(a, "a", min_ndim=2)
     check_array(b, "b" if op != "gemm_av" else "v", min_ndim=2)
@@ -257,7 +321,6 @@ def _run(
         raise ValueError(f"activation must be one of {[k for k in ACTIVATIONS if k]}, got {activation!r}")
     m, n, k = _dims(layout, a.shape, b.shape)
     dtype = _promote(a.dtype, b.dtype)
-    a, b = a.astype(dtype), b.astype(dtype)
     try:
         batch_shape = tuple(mx.broadcast_shapes(tuple(a.shape[:-2]), tuple(b.shape[:-2])))
     except ValueError:
@@ -272,25 +335,34 @@ def _run(
     if residual is not None:
         check_array(residual, "residual")
         try:
-            residual = mx.broadcast_to(residual, out_shape)
+            mx.broadcast_shapes(tuple(residual.shape), out_shape)
+            if len(residual.shape) > len(out_shape) or mx.broadcast_shapes(tuple(residual.shape), out_shape) != out_shape:
+                raise ValueError
         except ValueError:
             raise ValueError(f"residual of shape {tuple(residual.shape)} does not broadcast to the output {out_shape}") from None
     tiles_mod.resolve_gemm_config(op, m, n, k, dtype, tiles)  # a bad tiles= fails before anything runs
 
     backend = current_backend()
-    if backend == "reference" or 0 in out_shape or k == 0:
-        return gemm_reference(op, a, b, bias, activation, residual).astype(dtype)
-    act = ACTIVATIONS[activation]
     has_bias, has_res = bias is not None, residual is not None
 
-    def forward(a, b, bias, residual, act_code):
-        return _kernel_gemm(
-            layout, a, b, bias if has_bias else None, act_code, residual if has_res else None, tiles, backend
-        )
+    def prepare(a, b, residual):
+        a, b = a.astype(dtype), b.astype(dtype)
+        if residual is not None:
+            residual = mx.broadcast_to(residual, out_shape)
+        return a, b, residual
+
+    if backend == "reference" or 0 in out_shape or k == 0:
+        def reference(a, b, bias, residual):
+            a, b, residual = prepare(a, b, residual)
+            return gemm_reference(op, a, b, bias, activation, residual).astype(dtype)
+
+        return reference
+    act = ACTIVATIONS[activation]
 
     @mx.custom_function
     def f(a, b, bias, residual):
-        return forward(a, b, bias, residual, act)
+        return _kernel_gemm(layout, a, b, bias if has_bias else None, act, residual if has_res else None, tiles,
+                            backend)
 
     @f.vjp
     def f_vjp(primals, cotangent, output):
@@ -310,7 +382,12 @@ def _run(
         return _sum_to_shape(da, tuple(a.shape)), _sum_to_shape(db, tuple(b.shape)), dbias, dres
 
     placeholder = mx.zeros((1,), dtype=dtype)
-    return f(a, b, bias.astype(dtype) if has_bias else placeholder, residual.astype(dtype) if has_res else placeholder)
+
+    def call(a, b, bias, residual):
+        a, b, residual = prepare(a, b, residual)
+        return f(a, b, bias.astype(dtype) if has_bias else placeholder, residual if has_res else placeholder)
+
+    return call
 
 
 def gemm_av(a: mx.array, v: mx.array, *, tiles: Any = None) -> mx.array:
