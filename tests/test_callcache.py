@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import time
 
+import pytest
+
 from xlstm_kernels import runtime, tiles
 from xlstm_kernels.ops._callcache import CallCache, config_token
 from xlstm_kernels.tiles import presets as presets_mod
@@ -89,3 +91,24 @@ def test_prepared_launch_matches_launch_on_the_emulator():
     xf = np.asarray(x2, dtype=np.float64)
     ref = xf / np.sqrt((xf * xf).mean(-1, keepdims=True) + 1e-5) * np.asarray(w, dtype=np.float64)
     np.testing.assert_allclose(np.asarray(got2), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_gemm_calls_are_memoised_per_signature_and_compute_fresh_inputs():
+    import mlx.core as mx
+    import numpy as np
+
+    from xlstm_kernels.ops import gemm as gemm_mod
+
+    rng = np.random.default_rng(4)
+    gemm_mod._CALLS.clear()
+    with runtime.use_backend("emulate"):
+        for _ in range(3):
+            a = rng.standard_normal((33, 29)).astype(np.float32)
+            v = rng.standard_normal((29, 31)).astype(np.float32)
+            got = np.asarray(gemm_mod.gemm_av(mx.array(a), mx.array(v)))
+            np.testing.assert_allclose(got, a.astype(np.float64) @ v, rtol=1e-5, atol=1e-5)
+        assert len(gemm_mod._CALLS) == 1
+        gemm_mod.gemm_av(mx.array(a), mx.array(v), tiles="16x16")  # another signature
+        assert len(gemm_mod._CALLS) == 2
+        with pytest.raises(ValueError, match="v"):  # a bad call is still checked
+            gemm_mod.gemm_av(mx.array(a), mx.array(v[:5]))
