@@ -37,6 +37,21 @@ inline vec<float, 2> xk_frag_get(thread simdgroup_matrix<float, 8, 8>& m) {
   return reinterpret_cast<thread vec<float, 2>&>(m.thread_elements());
 }
 
+// The float path's fragment writes, callable with a fragment of any element type (a body
+// may be compiled with concrete types, where `if constexpr` does not discard a branch):
+// the float overloads write, the others (2-byte matrices, never written directly) are
+// no-ops that the callers never reach.
+inline void xk_attn_set(thread simdgroup_matrix<float, 8, 8>& m, float a, float b) {
+  xk_frag_set(m, a, b);
+}
+template <typename U>
+inline void xk_attn_set(thread simdgroup_matrix<U, 8, 8>&, float, float) {}
+inline void xk_attn_copy(thread simdgroup_matrix<float, 8, 8>& d, thread const simdgroup_matrix<float, 8, 8>& s) {
+  d = s;
+}
+template <typename U>
+inline void xk_attn_copy(thread simdgroup_matrix<U, 8, 8>&, thread const simdgroup_matrix<float, 8, 8>&) {}
+
 // dst[i * LD + d] = src[(row0 + i) * DIM + d] for row0 + i < nrows and d < DIM, else 0,
 // for i < ROWS, d < COLS (COLS = DIM rounded up to 8). NT threads cooperate; each
 // writes distinct cells. With DIM % 4 == 0 runs of 4 are read as one vector.
@@ -63,6 +78,20 @@ inline void xk_attn_load_tile(threadgroup T* dst, const device T* src, long row0
   }
 }
 
+// Transposing butterfly step of a sum over the 32 lanes of 2 * N values per lane:
+// lanes with bit N of their index set keep v[N..2N), the others v[0..N), each adding
+// its partner's (lane ^ N) copy of what it keeps. After the steps N = 16, 8, 4, 2, 1
+// on 32 values, v[0] of lane l is the sum over all lanes of their v[l].
+template <int N>
+inline void xk_attn_fold(thread float* v, uint lane) {
+  const bool hi = (lane & uint(N)) != 0;
+  for (int i = 0; i < N; ++i) {
+    const float keep = hi ? v[i + N] : v[i];
+    const float send = hi ? v[i] : v[i + N];
+    v[i] = keep + simd_shuffle_xor(send, ushort(N));
+  }
+}
+
 // Apply the mask to one log2-domain score `s` of query row `qrow` and key `key`
 // (both in range). `mrow` is the mask offset of (batch, head, qrow).
 template <typename MT, int MASK>
@@ -82,19 +111,29 @@ inline float xk_attn_mask(float s, long qrow, long key, long off, const device M
 
 // @kernel attention_prefill
 // Flash attention forward (FlashAttention-2 style, after MLX's steel attention).
-// One threadgroup per (BQ queries, query head, batch): BQ / 8 simdgroups, each owning
-// 8 query rows. Q lives in registers as float 8x8 fragments (pre-multiplied by
-// scale * log2(e)); per KV tile of BK keys the K and V tiles are loaded into
-// threadgroup memory (one shared buffer, loaded in turn, when both do not fit in
-// 32 KiB), S = Q K^T and O += P V run as simdgroup_matrix 8x8 MMAs in float, and the
-// online softmax keeps a running max and sum per row (each row is spread over 4 lanes:
-// lane ^ 1 and lane ^ 8). Head dims are padded to a multiple of 8 with zeros in the
-// tiles. With the causal mask the tiles past the diagonal are skipped (unless some
-// row of the threadgroup has no visible key).
-// Threadgroup (32 * BQ / 8, 1, 1); grid (32 * BQ / 8 * ceil(Lq / BQ), Hq, B).
+// One threadgroup per (BQ queries, query head, batch): BQ / (8 * RM) simdgroups, each
+// owning RM fragments of 8 query rows. Per KV tile of BK keys the K and V tiles are
+// loaded into threadgroup memory (one shared buffer, loaded in turn, when both do not
+// fit in 32 KiB), S = Q K^T and O += P V run as simdgroup_matrix 8x8 MMAs, and the
+// online softmax keeps a running max and sum per row (xk_frag_row_max / _sum).
+// * T = float: every operand is float (exact float32 products); Q is pre-scaled by
+//   scale * log2(e) and P (= the S fragments) is the A operand of P V directly.
+// * T = half / bfloat: Q, K^T, V and P are T fragments (T x T products, tensor cores on
+//   CUDA), S and O accumulate in float, the scale is applied to S in float, the softmax
+//   is float, and P is rounded to T for P V (as MLX's Metal SDPA does). P goes through a
+//   small per-simdgroup threadgroup buffer (8 rows x BK): each lane writes its float
+//   elements as T, then the simdgroup reads the T fragments back with simdgroup_load
+//   (fragment elements of a T matrix are never written directly). Q is staged the same
+//   way, 8 rows x BK columns at a time, once per threadgroup.
+// Each K^T / V fragment read from threadgroup memory feeds RM products.
+// Head dims are padded to a multiple of 8 with zeros in the tiles. With the causal mask
+// the tiles past the diagonal are skipped (unless some row of the threadgroup has no
+// visible key).
+// Threadgroup (32 * BQ / (8 * RM), 1, 1); grid (that * ceil(Lq / BQ), Hq, B).
 // inputs: q, k, v (T); mask (MT); params (int64); scale (float).  outputs: o (T)
-// template: T, MT, D, DV, BQ, BK, MASK
-constexpr int WM = BQ / 8;
+// template: T, MT, D, DV, BQ, BK, RM, MASK
+constexpr bool TC = sizeof(T) == 2;
+constexpr int WM = BQ / (8 * RM);
 constexpr int NT = 32 * WM;
 constexpr int DP = (D + 7) / 8 * 8;
 constexpr int DVP = (DV + 7) / 8 * 8;
@@ -104,7 +143,9 @@ constexpr int TK = BK / 8;
 constexpr int PAD = 16 / int(sizeof(T));
 constexpr int LDK = DP + PAD;
 constexpr int LDV = DVP + PAD;
-constexpr bool SHARE = (BK * LDK + BK * LDV) * int(sizeof(T)) > 32768;
+constexpr int LDP = BK + PAD;
+constexpr int PS_ELEMS = TC ? WM * 8 * LDP : 1;  // the P / Q staging buffers (2-byte T only)
+constexpr bool SHARE = (BK * LDK + BK * LDV + PS_ELEMS) * int(sizeof(T)) > 32768;
 constexpr int KV_ELEMS = SHARE ? BK * (LDK > LDV ? LDK : LDV) : BK * (LDK + LDV);
 
 const long Hq = params[0], Hkv = params[1], Lq = params[2], Lk = params[3];
@@ -122,31 +163,59 @@ const device T* vp = v + (b * Hkv + hk) * Lk * DV;
 const long mbase = b * params[4] + h * params[5];
 
 threadgroup T KVs[KV_ELEMS];
+threadgroup T PSall[PS_ELEMS];
 threadgroup T* Ks = KVs;
 threadgroup T* Vs = KVs + (SHARE ? 0 : BK * LDK);
+threadgroup T* Ps = PSall + (TC ? sg * 8 * LDP : 0);
 
 int fr, fc;
 xk_frag_coord(lane, fr, fc);
-const long qrow = q0 + long(sg) * 8 + fr;
-const bool qvalid = qrow < Lq;
-const long mrow = mbase + qrow * params[6];
+const long r0 = q0 + long(sg) * (8 * RM);  // first query row of this simdgroup
 const float qscale = scale * XK_LOG2E;
+const float sscale = TC ? qscale : 1.0f;  // applied to S (2-byte T) or folded into Q (float)
 
-// Q fragments (row fr, columns fc, fc + 1 of each 8-wide slice of the head dim).
-simdgroup_matrix<float, 8, 8> Qf[TD];
-for (int dd = 0; dd < TD; ++dd) {
-  const int d = dd * 8 + fc;
-  const float a = (qvalid && d < D) ? float(qp[qrow * D + d]) * qscale : 0.0f;
-  const float c = (qvalid && d + 1 < D) ? float(qp[qrow * D + d + 1]) * qscale : 0.0f;
-  xk_frag_set(Qf[dd], a, c);
+simdgroup_matrix<T, 8, 8> Qf[RM][TD];
+if constexpr (TC) {
+  // Stage 8 rows x BK columns of Q at a time through Ps, zero-padded.
+  for (int r = 0; r < RM; ++r) {
+    for (int c0 = 0; c0 < DP; c0 += BK) {
+      simdgroup_barrier(mem_flags::mem_threadgroup);  // the previous fragments were read
+      for (int e = int(lane); e < 8 * BK; e += 32) {
+        const int i = e / BK;
+        const int d = c0 + e % BK;
+        const long row = r0 + r * 8 + i;
+        Ps[i * LDP + e % BK] = (row < Lq && d < D) ? qp[row * D + d] : T(0);
+      }
+      simdgroup_barrier(mem_flags::mem_threadgroup);  // the chunk is written
+      for (int dd = c0 / 8; dd < TD && dd < (c0 + BK) / 8; ++dd) {
+        simdgroup_load(Qf[r][dd], Ps + (dd * 8 - c0), LDP);
+      }
+    }
+  }
+} else {
+  for (int r = 0; r < RM; ++r) {
+    const long row = r0 + r * 8 + fr;
+    for (int dd = 0; dd < TD; ++dd) {
+      const int d = dd * 8 + fc;
+      const float a = (row < Lq && d < D) ? float(qp[row * D + d]) * qscale : 0.0f;
+      const float c = (row < Lq && d + 1 < D) ? float(qp[row * D + d + 1]) * qscale : 0.0f;
+      xk_attn_set(Qf[r][dd], a, c);
+    }
+  }
 }
 
-simdgroup_matrix<float, 8, 8> Of[TV];
-for (int t = 0; t < TV; ++t) {
-  Of[t] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
+simdgroup_matrix<float, 8, 8> Of[RM][TV];
+for (int r = 0; r < RM; ++r) {
+  for (int t = 0; t < TV; ++t) {
+    Of[r][t] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
+  }
 }
-float m_i = -INFINITY;  // running max of row fr (log2 domain)
-float l_i = 0.0f;       // running sum of exp2(score - m_i)
+float m_i[RM];  // running max of row fr of each fragment (log2 domain)
+float l_i[RM];  // running sum of exp2(score - m_i)
+for (int r = 0; r < RM; ++r) {
+  m_i[r] = -INFINITY;
+  l_i[r] = 0.0f;
+}
 
 const int nkb = int((Lk + BK - 1) / BK);
 int kb_end = nkb;
@@ -165,52 +234,85 @@ for (int kb = 0; kb < kb_end; ++kb) {
   }
   threadgroup_barrier(mem_flags::mem_threadgroup);  // tiles complete before the MMAs read them
 
-  // S = Q K^T: K^T fragment (d, key) = Ks[key][d].
-  simdgroup_matrix<float, 8, 8> S[TK];
-  for (int j = 0; j < TK; ++j) {
-    S[j] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
+  // S = Q K^T: K^T fragment (d, key) = Ks[key][d] (a transposed load); each feeds RM rows.
+  simdgroup_matrix<float, 8, 8> S[RM][TK];
+  for (int r = 0; r < RM; ++r) {
+    for (int j = 0; j < TK; ++j) {
+      S[r][j] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
+    }
   }
   for (int dd = 0; dd < TD; ++dd) {
     for (int j = 0; j < TK; ++j) {
-      simdgroup_matrix<float, 8, 8> kt;
-      xk_frag_set(kt, float(Ks[(j * 8 + fc) * LDK + dd * 8 + fr]), float(Ks[(j * 8 + fc + 1) * LDK + dd * 8 + fr]));
-      simdgroup_multiply_accumulate(S[j], Qf[dd], kt, S[j]);
+      simdgroup_matrix<T, 8, 8> kt;
+      simdgroup_load(kt, Ks + j * 8 * LDK + dd * 8, LDK, ulong2(0, 0), true);
+      for (int r = 0; r < RM; ++r) {
+        simdgroup_multiply_accumulate(S[r][j], Qf[r][dd], kt, S[r][j]);
+      }
     }
   }
 
-  // Masks, then the online softmax of row fr (its 2 * TK scores live in this lane).
-  float rmax = -INFINITY;
-  for (int j = 0; j < TK; ++j) {
-    vec<float, 2> s = xk_frag_get(S[j]);
-    for (int e = 0; e < 2; ++e) {
-      const long key = k0 + j * 8 + fc + e;
-      if (key >= Lk) {
-        s[e] = -INFINITY;
-      } else if (qvalid) {
-        s[e] = xk_attn_mask<MT, MASK>(s[e], qrow, key, off, mask, mrow, params[7]);
+  // Scale, masks, then the online softmax of row fr of each fragment.
+  for (int r = 0; r < RM; ++r) {
+    const long qrow = r0 + r * 8 + fr;
+    const bool qvalid = qrow < Lq;
+    const long mrow = mbase + qrow * params[6];
+    float rmax = -INFINITY;
+    for (int j = 0; j < TK; ++j) {
+      vec<float, 2> s = xk_frag_get(S[r][j]);
+      for (int e = 0; e < 2; ++e) {
+        const long key = k0 + j * 8 + fc + e;
+        s[e] *= sscale;
+        if (key >= Lk) {
+          s[e] = -INFINITY;
+        } else if (qvalid) {
+          s[e] = xk_attn_mask<MT, MASK>(s[e], qrow, key, off, mask, mrow, params[7]);
+        }
+        rmax = metal::max(rmax, s[e]);
       }
-      rmax = metal::max(rmax, s[e]);
+      xk_frag_set(S[r][j], s[0], s[1]);
     }
-    xk_frag_set(S[j], s[0], s[1]);
+    rmax = xk_frag_row_max(rmax);
+    const float m_new = metal::max(m_i[r], rmax);
+    const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // all -inf so far: keep exp2 finite
+    const float factor = metal::fast::exp2(m_i[r] - m_use);
+    float rsum = 0.0f;
+    for (int j = 0; j < TK; ++j) {
+      const vec<float, 2> s = xk_frag_get(S[r][j]);
+      const float p0 = metal::fast::exp2(s[0] - m_use);
+      const float p1 = metal::fast::exp2(s[1] - m_use);
+      rsum += p0 + p1;
+      xk_frag_set(S[r][j], p0, p1);
+    }
+    rsum = xk_frag_row_sum(rsum);
+    l_i[r] = l_i[r] * factor + rsum;
+    m_i[r] = m_new;
+    for (int t = 0; t < TV; ++t) {
+      const vec<float, 2> o = xk_frag_get(Of[r][t]);
+      xk_frag_set(Of[r][t], o[0] * factor, o[1] * factor);
+    }
   }
-  rmax = xk_frag_row_max(rmax);
-  const float m_new = metal::max(m_i, rmax);
-  const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // all -inf so far: keep exp2 finite
-  const float factor = metal::fast::exp2(m_i - m_use);
-  float rsum = 0.0f;
-  for (int j = 0; j < TK; ++j) {
-    const vec<float, 2> s = xk_frag_get(S[j]);
-    const float p0 = metal::fast::exp2(s[0] - m_use);
-    const float p1 = metal::fast::exp2(s[1] - m_use);
-    rsum += p0 + p1;
-    xk_frag_set(S[j], p0, p1);
-  }
-  rsum = xk_frag_row_sum(rsum);
-  l_i = l_i * factor + rsum;
-  m_i = m_new;
-  for (int t = 0; t < TV; ++t) {
-    const vec<float, 2> o = xk_frag_get(Of[t]);
-    xk_frag_set(Of[t], o[0] * factor, o[1] * factor);
+
+  // P as T fragments (the A operand of P V).
+  simdgroup_matrix<T, 8, 8> Pf[RM][TK];
+  if constexpr (TC) {
+    for (int r = 0; r < RM; ++r) {
+      simdgroup_barrier(mem_flags::mem_threadgroup);  // the previous fragments were read
+      for (int j = 0; j < TK; ++j) {
+        const vec<float, 2> p = xk_frag_get(S[r][j]);
+        Ps[fr * LDP + j * 8 + fc] = T(p[0]);
+        Ps[fr * LDP + j * 8 + fc + 1] = T(p[1]);
+      }
+      simdgroup_barrier(mem_flags::mem_threadgroup);  // P rows written
+      for (int j = 0; j < TK; ++j) {
+        simdgroup_load(Pf[r][j], Ps + j * 8, LDP);
+      }
+    }
+  } else {
+    for (int r = 0; r < RM; ++r) {
+      for (int j = 0; j < TK; ++j) {
+        xk_attn_copy(Pf[r][j], S[r][j]);
+      }
+    }
   }
 
   if (SHARE) {
@@ -219,37 +321,47 @@ for (int kb = 0; kb < kb_end; ++kb) {
     threadgroup_barrier(mem_flags::mem_threadgroup);  // V complete
   }
 
-  // O += P V: V fragment (key, d) = Vs[key][d].
+  // O += P V: V fragment (key, d) = Vs[key][d]; each feeds RM rows.
   for (int t = 0; t < TV; ++t) {
     for (int j = 0; j < TK; ++j) {
-      simdgroup_matrix<float, 8, 8> vf;
-      xk_frag_set(vf, float(Vs[(j * 8 + fr) * LDV + t * 8 + fc]), float(Vs[(j * 8 + fr) * LDV + t * 8 + fc + 1]));
-      simdgroup_multiply_accumulate(Of[t], S[j], vf, Of[t]);
+      simdgroup_matrix<T, 8, 8> vf;
+      simdgroup_load(vf, Vs + j * 8 * LDV + t * 8, LDV);
+      for (int r = 0; r < RM; ++r) {
+        simdgroup_multiply_accumulate(Of[r][t], Pf[r][j], vf, Of[r][t]);
+      }
     }
   }
 }
 
-if (qvalid) {
-  device T* op = o + ((b * Hq + h) * Lq + qrow) * DV;
-  for (int t = 0; t < TV; ++t) {
-    const vec<float, 2> val = xk_frag_get(Of[t]);
-    for (int e = 0; e < 2; ++e) {
-      const int d = t * 8 + fc + e;
-      if (d < DV) {
-        op[d] = T(val[e] / l_i);  // l_i == 0 only for all -inf rows: 0/0 = NaN, like MLX
+for (int r = 0; r < RM; ++r) {
+  const long qrow = r0 + r * 8 + fr;
+  if (qrow < Lq) {
+    device T* op = o + ((b * Hq + h) * Lq + qrow) * DV;
+    for (int t = 0; t < TV; ++t) {
+      const vec<float, 2> val = xk_frag_get(Of[r][t]);
+      for (int e = 0; e < 2; ++e) {
+        const int d = t * 8 + fc + e;
+        if (d < DV) {
+          op[d] = T(val[e] / l_i[r]);  // l_i == 0 only for all -inf rows: 0/0 = NaN, like MLX
+        }
       }
     }
   }
 }
 
 // @kernel attention_partial
-// Split-KV decode, pass 1 (after MLX's sdpa_vector_2pass). One threadgroup of NSG
-// simdgroups per (key block, query head * Lq + query, batch); a block covers keys
-// [blk * block_size, min((blk + 1) * block_size, Lk)). Simdgroup s takes keys
-// s, s + NSG, ...; each lane holds ceil(D / 32) contiguous elements of q (scaled by
-// scale * log2(e)) and ceil(DV / 32) of the output accumulator; a key's score is one
-// simd_sum, then the simdgroup's online softmax updates its max, sum and output. The
-// NSG partial states are merged through threadgroup memory. Outputs per (b, h, query,
+// Split-KV decode, pass 1. One threadgroup of NSG simdgroups per (key block, query head
+// * Lq + query, batch); a block covers keys [blk * block_size, min((blk + 1) *
+// block_size, Lk)). The block is walked in chunks of 32 keys, simdgroup s taking chunks
+// s, s + NSG, ... Lane l holds elements l, l + 32, ... of q (scaled by scale * log2(e))
+// and of the output accumulator, so every K / V row is read by the 32 lanes as
+// consecutive elements (each load instruction of the simdgroup covers a contiguous run
+// of 32 elements). Per chunk each lane accumulates partial dot products for all 32
+// keys (32 * ceil(D / 32) independent loads in flight), a transposing butterfly
+// (xk_attn_fold: 31 shuffles per 32 keys) leaves lane l with the score of key l, the
+// chunk's max is one simd_max, each lane keeps the running sum of its own keys'
+// probabilities, and P V broadcasts each key's probability with one shuffle. The NSG
+// partial states are merged through threadgroup memory. Outputs per (b, h, query,
 // block): the block's normalised output (float) and its log-sum-exp
 // lse = log(sum_j exp(score_j)) (natural log; -inf for a block without keys).
 // Threadgroup (32 * NSG, 1, 1); grid (32 * NSG * n_blocks, Hq * Lq, B).
@@ -284,50 +396,75 @@ threadgroup float so[NSG][SOW];
 const float qscale = scale * XK_LOG2E;
 float qr[EPL];
 for (int e = 0; e < EPL; ++e) {
-  const int d = int(lane) * EPL + e;
+  const int d = int(lane) + 32 * e;
   qr[e] = d < D ? float(qp[d]) * qscale : 0.0f;
 }
 float acc[EPLV];
 for (int e = 0; e < EPLV; ++e) {
   acc[e] = 0.0f;
 }
-float m = -INFINITY;
-float l = 0.0f;
+float m = -INFINITY;  // running max (uniform across the simdgroup)
+float l = 0.0f;       // this lane's share of the running sum (its own keys)
 
 const long j0 = blk * bs;
 long j1 = metal::min(j0 + bs, Lk);
 if (MASK == 1 && qi + off >= 0) {
   j1 = metal::min(j1, qi + off + 1);  // keys past the diagonal contribute nothing
 }
-for (long j = j0 + sg; j < j1; j += NSG) {  // uniform across the simdgroup
-  float part = 0.0f;
-  for (int e = 0; e < EPL; ++e) {
-    const int d = int(lane) * EPL + e;
-    if (D % 32 == 0 || d < D) {
-      part += qr[e] * float(kp[j * D + d]);
+for (long jc = j0 + long(sg) * 32; jc < j1; jc += NSG * 32) {  // uniform across the simdgroup
+  float part[32];
+  for (int c = 0; c < 32; ++c) {
+    const device T* kr = kp + (jc + c) * D;
+    const bool ok = jc + c < j1;
+    float sum = 0.0f;
+    for (int e = 0; e < EPL; ++e) {
+      const int d = int(lane) + 32 * e;
+      if (ok && (D % 32 == 0 || d < D)) {
+        sum += qr[e] * float(kr[d]);
+      }
     }
+    part[c] = sum;
   }
-  float s = simd_sum(part);
-  s = xk_attn_mask<MT, MASK>(s, qi, j, off, mask, mrow, params[7]);
-  const float m_new = metal::max(m, s);
+  xk_attn_fold<16>(part, lane);
+  xk_attn_fold<8>(part, lane);
+  xk_attn_fold<4>(part, lane);
+  xk_attn_fold<2>(part, lane);
+  xk_attn_fold<1>(part, lane);
+  const long j = jc + long(lane);  // part[0] is the score of key j
+  float s = -INFINITY;
+  if (j < j1) {
+    s = xk_attn_mask<MT, MASK>(part[0], qi, j, off, mask, mrow, params[7]);
+  }
+  const float m_new = metal::max(m, simd_max(s));
   const float m_use = m_new == -INFINITY ? 0.0f : m_new;
   const float factor = metal::fast::exp2(m - m_use);
   const float p = metal::fast::exp2(s - m_use);
   l = l * factor + p;
   m = m_new;
   for (int e = 0; e < EPLV; ++e) {
-    const int d = int(lane) * EPLV + e;
-    const float vv = (DV % 32 == 0 || d < DV) ? float(vp[j * DV + d]) : 0.0f;
-    acc[e] = acc[e] * factor + p * vv;
+    acc[e] *= factor;
+  }
+  for (int c = 0; c < 32; ++c) {
+    const float pc = simd_shuffle(p, ushort(c));
+    if (jc + c < j1) {
+      const device T* vr = vp + (jc + c) * DV;
+      for (int e = 0; e < EPLV; ++e) {
+        const int d = int(lane) + 32 * e;
+        if (DV % 32 == 0 || d < DV) {
+          acc[e] += pc * float(vr[d]);
+        }
+      }
+    }
   }
 }
+l = simd_sum(l);
 
 if (lane == 0) {
   sm[sg] = m;
   sl[sg] = l;
 }
 for (int e = 0; e < EPLV; ++e) {
-  so[sg][int(lane) * EPLV + e] = acc[e];
+  so[sg][int(lane) + 32 * e] = acc[e];
 }
 threadgroup_barrier(mem_flags::mem_threadgroup);  // every simdgroup's state is published
 

@@ -304,12 +304,44 @@ def _round8(n: int) -> int:
     return -(-n // 8) * 8
 
 
+def _prefill_rm(block_q: int, dtype: mx.Dtype) -> int:
+    """8-row query fragments per simdgroup (RM): 2 for 2-byte dtypes when BQ allows (each
+    K^T / V fragment read from threadgroup memory then feeds 2 tensor-core products)."""
+    return 2 if dtype != mx.float32 and block_q % 16 == 0 else 1
+
+
+def _prefill_shares(block_q: int, block_k: int, d: int, dv: int, dtype: mx.Dtype) -> bool:
+    """Whether the prefill kernel loads K and V in turn into one buffer (SHARE)."""
+    itemsize = 4 if dtype == mx.float32 else 2
+    pad = 16 // itemsize
+    ps = 0 if itemsize == 4 else block_q // (8 * _prefill_rm(block_q, dtype)) * 8 * (block_k + pad)
+    return (block_k * (_round8(d) + _round8(dv) + 2 * pad) + ps) * itemsize > _TG_MEMORY
+
+
+def _prefill_tg_bytes(block_q: int, block_k: int, d: int, dv: int, dtype: mx.Dtype) -> int:
+    """Threadgroup bytes of ``attention_prefill``, as the kernel declares them: the K/V
+    tiles (one shared buffer when both and the P buffer do not fit 32 KiB) plus, for
+    2-byte dtypes, the P / Q staging buffers (8 rows x (BK + 8) per simdgroup)."""
+    itemsize = 4 if dtype == mx.float32 else 2
+    pad = 16 // itemsize
+    ldk, ldv = _round8(d) + pad, _round8(dv) + pad
+    ps = 0 if itemsize == 4 else block_q // (8 * _prefill_rm(block_q, dtype)) * 8 * (block_k + pad)
+    kv = block_k * (max(ldk, ldv) if _prefill_shares(block_q, block_k, d, dv, dtype) else ldk + ldv)
+    return (kv + ps) * itemsize
+
+
 def _prefill_tiles(lq: int, d: int, dv: int, dtype: mx.Dtype, block_q: int | None, block_k: int | None) -> tuple[int, int]:
-    """(BQ, BK): BQ = 32 (16/8 for short query runs), BK = 32 (16 from head dim 128)."""
+    """(BQ, BK). float32: BQ = 32 (16/8 for short query runs), BK = 32 (16 from head dim
+    128). float16 / bfloat16 (tensor cores on CUDA): BQ up to 64, BK = 64 where the K and
+    V tiles fit 32 KiB side by side, else 32 (else 16)."""
+    half = dtype != mx.float32
     if block_q is None:
-        block_q = 8 if lq <= 8 else 16 if lq <= 16 else 32
+        block_q = 8 if lq <= 8 else 16 if lq <= 16 else 32 if (lq <= 32 or not half) else 64
     if block_k is None:
-        block_k = 32 if max(d, dv) < 128 else 16
+        if half:  # the largest BK whose K and V tiles fit side by side (no shared buffer)
+            block_k = next((bk for bk in (64, 32) if not _prefill_shares(block_q, bk, d, dv, dtype)), 16)
+        else:
+            block_k = 32 if max(d, dv) < 128 else 16
     _check_int(block_q, "block_q", minimum=8, multiple=8)
     _check_int(block_k, "block_k", minimum=8, multiple=8)
     if block_q > 256:
@@ -319,6 +351,12 @@ def _prefill_tiles(lq: int, d: int, dv: int, dtype: mx.Dtype, block_q: int | Non
     if need > _TG_MEMORY:
         raise ValueError(
             f"block_k={block_k} with head dims ({d}, {dv}) in {dtype} needs {need} bytes of threadgroup memory (> 32 KiB)"
+        )
+    total = _prefill_tg_bytes(block_q, block_k, d, dv, dtype)
+    if total > _TG_MEMORY:
+        raise ValueError(
+            f"block_q={block_q} with block_k={block_k} and head dims ({d}, {dv}) in {dtype} needs {total} bytes of "
+            f"threadgroup memory (> 32 KiB: K/V tiles plus the P staging buffer); use a smaller block_q or block_k"
         )
     return block_q, block_k
 
@@ -332,9 +370,10 @@ def _prefill_launch(q, k, v, m: _Mask, scale: float, block_q=None, block_k=None)
     b, hq, lq, d = q.shape
     hkv, lk, dv = k.shape[1], k.shape[2], v.shape[3]
     bq, bk = _prefill_tiles(lq, d, dv, q.dtype, block_q, block_k)
+    rm = _prefill_rm(bq, q.dtype)
     mbuf = m.buffer()
     params = mx.array([hq, hkv, lq, lk, *m.strides, 0, 0], dtype=mx.int64)
-    threads = 32 * (bq // 8)
+    threads = 32 * (bq // (8 * rm))
     check_int32("scaled_dot_product_attention", "the prefill grid x (threads per query block * blocks)",
                 threads * -(-lq // bq), f"q has shape {tuple(q.shape)}")
     return PREFILL, dict(
@@ -343,7 +382,8 @@ def _prefill_launch(q, k, v, m: _Mask, scale: float, block_q=None, block_k=None)
         output_dtypes=[q.dtype],
         grid=(threads * -(-lq // bq), hq, b),
         threadgroup=(threads, 1, 1),
-        template=[("T", q.dtype), ("MT", mbuf.dtype), ("D", d), ("DV", dv), ("BQ", bq), ("BK", bk), ("MASK", m.kind)],
+        template=[("T", q.dtype), ("MT", mbuf.dtype), ("D", d), ("DV", dv), ("BQ", bq), ("BK", bk), ("RM", rm),
+                  ("MASK", m.kind)],
     )
 
 
@@ -352,7 +392,7 @@ def _partial_launch(q, k, v, m: _Mask, scale: float, block_size: int) -> tuple[K
     b, hq, lq, d = q.shape
     hkv, lk, dv = k.shape[1], k.shape[2], v.shape[3]
     nb = -(-lk // block_size)
-    nsg = max(1, min(8, block_size // 8))
+    nsg = max(1, min(8, -(-block_size // 32)))  # simdgroups walk 32-key chunks
     mbuf = m.buffer()
     params = mx.array([hq, hkv, lq, lk, *m.strides, block_size, nb], dtype=mx.int64)
     return PARTIAL, dict(
