@@ -144,7 +144,7 @@ constexpr int PAD = 16 / int(sizeof(T));
 constexpr int LDK = DP + PAD;
 constexpr int LDV = DVP + PAD;
 constexpr int LDP = BK + PAD;
-constexpr int PS_ELEMS = TC ? WM * 8 * LDP : 1;  // the P / Q staging buffers (2-byte T only)
+constexpr int PS_ELEMS = TC ? WM * 8 * LDP : 4;  // the P / Q staging buffers (2-byte T only)
 constexpr bool SHARE = (BK * LDK + BK * LDV + PS_ELEMS) * int(sizeof(T)) > 32768;
 constexpr int KV_ELEMS = SHARE ? BK * (LDK > LDV ? LDK : LDV) : BK * (LDK + LDV);
 
@@ -162,8 +162,12 @@ const device T* kp = k + (b * Hkv + hk) * Lk * D;
 const device T* vp = v + (b * Hkv + hk) * Lk * DV;
 const long mbase = b * params[4] + h * params[5];
 
-threadgroup T KVs[KV_ELEMS];
-threadgroup T PSall[PS_ELEMS];
+// Declared as 4-vectors so that the tiles are 4-element aligned (lets a compiler merge
+// the two adjacent elements of a transposed K^T fragment read into one access).
+threadgroup vec<T, 4> KV4[KV_ELEMS / 4];
+threadgroup vec<T, 4> PS4[PS_ELEMS / 4];
+threadgroup T* KVs = reinterpret_cast<threadgroup T*>(KV4);
+threadgroup T* PSall = reinterpret_cast<threadgroup T*>(PS4);
 threadgroup T* Ks = KVs;
 threadgroup T* Vs = KVs + (SHARE ? 0 : BK * LDK);
 threadgroup T* Ps = PSall + (TC ? sg * 8 * LDP : 0);
@@ -412,16 +416,17 @@ if (MASK == 1 && qi + off >= 0) {
   j1 = metal::min(j1, qi + off + 1);  // keys past the diagonal contribute nothing
 }
 for (long jc = j0 + long(sg) * 32; jc < j1; jc += NSG * 32) {  // uniform across the simdgroup
+  // Branch-free: keys past j1 read key j1 - 1 (their scores become -inf below) and
+  // lanes past D read element D - 1 (times a zero q element), so that all the loads of
+  // the chunk can be in flight together.
   float part[32];
   for (int c = 0; c < 32; ++c) {
-    const device T* kr = kp + (jc + c) * D;
-    const bool ok = jc + c < j1;
+    const device T* kr = kp + metal::min(jc + c, j1 - 1) * D;
     float sum = 0.0f;
     for (int e = 0; e < EPL; ++e) {
       const int d = int(lane) + 32 * e;
-      if (ok && (D % 32 == 0 || d < D)) {
-        sum += qr[e] * float(kr[d]);
-      }
+      const float kv = float(kr[D % 32 == 0 ? d : metal::min(d, D - 1)]);
+      sum += (D % 32 == 0 || d < D) ? qr[e] * kv : 0.0f;
     }
     part[c] = sum;
   }
@@ -445,15 +450,13 @@ for (long jc = j0 + long(sg) * 32; jc < j1; jc += NSG * 32) {  // uniform across
     acc[e] *= factor;
   }
   for (int c = 0; c < 32; ++c) {
-    const float pc = simd_shuffle(p, ushort(c));
-    if (jc + c < j1) {
-      const device T* vr = vp + (jc + c) * DV;
-      for (int e = 0; e < EPLV; ++e) {
-        const int d = int(lane) + 32 * e;
-        if (DV % 32 == 0 || d < DV) {
-          acc[e] += pc * float(vr[d]);
-        }
-      }
+    const float pc = simd_shuffle(p, ushort(c));  // 0 for keys past j1
+    const device T* vr = vp + metal::min(jc + c, j1 - 1) * DV;
+    const bool ok = jc + c < j1;
+    for (int e = 0; e < EPLV; ++e) {
+      const int d = int(lane) + 32 * e;
+      const float vv = float(vr[DV % 32 == 0 ? d : metal::min(d, DV - 1)]);
+      acc[e] += (ok && (DV % 32 == 0 || d < DV)) ? pc * vv : 0.0f;
     }
   }
 }
