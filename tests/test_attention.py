@@ -241,6 +241,84 @@ def test_head_dims_and_tiles(kernel_backend, d, dv, dtype_name, block_q, block_k
     assert_close(out, ref, dtype, f"split-KV D={d} DV={dv}")
 
 
+# Tensor-core prefill (2-byte dtypes): T fragments for Q, K^T, V and P, RM = 2 row
+# fragments per simdgroup when BQ is a multiple of 16, P staged through threadgroup
+# memory. Query lengths span several 64-query blocks, key lengths several BK tiles
+# with a partial last one.
+@pytest.mark.parametrize("mask_kind", ["none", "causal", "additive"])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
+def test_prefill_tensor_core_tiles(kernel_backend, monkeypatch, dtype_name, d, mask_kind):
+    dtype = DTYPES[dtype_name]
+    b, hq, hkv, lq, lk = 1, 4, 2, 130, 150
+    seed = seed_of("tc prefill", dtype_name, d, mask_kind)
+    q, k, v = make_qkv(b, hq, hkv, lq, lk, d, d, dtype, seed)
+    mask = make_mask(mask_kind, b, hq, lq, lk, dtype, seed)
+    spy = LaunchSpy(monkeypatch)
+    out = att.attention_prefill(q, k, v, scale=d**-0.5, mask=mask)
+    assert_close(out, np_attention(q, k, v, d**-0.5, mask), dtype, f"prefill {dtype_name} D={d} {mask_kind}")
+    if kernel_backend != "reference":
+        t = spy.templates[-1]
+        assert (t["BQ"], t["BK"], t["RM"]) == (64, 64 if d == 64 else 32, 2)
+
+
+@pytest.mark.parametrize(
+    "dtype_name, d, dv, block_q, block_k, rm",
+    [
+        ("float16", 64, 64, 8, 16, 1),  # one row fragment per simdgroup
+        ("bfloat16", 40, 24, 24, 8, 1),  # BQ not a multiple of 16; odd head dims, D != DV
+        ("float16", 128, 128, 48, 64, 2),  # 3 simdgroups; K and V share one buffer
+        ("bfloat16", 16, 16, 32, 128, 2),  # BK wider than the head dim (Q staged in one chunk)
+        ("float32", 64, 64, 64, 32, 1),  # float: exact path, RM = 1
+    ],
+)
+def test_prefill_tile_variants(kernel_backend, monkeypatch, dtype_name, d, dv, block_q, block_k, rm):
+    dtype = DTYPES[dtype_name]
+    b, hq, hkv, lq, lk = 1, 2, 1, 53, 75
+    seed = seed_of("tile variants", dtype_name, d, dv, block_q, block_k)
+    q, k, v = make_qkv(b, hq, hkv, lq, lk, d, dv, dtype, seed)
+    spy = LaunchSpy(monkeypatch)
+    out = att.attention_prefill(q, k, v, scale=d**-0.5, mask="causal", block_q=block_q, block_k=block_k)
+    assert_close(out, np_attention(q, k, v, d**-0.5, "causal"), dtype, f"prefill {dtype_name} {block_q}x{block_k}")
+    if kernel_backend != "reference":
+        assert spy.templates[-1]["RM"] == rm
+
+
+def test_prefill_threadgroup_memory_error(kernel_backend):
+    q, k, v = make_qkv(1, 1, 1, 4, 8, 16, 16, mx.float16, 0)
+    with pytest.raises(ValueError, match="block_q=256 with block_k=128.*32 KiB"):
+        att.attention_prefill(q, k, v, scale=0.25, block_q=256, block_k=128)
+
+
+# Split-KV pass 1 walks 32-key chunks, simdgroup s taking chunks s, s + NSG, ...: a block
+# of 300 keys has 10 chunks over 8 simdgroups (two simdgroups take 2, the last chunk is
+# partial); Lk = 1100 gives 4 blocks, the last one partial.
+@pytest.mark.parametrize("mask_kind", ["none", "causal", "bool"])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("dtype_name", list(DTYPES))
+def test_split_kv_chunks(kernel_backend, monkeypatch, dtype_name, d, mask_kind):
+    dtype = DTYPES[dtype_name]
+    b, hq, hkv, lq, lk = 1, 4, 2, 2, 1100
+    seed = seed_of("split chunks", dtype_name, d, mask_kind)
+    q, k, v = make_qkv(b, hq, hkv, lq, lk, d, d, dtype, seed)
+    mask = make_mask(mask_kind, b, hq, lq, lk, dtype, seed)
+    spy = LaunchSpy(monkeypatch)
+    out = att.attention_decode_split_kv(q, k, v, scale=d**-0.5, mask=mask, block_size=300)
+    assert_close(out, np_attention(q, k, v, d**-0.5, mask), dtype, f"split-KV chunks {dtype_name} D={d} {mask_kind}")
+    if kernel_backend != "reference":
+        assert spy.kernels == ["attention_partial", "attention_reduce"] and spy.templates[0]["NSG"] == 8
+
+
+def test_split_kv_auto_decode(kernel_backend, monkeypatch):
+    """One query over 1030 keys takes the split-KV path with the default block size."""
+    q, k, v = make_qkv(1, 2, 1, 1, 1030, 64, 64, mx.float16, seed_of("auto decode"))
+    spy = LaunchSpy(monkeypatch)
+    out = att.scaled_dot_product_attention(q, k, v, scale=0.125)
+    assert_close(out, np_attention(q, k, v, 0.125, None), mx.float16, "auto split-KV decode")
+    if kernel_backend != "reference":
+        assert spy.kernels == ["attention_partial", "attention_reduce"]
+
+
 def test_partial_lse_and_reduce(kernel_backend):
     """Pass 1's per-block log-sum-exp and normalised outputs, and pass 2 on its own."""
     if kernel_backend == "reference":
