@@ -22,13 +22,20 @@ mirrors ``mx.fast.scaled_dot_product_attention``:
 
 Kernels (``metal_src/attention.metal``):
 
-* ``attention_prefill``: flash attention forward, BQ x BK tiles (BQ 8/16/32 by query
-  length, BK 32, or 16 from head dim 128), Q·Kᵀ and P·V as simdgroup_matrix 8x8 MMAs in
-  float, online softmax with exp2. Every head dim from 1 to 256 runs on it (head dims
-  are zero-padded to a multiple of 8 inside the tiles; 64, 80, 96, 128 need no padding).
-* ``attention_partial`` + ``attention_reduce``: split-KV decode. Pass 1 writes, per
-  (batch, head, query, key block), the block's normalised output (float32) and its
-  log-sum-exp; pass 2 merges the blocks through their LSEs. Chosen automatically for
+* ``attention_prefill``: flash attention forward, BQ x BK tiles, Q·Kᵀ and P·V as
+  simdgroup_matrix 8x8 MMAs, online softmax with exp2. float32: every operand float
+  (exact products; BQ 32, or 16/8 for short query runs; BK 32, or 16 from head dim
+  128). float16 / bfloat16: Q, Kᵀ, V and P are fragments of the I/O dtype (tensor cores
+  on CUDA), S and O accumulate in float32, P is rounded to the dtype for P·V (as MLX's
+  Metal SDPA); each simdgroup owns RM = 2 fragments of 8 query rows when BQ is a
+  multiple of 16 (one Kᵀ/V fragment read feeds two products); BQ 64 (32/16/8 for short
+  query runs), BK 64 where the K and V tiles fit 32 KiB side by side, else 32. Every
+  head dim from 1 to 256 runs on it (zero-padded to a multiple of 8 inside the tiles).
+* ``attention_partial`` + ``attention_reduce``: split-KV decode. Pass 1 walks each key
+  block in chunks of 32 keys per simdgroup (lanes read consecutive elements of each K/V
+  row; a transposing butterfly turns per-lane partial dot products into one score per
+  lane) and writes, per (batch, head, query, key block), the block's normalised output
+  (float32) and its log-sum-exp; pass 2 merges the blocks through their LSEs. Chosen automatically for
   Lq <= ``SPLIT_KV_MAX_QUERIES`` (8) and Lk >= ``SPLIT_KV_MIN_KEYS`` (1024; override with
   the ``split_kv_min_keys`` argument or ``XLSTM_ATTENTION_SPLIT_KV_MIN_KEYS``, alias
   ``XLSTM_KERNELS_ATTN_SPLIT_MIN_KEYS``).
@@ -40,6 +47,8 @@ arguments (``block_q=``, ``block_k=``, ``block_size=``, ``split_kv_min_keys=``, 
 ``knobs=`` of :func:`scaled_dot_product_attention`), then ``XLSTM_ATTENTION_*`` variables,
 then the presets. A block_k whose K/V tiles do not fit 32 KiB for the head dims is an
 error from an argument or a variable and is skipped (next lower level) from a preset.
+For 2-byte dtypes the P staging buffer (BQ / RM x (BK + 8) elements) adds to the tiles: a
+block_q / block_k pair whose total exceeds 32 KiB is an error (use a smaller one).
 
 Head dims above ``MAX_KERNEL_HEAD_DIM`` (256), zero-size inputs and the ``reference``
 backend run :func:`attention_reference` (plain mx ops, float32 softmax).
