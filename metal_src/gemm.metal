@@ -105,6 +105,94 @@ inline void xk_load_b(threadgroup float* dst, const device T* b, long col0, long
   }
 }
 
+// ---- Building blocks of the simd path (gemm_simd) ----------------------------------------
+// Portable forms: a backend with faster ones (xlstm_kernels/cuda/simdgroup_matrix.h:
+// tensor-core mma.m16n8k16 / m16n8k8 using all 16 rows, ldmatrix, cp.async) defines
+// XK_SIMDGROUP_MMA / XK_ASYNC_COPY and its own versions with the same results.
+// XK_UNROLL before a loop with a constant trip count: unroll it fully, so that arrays of
+// fragments indexed by its counter stay in registers.
+#ifndef XK_UNROLL
+#ifdef __METAL_VERSION__
+#define XK_UNROLL _Pragma("clang loop unroll(full)")
+#else
+#define XK_UNROLL
+#endif
+#endif
+
+#ifndef XK_SIMDGROUP_MMA
+// acc0 += a0 * b; acc1 += a1 * b (two 8x8 row blocks sharing one B fragment).
+template <typename C, typename A, typename B>
+inline void xk_mma2(thread C& acc0, thread C& acc1, thread const A& a0, thread const A& a1, thread const B& b) {
+  simdgroup_multiply_accumulate(acc0, a0, b, acc0);
+  simdgroup_multiply_accumulate(acc1, a1, b, acc1);
+}
+
+// Two 8-deep k-steps at once: acc0 += a00 * b0 + a01 * b1; acc1 += a10 * b0 + a11 * b1
+// (a<row block><k step>; b<k step>). Accumulated in that order.
+template <typename C, typename A, typename B>
+inline void xk_mma2_k16(thread C& acc0, thread C& acc1, thread const A& a00, thread const A& a10,
+                        thread const A& a01, thread const A& a11, thread const B& b0, thread const B& b1) {
+  simdgroup_multiply_accumulate(acc0, a00, b0, acc0);
+  simdgroup_multiply_accumulate(acc0, a01, b1, acc0);
+  simdgroup_multiply_accumulate(acc1, a10, b0, acc1);
+  simdgroup_multiply_accumulate(acc1, a11, b1, acc1);
+}
+
+// simdgroup_load of a fragment that the body uses only as the left (xk_frag_load_a) or
+// only as the right (xk_frag_load_b) operand of products: a backend may then load just
+// that operand's registers (such a fragment must not be used in the other role, stored
+// or read through thread_elements()). Same arguments as simdgroup_load, origin 0.
+template <typename M, typename U>
+inline void xk_frag_load_a(thread M& m, const threadgroup U* src, ulong elements_per_row, bool transpose) {
+  simdgroup_load(m, src, elements_per_row, ulong2(0, 0), transpose);
+}
+template <typename M, typename U>
+inline void xk_frag_load_b(thread M& m, const threadgroup U* src, ulong elements_per_row, bool transpose) {
+  simdgroup_load(m, src, elements_per_row, ulong2(0, 0), transpose);
+}
+#endif
+
+#ifndef XK_ASYNC_COPY
+// dst[0..N) = src[0..N) (N consecutive elements; any alignment), possibly asynchronous:
+// the copies a thread started are complete once it has called xk_async_commit() after
+// them and then xk_async_wait<G>() with at most G later commits; other threads see them
+// after a threadgroup_barrier that follows the wait. Here plain synchronous copies.
+template <int N, typename T>
+inline void xk_async_copy(threadgroup T* dst, const device T* src) {
+  for (int k = 0; k < N; ++k) {
+    dst[k] = src[k];
+  }
+}
+inline void xk_async_commit() {}
+template <int G>
+inline void xk_async_wait() {}
+#endif
+
+// A tile of a matrix product into threadgroup memory (one stage of gemm_simd): the
+// ROWS x COLS block at (r0, c0) of a row-major matrix (leading dimension ld) into dst
+// (row stride LD), zero outside [0, r_hi) x [0, c_hi).
+// Runs of V elements along the contiguous axis (16 bytes where COLS allows) go through
+// xk_async_copy when they lie inside; the others, at the edges, element by element.
+template <typename T, int ROWS, int COLS, int LD, int NT>
+inline void xk_tile_load(threadgroup T* dst, const device T* src, long r0, long c0, long r_hi, long c_hi, long ld,
+                         uint tid) {
+  constexpr int V16 = 16 / int(sizeof(T));
+  constexpr int V = COLS % V16 == 0 ? V16 : (COLS % (V16 / 2) == 0 ? V16 / 2 : 1);
+  constexpr int CPR = COLS / V;  // runs per row
+  for (uint e = tid; e < uint(ROWS * CPR); e += NT) {
+    const int r = int(e / CPR), c = int(e % CPR) * V;
+    const long gr = r0 + r, gc = c0 + c;
+    threadgroup T* d = dst + r * LD + c;
+    if (gr < r_hi && gc + V <= c_hi) {
+      xk_async_copy<V>(d, src + gr * ld + gc);
+    } else {
+      for (int q = 0; q < V; ++q) {
+        d[q] = (gr < r_hi && gc + q < c_hi) ? src[gr * ld + gc + q] : T(0);
+      }
+    }
+  }
+}
+
 // The fused epilogue for one output element (float in, float out).
 template <typename T, bool HAS_BIAS, int ACT, bool HAS_RES>
 inline float xk_epilogue(float v, const device T* bias, const device T* res, long res_index, long col) {
@@ -201,11 +289,17 @@ for (int r = 0; r < RM; ++r) {
 // @kernel gemm_simd
 // simdgroup_matrix path: 8x8 MMA fragments, float accumulation. Threadgroup
 // (32 * WN, WM, 1) = WM x WN simdgroups, each computing a (BM/WM) x (BN/WN) block;
-// grid (32 * WN * ceil(N/BN), WM * ceil(M/BM), batch * SPLIT). Threadgroup tiles hold T
-// with PADS extra columns (MLX's 16 bytes). With SPLIT > 1, split s of grid z covers
-// K in [s * params[5], (s+1) * params[5]) and writes float partial sums to
+// grid (32 * WN * ceil(N/BN), WM * ceil(M/BM), batch * SPLIT). With SPLIT > 1, split s of
+// grid z covers K in [s * params[5], (s+1) * params[5]) and writes float partial sums to
 // P (SPLIT, batch, M, N) with no epilogue (gemm_split_k_reduce finishes); otherwise the
 // epilogue runs and C (batch, M, N) is written.
+// Threadgroup tiles hold T in each operand's memory order (op(A) as As[i][p], or As[p][i]
+// when TRANS_A; op(B) as Bs[p][j], or Bs[j][p] when TRANS_B) with PADS extra columns (16
+// bytes), so rows are copied in 16-byte runs and fragments are loaded (transposed where
+// needed) from 16-byte aligned rows. STAGES (up to 3, as many as fit in 32 KiB) tiles of
+// K are in flight: tile t + STAGES - 1 is copied while tile t is multiplied.
+// Fragment pairs: row blocks 2r, 2r + 1 share each B fragment (xk_mma2, and xk_mma2_k16
+// over two k-steps when BK % 16 == 0); an odd last row block uses single products.
 // inputs: A, B, bias, residual, params.  outputs: C (T), P (float; SPLIT > 1 only, else 1 elem)
 // template: T, BM, BN, BK, WM, WN, TRANS_A, TRANS_B, HAS_BIAS, ACT, HAS_RES, SPLIT
 const long M = params[0], N = params[1], K = params[2];
@@ -215,6 +309,13 @@ constexpr int NT = 32 * WM * WN;
 constexpr int PADS = 16 / int(sizeof(T));
 constexpr int FM = BM / (8 * WM);  // fragments per simdgroup along rows
 constexpr int FN = BN / (8 * WN);  // and along columns
+constexpr int KS = BK % 16 == 0 ? 2 : 1;  // 8-deep k-steps per product group
+constexpr int A_LD = (TRANS_A ? BM : BK) + PADS;
+constexpr int B_LD = (TRANS_B ? BK : BN) + PADS;
+constexpr int A_TILE = (TRANS_A ? BK : BM) * A_LD;
+constexpr int B_TILE = (TRANS_B ? BN : BK) * B_LD;
+constexpr int STAGE_BYTES = (A_TILE + B_TILE) * int(sizeof(T));
+constexpr int STAGES = 32768 / STAGE_BYTES >= 3 ? 3 : (32768 / STAGE_BYTES >= 2 ? 2 : 1);
 const int wm = int(sg) / WN;
 const int wn = int(sg) % WN;
 const long row0 = long(threadgroup_position_in_grid.y) * BM;
@@ -226,9 +327,14 @@ const long k_lo = SPLIT > 1 ? split * params[5] : 0;
 const long k_hi = SPLIT > 1 ? metal::min(K, k_lo + params[5]) : K;
 const device T* a = A + batch * params[3];
 const device T* b = B + batch * params[4];
+// op(A) (M x K) is A (M, K) or, TRANS_A, A (K, M); op(B) (K x N) is B (K, N) or, TRANS_B, B (N, K).
+const long a_r0 = TRANS_A ? 0 : row0, a_c0 = TRANS_A ? row0 : 0;
+const long a_rhi = TRANS_A ? k_hi : M, a_chi = TRANS_A ? M : k_hi;
+const long b_r0 = TRANS_B ? col0 : 0, b_c0 = TRANS_B ? 0 : col0;
+const long b_rhi = TRANS_B ? N : k_hi, b_chi = TRANS_B ? k_hi : N;
 
-threadgroup T As[BM][BK + PADS];  // As[i][p] = op(A)(row0 + i, k0 + p)
-threadgroup T Bs[BK][BN + PADS];  // Bs[p][j] = op(B)(k0 + p, col0 + j)
+threadgroup T As[STAGES * A_TILE];
+threadgroup T Bs[STAGES * B_TILE];
 
 simdgroup_matrix<float, 8, 8> acc[FM][FN];
 for (int i = 0; i < FM; ++i) {
@@ -237,36 +343,89 @@ for (int i = 0; i < FM; ++i) {
   }
 }
 
-for (long k0 = k_lo; k0 < k_hi; k0 += BK) {
-  for (uint e = tid; e < uint(BM * BK); e += NT) {
-    const int i = TRANS_A ? int(e % BM) : int(e / BK);
-    const int p = TRANS_A ? int(e / BM) : int(e % BK);
-    const long gi = row0 + i, gp = k0 + p;
-    As[i][p] = (gi < M && gp < k_hi) ? (TRANS_A ? a[gp * M + gi] : a[gi * K + gp]) : T(0);
+const int ntiles = k_hi > k_lo ? int((k_hi - k_lo + BK - 1) / BK) : 0;
+// Tiles 0 .. STAGES - 2 in flight before the loop (one commit each, empty or not).
+for (int t = 0; t < STAGES - 1; ++t) {
+  if (t < ntiles) {
+    const long k0 = k_lo + long(t) * BK;
+    xk_tile_load<T, TRANS_A ? BK : BM, TRANS_A ? BM : BK, A_LD, NT>(
+        &As[t * A_TILE], a, a_r0 + (TRANS_A ? k0 : 0), a_c0 + (TRANS_A ? 0 : k0), a_rhi, a_chi, TRANS_A ? M : K, tid);
+    xk_tile_load<T, TRANS_B ? BN : BK, TRANS_B ? BK : BN, B_LD, NT>(
+        &Bs[t * B_TILE], b, b_r0 + (TRANS_B ? 0 : k0), b_c0 + (TRANS_B ? k0 : 0), b_rhi, b_chi, TRANS_B ? K : N, tid);
   }
-  for (uint e = tid; e < uint(BK * BN); e += NT) {
-    const int p = TRANS_B ? int(e % BK) : int(e / BN);
-    const int j = TRANS_B ? int(e / BK) : int(e % BN);
-    const long gp = k0 + p, gj = col0 + j;
-    Bs[p][j] = (gp < k_hi && gj < N) ? (TRANS_B ? b[gj * K + gp] : b[gp * N + gj]) : T(0);
+  xk_async_commit();
+}
+for (int t = 0; t < ntiles; ++t) {
+  const int s = t % STAGES;
+  // Refill the stage read in iteration t - 1 (every thread is past it after the barrier)
+  // with tile t + STAGES - 1; with one stage, tile t itself.
+  const int tl = STAGES > 1 ? t + STAGES - 1 : t;
+  if (STAGES > 1) {
+    xk_async_wait<STAGES - 2>();  // this thread's copies of tile t are done
+    threadgroup_barrier(mem_flags::mem_threadgroup);  // everyone's tile t is in; stage (t-1) % STAGES is free
   }
-  threadgroup_barrier(mem_flags::mem_threadgroup);  // tiles complete before the MMAs read them
-  for (int kk = 0; kk < BK; kk += 8) {
-    simdgroup_matrix<T, 8, 8> fa[FM];
-    simdgroup_matrix<T, 8, 8> fb[FN];
+  if (tl < ntiles) {
+    const int sl = tl % STAGES;
+    const long k0 = k_lo + long(tl) * BK;
+    xk_tile_load<T, TRANS_A ? BK : BM, TRANS_A ? BM : BK, A_LD, NT>(
+        &As[sl * A_TILE], a, a_r0 + (TRANS_A ? k0 : 0), a_c0 + (TRANS_A ? 0 : k0), a_rhi, a_chi, TRANS_A ? M : K, tid);
+    xk_tile_load<T, TRANS_B ? BN : BK, TRANS_B ? BK : BN, B_LD, NT>(
+        &Bs[sl * B_TILE], b, b_r0 + (TRANS_B ? 0 : k0), b_c0 + (TRANS_B ? k0 : 0), b_rhi, b_chi, TRANS_B ? K : N, tid);
+  }
+  xk_async_commit();
+  if (STAGES == 1) {
+    xk_async_wait<0>();
+    threadgroup_barrier(mem_flags::mem_threadgroup);  // tile t complete before the MMAs read it
+  }
+  const threadgroup T* ta = &As[s * A_TILE];
+  const threadgroup T* tb = &Bs[s * B_TILE];
+  XK_UNROLL
+  for (int kk = 0; kk < BK; kk += 8 * KS) {
+    simdgroup_matrix<T, 8, 8> fa[FM][KS];
+    simdgroup_matrix<T, 8, 8> fb[FN][KS];
+    XK_UNROLL
     for (int i = 0; i < FM; ++i) {
-      simdgroup_load(fa[i], &As[wm * (BM / WM) + i * 8][kk], BK + PADS);
+      const int ri = wm * (BM / WM) + i * 8;
+      xk_frag_load_a(fa[i][0], ta + (TRANS_A ? kk * A_LD + ri : ri * A_LD + kk), A_LD, TRANS_A);
+      if (KS == 2) {
+        const int k8 = kk + 8;
+        xk_frag_load_a(fa[i][KS - 1], ta + (TRANS_A ? k8 * A_LD + ri : ri * A_LD + k8), A_LD, TRANS_A);
+      }
     }
+    XK_UNROLL
     for (int j = 0; j < FN; ++j) {
-      simdgroup_load(fb[j], &Bs[kk][wn * (BN / WN) + j * 8], BN + PADS);
+      const int cj = wn * (BN / WN) + j * 8;
+      xk_frag_load_b(fb[j][0], tb + (TRANS_B ? cj * B_LD + kk : kk * B_LD + cj), B_LD, TRANS_B);
+      if (KS == 2) {
+        const int k8 = kk + 8;
+        xk_frag_load_b(fb[j][KS - 1], tb + (TRANS_B ? cj * B_LD + k8 : k8 * B_LD + cj), B_LD, TRANS_B);
+      }
     }
-    for (int i = 0; i < FM; ++i) {
+    XK_UNROLL
+    for (int i = 0; i + 1 < FM; i += 2) {
+      XK_UNROLL
       for (int j = 0; j < FN; ++j) {
-        simdgroup_multiply_accumulate(acc[i][j], fa[i], fb[j], acc[i][j]);
+        if (KS == 2) {
+          xk_mma2_k16(acc[i][j], acc[i + 1][j], fa[i][0], fa[i + 1][0], fa[i][KS - 1], fa[i + 1][KS - 1], fb[j][0],
+                      fb[j][KS - 1]);
+        } else {
+          xk_mma2(acc[i][j], acc[i + 1][j], fa[i][0], fa[i + 1][0], fb[j][0]);
+        }
+      }
+    }
+    if (FM % 2 == 1) {
+      XK_UNROLL
+      for (int j = 0; j < FN; ++j) {
+        XK_UNROLL
+        for (int q = 0; q < KS; ++q) {
+          simdgroup_multiply_accumulate(acc[FM - 1][j], fa[FM - 1][q], fb[j][q], acc[FM - 1][j]);
+        }
       }
     }
   }
-  threadgroup_barrier(mem_flags::mem_threadgroup);  // MMAs done before the tiles are refilled
+  if (STAGES == 1) {
+    threadgroup_barrier(mem_flags::mem_threadgroup);  // MMAs done before the tile is refilled
+  }
 }
 
 // Each lane holds 2 elements of each fragment: (fr, fc) and (fr, fc + 1).

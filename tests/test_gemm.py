@@ -563,6 +563,58 @@ def test_check_schedules_raw_kernels(name, spy):
     assert np.array_equal(f64(c), f64(op_out))
 
 
+# The simd path's pipeline (gemm_simd's STAGES K tiles in flight: 3, 2, or 1 when one
+# stage takes more than 16 KiB), its fragment pairs (xk_mma2_k16 when BK % 16 == 0, else
+# xk_mma2; an odd last row block runs single products) and the 16-byte runs of its tile
+# copies (edge runs element by element), in every operand layout, under several thread
+# schedules (a missing barrier between a stage's copy and its readers changes the bits).
+PIPELINE_CASES = {
+    # name: (config, dtype, stages for (gemm_av, gemm_at_b, gemm_a_bt))
+    "s3_k16_pairs": (GemmConfig(path="simd", bm=32, bn=16, bk=16, wm=2, wn=1), "float16", (3, 3, 3)),
+    "s3_k8_odd_fm": (GemmConfig(path="simd", bm=24, bn=16, bk=8, wm=1, wn=2), "bfloat16", (3, 3, 3)),
+    "s3_k16_odd_fm": (GemmConfig(path="simd", bm=40, bn=16, bk=16, wm=1, wn=1), "float16", (3, 3, 3)),
+    "s2_half": (GemmConfig(path="simd", bm=64, bn=32, bk=64, wm=2, wn=1), "bfloat16", (2, 2, 2)),
+    "s2_float": (GemmConfig(path="simd", bm=32, bn=64, bk=32, wm=1, wn=2), "float32", (2, 2, 2)),
+    "s1_float": (GemmConfig(path="simd", bm=64, bn=64, bk=32, wm=2, wn=2), "float32", (1, 1, 1)),
+}
+
+
+@pytest.mark.emulator_only
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("name", PIPELINE_CASES)
+def test_simd_pipeline_stages_pairs_and_runs(name, op, spy):
+    from xlstm_kernels.emulate import check_schedules
+
+    cfg, dtype_name, stages = PIPELINE_CASES[name]
+    dtype = DTYPES[dtype_name]
+    assert gemm_mod.simd_stages(cfg, dtype, op == "gemm_at_b", op == "gemm_a_bt") == stages[OPS.index(op)]
+    # >= 2 tiles along M and N, > 3 tiles of K (every stage reused), partial tiles, odd sizes
+    m, n, k = 2 * cfg.bm + 5, 2 * cfg.bn + 3, 4 * cfg.bk - 3 if cfg.bk > 8 else 4 * cfg.bk + 3
+    a, b = operands(op, m, n, k, dtype, seed_of("pipeline", name, op))
+    rng = np.random.default_rng(seed_of("pipeline-epi", name, op))
+    bias, res = rand(rng, (n,), dtype), rand(rng, (m, n), dtype)
+    (spec, kwargs), = raw_calls(op, a, b, cfg, bias, ACT_CODE["gelu"], res)
+    with use_backend("emulate"):
+        out = check_schedules(get_kernel(spec, "emulate"), **kwargs, seeds=(1,))[0]
+    assert_close(out.reshape(m, n), np_reference(op, a, b, bias, "gelu", res), dtype, k, f"{name}/{op}")
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("dtype_name", DTYPE_NAMES)
+def test_simd_operands_at_odd_offsets(kernel_backend, op, dtype_name):
+    """Operands that start one element into their buffer (a sliced array reaches the kernel
+    uncopied): the 16-byte copies of interior runs must not assume aligned rows."""
+    dtype = DTYPES[dtype_name]
+    cfg = GemmConfig(path="simd", bm=32, bn=32, bk=16, wm=2, wn=2)
+    m, n, k = 67, 70, 72  # K, N multiples of 8: rows 16-byte aligned only when the base is
+    sa, sb = operand_shapes(op, m, n, k)
+    rng = np.random.default_rng(seed_of("offset", op, dtype_name))
+    flat_a, flat_b = rand(rng, (math.prod(sa) + 1,), dtype), rand(rng, (math.prod(sb) + 3,), dtype)
+    a, b = flat_a[1:].reshape(sa), flat_b[3:].reshape(sb)
+    out = OP_FN[op](a, b, tiles=cfg)
+    assert_close(out, np_reference(op, a, b), dtype, k, f"{op} at offsets")
+
+
 BOUNDS_CASES = [
     (op, path) for op in OPS for path in ("scalar_vec4_db", "scalar_pad", "simd", "split_k", "gemv")
 ]

@@ -19,6 +19,15 @@ template <class T, bool TC = (sizeof(T) == 2)> struct mma_frags {};
 template <class T> struct mma_frags<T, true> {
   unsigned xk_b_;
 };
+// The two elements at p and the next address form one 4-byte-aligned word of T (2-byte
+// T read as T; `strided` != 0: they are not adjacent).
+template <class T, class U> inline bool word_pair(const U* p, int strided) {
+  if constexpr (sizeof(T) == 2 && same<T, U>::v) {
+    return strided == 0 && (reinterpret_cast<size_t>(p) & 3) == 0;
+  } else {
+    return false;
+  }
+}
 template <class T> inline unsigned pack2(T x0, T x1) {
   vec<T, 2> v;
   v.v[0] = x0;
@@ -75,12 +84,22 @@ inline void simdgroup_load(simdgroup_matrix<T, C, R>& d, const U* src, unsigned 
   const U* base = src + long(matrix_origin.y) * ld + long(matrix_origin.x);
   // M[i][j] = base[i * si + j * sj]
   const long si = transpose_matrix ? 1 : ld, sj = transpose_matrix ? ld : 1;
-  d.elements_[0] = msl_detail::conv<T>(base[r * si + c * sj]);
-  d.elements_[1] = msl_detail::conv<T>(base[r * si + (c + 1) * sj]);
+  // A pair of 2-byte elements that lies in one aligned 32-bit word is read as that word.
+  const U* pe = base + r * si + c * sj;  // M[r][c], M[r][c + 1]
+  if (msl_detail::word_pair<T, U>(pe, transpose_matrix ? 2 : 0)) {
+    d.elements_ = *reinterpret_cast<const vec<T, 2>*>(pe);
+  } else {
+    d.elements_[0] = msl_detail::conv<T>(pe[0]);
+    d.elements_[1] = msl_detail::conv<T>(pe[sj]);
+  }
   if constexpr (sizeof(T) == 2) {
     const long g = long(lane / 4), t2 = 2 * long(lane % 4);
-    d.xk_b_ = msl_detail::pack2<T>(msl_detail::conv<T>(base[t2 * si + g * sj]),
-                                   msl_detail::conv<T>(base[(t2 + 1) * si + g * sj]));
+    const U* pb = base + t2 * si + g * sj;  // M[2t][g], M[2t + 1][g]
+    if (msl_detail::word_pair<T, U>(pb, transpose_matrix ? 0 : 2)) {
+      d.xk_b_ = *reinterpret_cast<const unsigned*>(pb);
+    } else {
+      d.xk_b_ = msl_detail::pack2<T>(msl_detail::conv<T>(pb[0]), msl_detail::conv<T>(pb[si]));
+    }
   }
 }
 
@@ -199,6 +218,172 @@ inline void simdgroup_multiply(simdgroup_matrix<TD, 8, 8>& d, const simdgroup_ma
                                const simdgroup_matrix<TB, 8, 8>& b) {
   msl_detail::simdgroup_mma(d, a, b, static_cast<const simdgroup_matrix<TD, 8, 8>*>(nullptr));
 }
+
+
+// ---- metal_src/_simdgroup.metal's GEMM building blocks on tensor cores ---------------------
+// xk_mma2 / xk_mma2_k16: two 8x8 row blocks sharing B fragments, i.e. all 16 rows of one
+// mma.m16n8k8 / mma.m16n8k16 (the fragments' registers are its A / B / C operands as
+// they are: A {a0 rows 0-7, a1 rows 8-15} (k16: then the second k half), B {b.xk_b_},
+// C/D {acc0, acc1}). Float accumulators with half x half or bfloat x bfloat operands
+// only; anything else runs the simdgroup_multiply_accumulate calls of the portable form
+// (float stays float32-exact).
+// xk_frag_load_a / _b: one ldmatrix (.trans as the layout needs) of the registers of the
+// fragment's role when the source is threadgroup memory with 16-byte aligned rows; the
+// other role's registers are left unset. Otherwise simdgroup_load.
+// xk_async_copy: cp.async of 4, 8 or 16 bytes (global -> shared, L1 bypassed for 16)
+// when both addresses are aligned to the size, else a synchronous element copy;
+// xk_async_commit / xk_async_wait<G>: cp.async.commit_group / wait_group G.
+#define XK_SIMDGROUP_MMA
+#define XK_ASYNC_COPY
+#define XK_UNROLL _Pragma("unroll")
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define XK_SM80_ 1  // ldmatrix, cp.async (older GPUs: the plain loads and copies)
+#else
+#define XK_SM80_ 0
+#endif
+namespace msl_detail {
+template <class TD, class TA, class TB> struct tc_f32acc {
+  static constexpr bool v = same<TD, float>::v && tensor_core_pair<TA, TB>::v;
+};
+template <class T> inline void mma_m16n8k16(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+  if constexpr (same<T, ::__nv_bfloat16>::v) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+template <class T> inline void mma_m16n8k8_full(float (&d)[4], unsigned a0, unsigned a1, unsigned b) {
+  if constexpr (same<T, ::__nv_bfloat16>::v) {
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a0), "r"(a1), "r"(b));
+  } else {
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a0), "r"(a1), "r"(b));
+  }
+}
+template <class T> inline unsigned word_of(const simdgroup_matrix<T, 8, 8>& m) {
+  return *reinterpret_cast<const unsigned*>(&m.elements_);
+}
+// ldmatrix .x1 (.trans): lanes 0-7 give the addresses of the 8 rows of an 8x8 b16 matrix.
+template <bool TRANS> inline unsigned ldsm_x1(const void* row) {
+  const unsigned a = unsigned(__cvta_generic_to_shared(row));
+  unsigned r;
+  if constexpr (TRANS) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x1.trans.shared.b16 {%0}, [%1];" : "=r"(r) : "r"(a));
+  } else {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x1.shared.b16 {%0}, [%1];" : "=r"(r) : "r"(a));
+  }
+  return r;
+}
+// The 8 stored rows start at src + i * ld (i < 8) and ldmatrix can read them.
+template <class T, class U> inline bool ldsm_ok(const U* src, unsigned long ld) {
+  if constexpr (XK_SM80_ && sizeof(T) == 2 && same<T, U>::v) {
+    return __isShared(src) && ((reinterpret_cast<size_t>(src) | size_t(ld * 2)) & 15) == 0;
+  } else {
+    return false;
+  }
+}
+}  // namespace msl_detail
+
+template <class TC, class TA, class TB>
+inline void xk_mma2(simdgroup_matrix<TC, 8, 8>& acc0, simdgroup_matrix<TC, 8, 8>& acc1,
+                    const simdgroup_matrix<TA, 8, 8>& a0, const simdgroup_matrix<TA, 8, 8>& a1,
+                    const simdgroup_matrix<TB, 8, 8>& b) {
+  if constexpr (msl_detail::tc_f32acc<TC, TA, TB>::v) {
+    float d[4] = {acc0.elements_[0], acc0.elements_[1], acc1.elements_[0], acc1.elements_[1]};
+    msl_detail::mma_m16n8k8_full<TA>(d, msl_detail::word_of(a0), msl_detail::word_of(a1), b.xk_b_);
+    acc0.elements_[0] = d[0];
+    acc0.elements_[1] = d[1];
+    acc1.elements_[0] = d[2];
+    acc1.elements_[1] = d[3];
+  } else {
+    simdgroup_multiply_accumulate(acc0, a0, b, acc0);
+    simdgroup_multiply_accumulate(acc1, a1, b, acc1);
+  }
+}
+
+template <class TC, class TA, class TB>
+inline void xk_mma2_k16(simdgroup_matrix<TC, 8, 8>& acc0, simdgroup_matrix<TC, 8, 8>& acc1,
+                        const simdgroup_matrix<TA, 8, 8>& a00, const simdgroup_matrix<TA, 8, 8>& a10,
+                        const simdgroup_matrix<TA, 8, 8>& a01, const simdgroup_matrix<TA, 8, 8>& a11,
+                        const simdgroup_matrix<TB, 8, 8>& b0, const simdgroup_matrix<TB, 8, 8>& b1) {
+  if constexpr (msl_detail::tc_f32acc<TC, TA, TB>::v) {
+    float d[4] = {acc0.elements_[0], acc0.elements_[1], acc1.elements_[0], acc1.elements_[1]};
+    const unsigned a[4] = {msl_detail::word_of(a00), msl_detail::word_of(a10), msl_detail::word_of(a01),
+                           msl_detail::word_of(a11)};
+    msl_detail::mma_m16n8k16<TA>(d, a, b0.xk_b_, b1.xk_b_);
+    acc0.elements_[0] = d[0];
+    acc0.elements_[1] = d[1];
+    acc1.elements_[0] = d[2];
+    acc1.elements_[1] = d[3];
+  } else {
+    simdgroup_multiply_accumulate(acc0, a00, b0, acc0);
+    simdgroup_multiply_accumulate(acc0, a01, b1, acc0);
+    simdgroup_multiply_accumulate(acc1, a10, b0, acc1);
+    simdgroup_multiply_accumulate(acc1, a11, b1, acc1);
+  }
+}
+
+// Left operand role: elements_ = M[g][2t], M[g][2t + 1].
+template <typename T, int C, int R, typename U>
+inline void xk_frag_load_a(simdgroup_matrix<T, C, R>& m, const U* src, unsigned long elements_per_row,
+                           bool transpose) {
+  if (msl_detail::ldsm_ok<T, U>(src, elements_per_row)) {
+    const U* row = src + long(msl_detail::lane_id() & 7u) * long(elements_per_row);
+    const unsigned w = transpose ? msl_detail::ldsm_x1<true>(row) : msl_detail::ldsm_x1<false>(row);
+    *reinterpret_cast<unsigned*>(&m.elements_) = w;
+  } else {
+    simdgroup_load(m, src, elements_per_row, vec<unsigned long, 2>(0, 0), transpose);
+  }
+}
+
+// Right operand role: 2-byte matrices fill xk_b_ = M[2t][g], M[2t + 1][g]; others elements_.
+template <typename T, int C, int R, typename U>
+inline void xk_frag_load_b(simdgroup_matrix<T, C, R>& m, const U* src, unsigned long elements_per_row,
+                           bool transpose) {
+  if constexpr (sizeof(T) == 2) {
+    if (msl_detail::ldsm_ok<T, U>(src, elements_per_row)) {
+      const U* row = src + long(msl_detail::lane_id() & 7u) * long(elements_per_row);
+      m.xk_b_ = transpose ? msl_detail::ldsm_x1<false>(row) : msl_detail::ldsm_x1<true>(row);
+      return;
+    }
+  }
+  simdgroup_load(m, src, elements_per_row, vec<unsigned long, 2>(0, 0), transpose);
+}
+
+template <int N, typename T> inline void xk_async_copy(T* dst, const T* src) {
+  constexpr int B = N * int(sizeof(T));
+  if constexpr (XK_SM80_ && (B == 4 || B == 8 || B == 16)) {
+    if (__isShared(dst) && ((reinterpret_cast<size_t>(dst) | reinterpret_cast<size_t>(src)) & size_t(B - 1)) == 0) {
+      const unsigned d = unsigned(__cvta_generic_to_shared(dst));
+      if constexpr (B == 16) {
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src));
+      } else {
+        asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(d), "l"(src), "n"(B));
+      }
+      return;
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < N; ++k) dst[k] = src[k];
+}
+#if XK_SM80_
+inline void xk_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int G> inline void xk_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(G < 0 ? 0 : G) : "memory");
+}
+#else
+inline void xk_async_commit() {}
+template <int G> inline void xk_async_wait() {}
+#endif
 
 }  // namespace mlx::core::cu
 #endif

@@ -24,11 +24,12 @@ from typing import Any
 import mlx.core as mx
 
 from .. import tiles as tiles_mod
+from ..tiles.gemm import MAX_THREADGROUP_BYTES
 from ..runtime import KernelSpec, current_backend, prepare_launch
 from ._callcache import CallCache
 from ._validate import INT32_MAX, check_array, check_int32
 
-__all__ = ["ACTIVATIONS", "gemm_a_bt", "gemm_at_b", "gemm_av", "linear", "gemm_reference"]
+__all__ = ["ACTIVATIONS", "gemm_a_bt", "gemm_at_b", "gemm_av", "linear", "gemm_reference", "simd_stages"]
 
 ACTIVATIONS = {None: 0, "none": 0, "relu": 1, "gelu": 2, "gelu_approx": 3, "silu": 4}
 
@@ -51,6 +52,17 @@ _LAYOUTS = {
     "gemm_at_b": _Layout("gemm_at_b", True, False),
     "gemm_a_bt": _Layout("gemm_a_bt", False, True),
 }
+
+
+def simd_stages(cfg, dtype: mx.Dtype, trans_a: bool, trans_b: bool) -> int:
+    """K tiles in flight in ``gemm_simd`` for `cfg` (its body's STAGES): up to 3 stages of
+    threadgroup tiles, as many as fit in 32 KiB (1: load, barrier, multiply, barrier)."""
+    size = dtype.size
+    pads = 16 // size
+    a = cfg.bk * (cfg.bm + pads) if trans_a else cfg.bm * (cfg.bk + pads)
+    b = cfg.bn * (cfg.bk + pads) if trans_b else cfg.bk * (cfg.bn + pads)
+    fit = MAX_THREADGROUP_BYTES // (size * (a + b))
+    return max(1, min(3, fit))
 
 
 def _promote(a: mx.dtype, b: mx.dtype) -> mx.dtype:

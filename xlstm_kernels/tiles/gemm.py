@@ -233,6 +233,16 @@ class GemmConfig:
         p = 16 // size
         return size * (self.bm * (self.bk + p) + self.bk * (self.bn + p))
 
+    def simd_bytes_any_layout(self, dtype: Any) -> int:
+        """One stage of gemm_simd's tiles in the larger of each operand's orders: it keeps
+        op(A) as BM x (BK+p) or, transposed (gemm_at_b), BK x (BM+p), and op(B) as
+        BK x (BN+p) or, transposed (gemm_a_bt), BN x (BK+p); further stages only where they fit."""
+        size = dtype_size(dtype)
+        p = 16 // size
+        a = max(self.bm * (self.bk + p), self.bk * (self.bm + p))
+        b = max(self.bk * (self.bn + p), self.bn * (self.bk + p))
+        return size * (a + b)
+
     def threadgroup_bytes(self, dtype: Any) -> int:
         """Static threadgroup memory of this config's kernel for `dtype`."""
         if self.path == "scalar":
@@ -328,13 +338,15 @@ class GemmConfig:
                 f"{tile} needs 32*WM*WN = {t} threads per threadgroup, more than the {MAX_THREADS} Apple GPUs allow",
             ))
         if dtype is not None:
-            need = self.simd_bytes(dtype)
+            need, layouts = self.simd_bytes(dtype), ""
+            if need <= MAX_THREADGROUP_BYTES:
+                need, layouts = self.simd_bytes_any_layout(dtype), " in a transposed operand layout (gemm_at_b / gemm_a_bt)"
             if need > MAX_THREADGROUP_BYTES:
                 out.append((
                     ("bm", "bn", "bk"),
                     (
-                        f"{tile} needs {need} bytes of threadgroup memory for {dtype_name(dtype)}, more than the "
-                        f"32 KiB ({MAX_THREADGROUP_BYTES} bytes) Apple GPUs have; use a smaller BMxBNxBK"
+                        f"{tile} needs {need} bytes of threadgroup memory for {dtype_name(dtype)}{layouts}, more than "
+                        f"the 32 KiB ({MAX_THREADGROUP_BYTES} bytes) Apple GPUs have; use a smaller BMxBNxBK"
                     ),
                 ))
         return out
