@@ -27,6 +27,18 @@
 #define XK_LOG2E 1.4426950408889634f
 #define XK_LN2 0.6931471805599453f
 
+// XK_ATTN_UNROLL before a loop with a constant trip count: unroll it fully, so that the
+// fragment arrays it indexes stay in registers (CUDA otherwise keeps them in local memory).
+#ifndef XK_ATTN_UNROLL
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+#define XK_ATTN_UNROLL _Pragma("unroll")
+#elif defined(__METAL_VERSION__)
+#define XK_ATTN_UNROLL _Pragma("clang loop unroll(full)")
+#else
+#define XK_ATTN_UNROLL
+#endif
+#endif
+
 // xk_frag_coord (lane -> fragment coordinates): metal_src/_simdgroup.metal.
 
 inline void xk_frag_set(thread simdgroup_matrix<float, 8, 8>& m, float a, float b) {
@@ -181,24 +193,30 @@ const float sscale = TC ? qscale : 1.0f;  // applied to S (2-byte T) or folded i
 simdgroup_matrix<T, 8, 8> Qf[RM][TD];
 if constexpr (TC) {
   // Stage 8 rows x BK columns of Q at a time through Ps, zero-padded.
+  // (Loops with constant bounds only, so that Qf stays in registers.)
+  XK_ATTN_UNROLL
   for (int r = 0; r < RM; ++r) {
-    for (int c0 = 0; c0 < DP; c0 += BK) {
-      simdgroup_barrier(mem_flags::mem_threadgroup);  // the previous fragments were read
-      for (int e = int(lane); e < 8 * BK; e += 32) {
-        const int i = e / BK;
-        const int d = c0 + e % BK;
-        const long row = r0 + r * 8 + i;
-        Ps[i * LDP + e % BK] = (row < Lq && d < D) ? qp[row * D + d] : T(0);
+    XK_ATTN_UNROLL
+    for (int dd = 0; dd < TD; ++dd) {
+      const int c0 = dd * 8 / BK * BK;  // first column of the staged chunk holding dd
+      if (dd * 8 == c0) {
+        simdgroup_barrier(mem_flags::mem_threadgroup);  // the previous fragments were read
+        for (int e = int(lane); e < 8 * BK; e += 32) {
+          const int i = e / BK;
+          const int d = c0 + e % BK;
+          const long row = r0 + r * 8 + i;
+          Ps[i * LDP + e % BK] = (row < Lq && d < D) ? qp[row * D + d] : T(0);
+        }
+        simdgroup_barrier(mem_flags::mem_threadgroup);  // the chunk is written
       }
-      simdgroup_barrier(mem_flags::mem_threadgroup);  // the chunk is written
-      for (int dd = c0 / 8; dd < TD && dd < (c0 + BK) / 8; ++dd) {
-        simdgroup_load(Qf[r][dd], Ps + (dd * 8 - c0), LDP);
-      }
+      simdgroup_load(Qf[r][dd], Ps + (dd * 8 - c0), LDP);
     }
   }
 } else {
+  XK_ATTN_UNROLL
   for (int r = 0; r < RM; ++r) {
     const long row = r0 + r * 8 + fr;
+    XK_ATTN_UNROLL
     for (int dd = 0; dd < TD; ++dd) {
       const int d = dd * 8 + fc;
       const float a = (row < Lq && d < D) ? float(qp[row * D + d]) * qscale : 0.0f;
@@ -209,13 +227,16 @@ if constexpr (TC) {
 }
 
 simdgroup_matrix<float, 8, 8> Of[RM][TV];
+XK_ATTN_UNROLL
 for (int r = 0; r < RM; ++r) {
+  XK_ATTN_UNROLL
   for (int t = 0; t < TV; ++t) {
     Of[r][t] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
   }
 }
 float m_i[RM];  // running max of row fr of each fragment (log2 domain)
 float l_i[RM];  // running sum of exp2(score - m_i)
+XK_ATTN_UNROLL
 for (int r = 0; r < RM; ++r) {
   m_i[r] = -INFINITY;
   l_i[r] = 0.0f;
@@ -240,15 +261,20 @@ for (int kb = 0; kb < kb_end; ++kb) {
 
   // S = Q K^T: K^T fragment (d, key) = Ks[key][d] (a transposed load); each feeds RM rows.
   simdgroup_matrix<float, 8, 8> S[RM][TK];
+  XK_ATTN_UNROLL
   for (int r = 0; r < RM; ++r) {
+    XK_ATTN_UNROLL
     for (int j = 0; j < TK; ++j) {
       S[r][j] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
     }
   }
+  XK_ATTN_UNROLL
   for (int dd = 0; dd < TD; ++dd) {
+    XK_ATTN_UNROLL
     for (int j = 0; j < TK; ++j) {
       simdgroup_matrix<T, 8, 8> kt;
       simdgroup_load(kt, Ks + j * 8 * LDK + dd * 8, LDK, ulong2(0, 0), true);
+      XK_ATTN_UNROLL
       for (int r = 0; r < RM; ++r) {
         simdgroup_multiply_accumulate(S[r][j], Qf[r][dd], kt, S[r][j]);
       }
@@ -256,13 +282,16 @@ for (int kb = 0; kb < kb_end; ++kb) {
   }
 
   // Scale, masks, then the online softmax of row fr of each fragment.
+  XK_ATTN_UNROLL
   for (int r = 0; r < RM; ++r) {
     const long qrow = r0 + r * 8 + fr;
     const bool qvalid = qrow < Lq;
     const long mrow = mbase + qrow * params[6];
     float rmax = -INFINITY;
+    XK_ATTN_UNROLL
     for (int j = 0; j < TK; ++j) {
       vec<float, 2> s = xk_frag_get(S[r][j]);
+      XK_ATTN_UNROLL
       for (int e = 0; e < 2; ++e) {
         const long key = k0 + j * 8 + fc + e;
         s[e] *= sscale;
@@ -280,6 +309,7 @@ for (int kb = 0; kb < kb_end; ++kb) {
     const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // all -inf so far: keep exp2 finite
     const float factor = metal::fast::exp2(m_i[r] - m_use);
     float rsum = 0.0f;
+    XK_ATTN_UNROLL
     for (int j = 0; j < TK; ++j) {
       const vec<float, 2> s = xk_frag_get(S[r][j]);
       const float p0 = metal::fast::exp2(s[0] - m_use);
@@ -290,6 +320,7 @@ for (int kb = 0; kb < kb_end; ++kb) {
     rsum = xk_frag_row_sum(rsum);
     l_i[r] = l_i[r] * factor + rsum;
     m_i[r] = m_new;
+    XK_ATTN_UNROLL
     for (int t = 0; t < TV; ++t) {
       const vec<float, 2> o = xk_frag_get(Of[r][t]);
       xk_frag_set(Of[r][t], o[0] * factor, o[1] * factor);
@@ -299,20 +330,25 @@ for (int kb = 0; kb < kb_end; ++kb) {
   // P as T fragments (the A operand of P V).
   simdgroup_matrix<T, 8, 8> Pf[RM][TK];
   if constexpr (TC) {
+    XK_ATTN_UNROLL
     for (int r = 0; r < RM; ++r) {
       simdgroup_barrier(mem_flags::mem_threadgroup);  // the previous fragments were read
+      XK_ATTN_UNROLL
       for (int j = 0; j < TK; ++j) {
         const vec<float, 2> p = xk_frag_get(S[r][j]);
         Ps[fr * LDP + j * 8 + fc] = T(p[0]);
         Ps[fr * LDP + j * 8 + fc + 1] = T(p[1]);
       }
       simdgroup_barrier(mem_flags::mem_threadgroup);  // P rows written
+      XK_ATTN_UNROLL
       for (int j = 0; j < TK; ++j) {
         simdgroup_load(Pf[r][j], Ps + j * 8, LDP);
       }
     }
   } else {
+    XK_ATTN_UNROLL
     for (int r = 0; r < RM; ++r) {
+      XK_ATTN_UNROLL
       for (int j = 0; j < TK; ++j) {
         xk_attn_copy(Pf[r][j], S[r][j]);
       }
@@ -326,10 +362,13 @@ for (int kb = 0; kb < kb_end; ++kb) {
   }
 
   // O += P V: V fragment (key, d) = Vs[key][d]; each feeds RM rows.
+  XK_ATTN_UNROLL
   for (int t = 0; t < TV; ++t) {
+    XK_ATTN_UNROLL
     for (int j = 0; j < TK; ++j) {
       simdgroup_matrix<T, 8, 8> vf;
       simdgroup_load(vf, Vs + j * 8 * LDV + t * 8, LDV);
+      XK_ATTN_UNROLL
       for (int r = 0; r < RM; ++r) {
         simdgroup_multiply_accumulate(Of[r][t], Pf[r][j], vf, Of[r][t]);
       }
@@ -337,12 +376,15 @@ for (int kb = 0; kb < kb_end; ++kb) {
   }
 }
 
+XK_ATTN_UNROLL
 for (int r = 0; r < RM; ++r) {
   const long qrow = r0 + r * 8 + fr;
   if (qrow < Lq) {
     device T* op = o + ((b * Hq + h) * Lq + qrow) * DV;
+    XK_ATTN_UNROLL
     for (int t = 0; t < TV; ++t) {
       const vec<float, 2> val = xk_frag_get(Of[r][t]);
+      XK_ATTN_UNROLL
       for (int e = 0; e < 2; ++e) {
         const int d = t * 8 + fc + e;
         if (d < DV) {
@@ -399,11 +441,13 @@ threadgroup float so[NSG][SOW];
 
 const float qscale = scale * XK_LOG2E;
 float qr[EPL];
+XK_ATTN_UNROLL
 for (int e = 0; e < EPL; ++e) {
   const int d = int(lane) + 32 * e;
   qr[e] = d < D ? float(qp[d]) * qscale : 0.0f;
 }
 float acc[EPLV];
+XK_ATTN_UNROLL
 for (int e = 0; e < EPLV; ++e) {
   acc[e] = 0.0f;
 }
@@ -420,9 +464,11 @@ for (long jc = j0 + long(sg) * 32; jc < j1; jc += NSG * 32) {  // uniform across
   // lanes past D read element D - 1 (times a zero q element), so that all the loads of
   // the chunk can be in flight together.
   float part[32];
+  XK_ATTN_UNROLL
   for (int c = 0; c < 32; ++c) {
     const device T* kr = kp + metal::min(jc + c, j1 - 1) * D;
     float sum = 0.0f;
+    XK_ATTN_UNROLL
     for (int e = 0; e < EPL; ++e) {
       const int d = int(lane) + 32 * e;
       const float kv = float(kr[D % 32 == 0 ? d : metal::min(d, D - 1)]);
@@ -446,13 +492,16 @@ for (long jc = j0 + long(sg) * 32; jc < j1; jc += NSG * 32) {  // uniform across
   const float p = metal::fast::exp2(s - m_use);
   l = l * factor + p;
   m = m_new;
+  XK_ATTN_UNROLL
   for (int e = 0; e < EPLV; ++e) {
     acc[e] *= factor;
   }
+  XK_ATTN_UNROLL
   for (int c = 0; c < 32; ++c) {
     const float pc = simd_shuffle(p, ushort(c));  // 0 for keys past j1
     const device T* vr = vp + metal::min(jc + c, j1 - 1) * DV;
     const bool ok = jc + c < j1;
+    XK_ATTN_UNROLL
     for (int e = 0; e < EPLV; ++e) {
       const int d = int(lane) + 32 * e;
       const float vv = float(vr[DV % 32 == 0 ? d : metal::min(d, DV - 1)]);
@@ -466,6 +515,7 @@ if (lane == 0) {
   sm[sg] = m;
   sl[sg] = l;
 }
+XK_ATTN_UNROLL
 for (int e = 0; e < EPLV; ++e) {
   so[sg][int(lane) + 32 * e] = acc[e];
 }
