@@ -113,11 +113,15 @@ def probe_norm(out: list, repeats: int) -> None:
 
 
 GEMM_CONFIGS = (
-    {"path": "simd", "bm": 64, "bn": 64, "bk": 16, "wm": 2, "wn": 2},
-    {"path": "simd", "bm": 64, "bn": 64, "bk": 32, "wm": 2, "wn": 2},
-    {"path": "simd", "bm": 128, "bn": 128, "bk": 16, "wm": 4, "wn": 4},
-    {"path": "simd", "bm": 128, "bn": 64, "bk": 16, "wm": 4, "wn": 2},
-    {"path": "simd", "bm": 32, "bn": 32, "bk": 16, "wm": 2, "wn": 2},
+    # the tensor-core gemm_simd (m16n8k16 pairs, ldmatrix, cp.async stages); per simdgroup
+    # (BM/WM)x(BN/WN); K stages in flight for float16 gemm_av in brackets
+    {"path": "simd", "bm": 128, "bn": 128, "bk": 16, "wm": 2, "wn": 4},  # 64x32 [3]: the preset
+    {"path": "simd", "bm": 128, "bn": 128, "bk": 16, "wm": 4, "wn": 2},  # 32x64 [3]
+    {"path": "simd", "bm": 128, "bn": 128, "bk": 16, "wm": 2, "wn": 2},  # 64x64 [3], 224 registers
+    {"path": "simd", "bm": 128, "bn": 256, "bk": 16, "wm": 2, "wn": 4},  # 64x64 [2]
+    {"path": "simd", "bm": 128, "bn": 64, "bk": 32, "wm": 2, "wn": 2},  # 64x32 [2]
+    {"path": "simd", "bm": 128, "bn": 64, "bk": 16, "wm": 4, "wn": 2},  # 32x32 [3]: the old preset
+    {"path": "simd", "bm": 64, "bn": 64, "bk": 32, "wm": 2, "wn": 2},  # 32x32 [3]
 )
 
 
