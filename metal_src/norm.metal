@@ -14,16 +14,23 @@
 //   threadgroup (32, R, 1): simdgroup y of a threadgroup owns one row, reductions are one
 //   simd_sum, no threadgroup memory and no barriers. Rows past the end skip everything.
 //
+// Runs. A thread moves N_READS elements of a row per step, as N_READS / W runs of
+// W = XK_RUN(T, N_READS) consecutive elements (float: up to 4, half/bfloat: up to 8, i.e.
+// 16 bytes), each run one vector access (xk_load_runs / xk_store_runs, _memory.metal).
+// Run j of thread tid is run tid + j * tpr of the step (elements [(tid + j * tpr) * W,
+// + W)), so a simdgroup covers 32 consecutive runs: coalesced, and wide on GPUs whose
+// compiler does not merge element accesses (CUDA). A thread issues the loads of all its
+// runs of a step back to back; a run crossing the end of the row (or of a misaligned
+// row, on CUDA) is read element by element (0 past the end) and written element by element.
+//
 // Two variants per norm:
-// * cached (`rms_norm`, `layer_norm`, n <= tpr * N_READS <= 4096): each thread loads its
-//   N_READS elements (tid + j * tpr: each simdgroup load reads 32 consecutive elements,
-//   coalesced on every GPU) once into registers and keeps them through the
-//   reductions and the write, so x is read from memory exactly once. LayerNorm is
-//   two-pass on the registers: the mean, then the variance of the centred values.
-// * looped (`*_looped`, long rows): the threads stride over the row in chunks of
-//   tpr * N_READS (element tid + j * tpr of each chunk); the row is re-read per pass
-//   (from cache): 2 passes for RMSNorm,
-//   3 (mean, centred variance, write) for LayerNorm.
+// * cached (`rms_norm`, `layer_norm`, n <= tpr * N_READS): each thread loads its N_READS
+//   elements once into registers and keeps them through the reductions and the write
+//   (the weight / bias runs are read there), so x is read from memory exactly once. LayerNorm is two-pass on the registers: the mean, then the variance of the
+//   centred values.
+// * looped (`*_looped`, long rows): the threads stride over the row in steps of
+//   tpr * N_READS elements; the row is re-read per pass (from cache): 2 passes for
+//   RMSNorm, 3 (mean, centred variance, write) for LayerNorm.
 //
 // All arithmetic in float; the normalised value is rounded to T before the weight
 // multiply and the bias add (each rounded to T), as mx.fast does.
@@ -37,7 +44,7 @@
 // and keeps its dw/db column sums in registers (cached) or in its own cells of the
 // partial buffer (looped), then writes one row of the (groups, nh * n) float partials
 // dwp / dbp. Every cell has one writer; the op sums the partials over groups (mx.sum).
-// The statistics are recomputed from x (no saved mean/rstd).
+// The statistics are recomputed from x (no saved mean/rstd). Same runs as the forward.
 
 // @header
 // Sum of `v` over the threads of a row, returned to every thread of the row.
@@ -63,13 +70,13 @@ inline V xk_row_sum(V v, threadgroup V* scratch, uint lane, uint sg, uint nsg) {
 
 // y = T(b + T(w * T(nrm))), each step rounded to T like mx.fast; w, b skipped when absent.
 template <typename T, bool HAS_W, bool HAS_B>
-inline T xk_affine(float nrm, const device T* w, const device T* b, uint i) {
+inline T xk_affine(float nrm, float w, float b) {
   T o = T(nrm);
   if (HAS_W) {
-    o = T(float(w[i]) * float(o));
+    o = T(w * float(o));
   }
   if (HAS_B) {
-    o = T(float(o) + float(b[i]));
+    o = T(float(o) + b);
   }
   return o;
 }
@@ -79,11 +86,14 @@ inline T xk_affine(float nrm, const device T* w, const device T* b, uint i) {
 // inputs:  x (rows, n) T; w (nh * n) T (a 1-element dummy if !HAS_W); eps () float;
 //          params (3) int = [rows, n, nh]
 // outputs: y (rows, n) T.  template: T, HAS_W, N_READS, ONE_SIMD
+constexpr int W = XK_RUN(T, N_READS);  // elements per run
+constexpr int NR = N_READS / W;        // runs per thread
 const uint nrows = uint(params[0]);
 const uint n = uint(params[1]);
 const uint nh = uint(params[2]);
 const uint row = thread_position_in_grid.y;
 const uint tid = thread_position_in_threadgroup.x;
+const uint tpr = threads_per_threadgroup.x;
 const uint lane = thread_index_in_simdgroup;
 const uint sg = simdgroup_index_in_threadgroup;
 const uint nsg = simdgroups_per_threadgroup;
@@ -92,32 +102,39 @@ threadgroup float red_a[32];
 if (row < nrows) {  // uniform per row: every thread of a row takes the same branch
   const device T* xr = x + size_t(row) * n;
   device T* yr = y + size_t(row) * n;
-  const uint woff = HAS_W ? (row % nh) * n : 0;
-  const uint tpr = threads_per_threadgroup.x;  // this thread's elements: tid + j * tpr
-  float v[N_READS];
+  const device T* wr = w + (HAS_W ? (row % nh) * n : 0);
+  float v[N_READS];  // run j: elements (tid + j * tpr) * W + [0, W)
+  xk_load_runs_f<W, NR>(xr, tid * W, tpr * W, n, v);
   float acc = 0.0f;
-  for (int j = 0; j < N_READS; j++) {
-    v[j] = (tid + j * tpr < n) ? float(xr[tid + j * tpr]) : 0.0f;
-    acc += v[j] * v[j];
+  for (int k = 0; k < N_READS; k++) {
+    acc += v[k] * v[k];
   }
   acc = xk_row_sum<ONE_SIMD>(acc, red_a, lane, sg, nsg);
   const float r = metal::precise::rsqrt(acc / float(n) + eps);
-  for (int j = 0; j < N_READS; j++) {
-    if (tid + j * tpr < n) {
-      yr[tid + j * tpr] = xk_affine<T, HAS_W, false>(v[j] * r, w, w, woff + tid + j * tpr);
+  for (int j = 0; j < NR; j++) {
+    const uint i = (tid + j * tpr) * W;
+    float wv[W];
+    xk_load_runs_f_or<HAS_W, W, 1>(wr, i, W, n, wv, 0.0f);
+    T o[W];
+    for (int k = 0; k < W; k++) {
+      o[k] = xk_affine<T, HAS_W, false>(v[j * W + k] * r, wv[k], 0.0f);
     }
+    xk_store_run<W>(yr, i, n, o);
   }
 }
 
 // @kernel rms_norm_looped
-// As rms_norm for long rows: threadgroup per row, chunks of tpr * N_READS elements
-// (thread tid: tid + j * tpr of each); two passes over x (sum of squares, write).
+// As rms_norm for long rows: threadgroup per row, steps of tpr * N_READS elements (runs
+// tid + j * tpr of each step); two passes over x (sum of squares, write).
 // inputs/outputs as rms_norm.  template: T, HAS_W, N_READS
+constexpr int W = XK_RUN(T, N_READS);
+constexpr int NR = N_READS / W;
 const uint n = uint(params[1]);
 const uint nh = uint(params[2]);
 const uint row = thread_position_in_grid.y;
 const uint tid = thread_position_in_threadgroup.x;
-const uint step = threads_per_threadgroup.x * N_READS;
+const uint tpr = threads_per_threadgroup.x;
+const uint step = tpr * N_READS;
 const uint lane = thread_index_in_simdgroup;
 const uint sg = simdgroup_index_in_threadgroup;
 const uint nsg = simdgroups_per_threadgroup;
@@ -125,28 +142,27 @@ threadgroup float red_a[32];
 
 const device T* xr = x + size_t(row) * n;
 device T* yr = y + size_t(row) * n;
-const uint woff = HAS_W ? (row % nh) * n : 0;
+const device T* wr = w + (HAS_W ? (row % nh) * n : 0);
 float acc = 0.0f;
-for (uint c = tid; c < n; c += step) {
-  for (int j = 0; j < N_READS; j++) {
-    const uint i = c + j * threads_per_threadgroup.x;
-    if (i >= n) {
-      break;
-    }
-    float v = float(xr[i]);
-    acc += v * v;
+for (uint c = tid * W; c < n; c += step) {
+  float v[N_READS];
+  xk_load_runs_f<W, NR>(xr, c, tpr * W, n, v);
+  for (int k = 0; k < N_READS; k++) {
+    acc += v[k] * v[k];
   }
 }
 acc = xk_row_sum<false>(acc, red_a, lane, sg, nsg);
 const float r = metal::precise::rsqrt(acc / float(n) + eps);
-for (uint c = tid; c < n; c += step) {
-  for (int j = 0; j < N_READS; j++) {
-    const uint i = c + j * threads_per_threadgroup.x;
-    if (i >= n) {
-      break;
-    }
-    yr[i] = xk_affine<T, HAS_W, false>(float(xr[i]) * r, w, w, woff + i);
+for (uint c = tid * W; c < n; c += step) {
+  float v[N_READS];
+  float wv[N_READS];
+  xk_load_runs_f<W, NR>(xr, c, tpr * W, n, v);
+  xk_load_runs_f_or<HAS_W, W, NR>(wr, c, tpr * W, n, wv, 0.0f);
+  T o[N_READS];
+  for (int k = 0; k < N_READS; k++) {
+    o[k] = xk_affine<T, HAS_W, false>(v[k] * r, wv[k], 0.0f);
   }
+  xk_store_runs<W, NR>(yr, c, tpr * W, n, o);
 }
 
 // @kernel layer_norm
@@ -155,11 +171,14 @@ for (uint c = tid; c < n; c += step) {
 // inputs:  x (rows, n) T; w (nh * n) T; b (nh * n) T (1-element dummies when absent);
 //          eps () float; params (3) int = [rows, n, nh]
 // outputs: y (rows, n) T.  template: T, HAS_W, HAS_B, N_READS, ONE_SIMD
+constexpr int W = XK_RUN(T, N_READS);
+constexpr int NR = N_READS / W;
 const uint nrows = uint(params[0]);
 const uint n = uint(params[1]);
 const uint nh = uint(params[2]);
 const uint row = thread_position_in_grid.y;
 const uint tid = thread_position_in_threadgroup.x;
+const uint tpr = threads_per_threadgroup.x;
 const uint lane = thread_index_in_simdgroup;
 const uint sg = simdgroup_index_in_threadgroup;
 const uint nsg = simdgroups_per_threadgroup;
@@ -170,36 +189,48 @@ if (row < nrows) {  // uniform per row
   const device T* xr = x + size_t(row) * n;
   device T* yr = y + size_t(row) * n;
   const uint woff = (HAS_W || HAS_B) ? (row % nh) * n : 0;
-  const uint tpr = threads_per_threadgroup.x;  // this thread's elements: tid + j * tpr
   float v[N_READS];
+  xk_load_runs_f<W, NR>(xr, tid * W, tpr * W, n, v);
   float s = 0.0f;
-  for (int j = 0; j < N_READS; j++) {
-    v[j] = (tid + j * tpr < n) ? float(xr[tid + j * tpr]) : 0.0f;
-    s += v[j];
+  for (int k = 0; k < N_READS; k++) {
+    s += v[k];
   }
   const float mean = xk_row_sum<ONE_SIMD>(s, red_a, lane, sg, nsg) / float(n);
   float q = 0.0f;
-  for (int j = 0; j < N_READS; j++) {
-    v[j] = (tid + j * tpr < n) ? v[j] - mean : 0.0f;
-    q += v[j] * v[j];
+  for (int j = 0; j < NR; j++) {
+    for (int k = 0; k < W; k++) {
+      const float d = (tid + j * tpr) * W + k < n ? v[j * W + k] - mean : 0.0f;
+      v[j * W + k] = d;
+      q += d * d;
+    }
   }
   q = xk_row_sum<ONE_SIMD>(q, red_b, lane, sg, nsg);
   const float r = metal::precise::rsqrt(q / float(n) + eps);
-  for (int j = 0; j < N_READS; j++) {
-    if (tid + j * tpr < n) {
-      yr[tid + j * tpr] = xk_affine<T, HAS_W, HAS_B>(v[j] * r, w, b, woff + tid + j * tpr);
+  for (int j = 0; j < NR; j++) {
+    const uint i = (tid + j * tpr) * W;
+    float wv[W];
+    float bv[W];
+    xk_load_runs_f_or<HAS_W, W, 1>(w + woff, i, W, n, wv, 0.0f);
+    xk_load_runs_f_or<HAS_B, W, 1>(b + woff, i, W, n, bv, 0.0f);
+    T o[W];
+    for (int k = 0; k < W; k++) {
+      o[k] = xk_affine<T, HAS_W, HAS_B>(v[j * W + k] * r, wv[k], bv[k]);
     }
+    xk_store_run<W>(yr, i, n, o);
   }
 }
 
 // @kernel layer_norm_looped
 // As layer_norm for long rows: three passes over x (mean, centred variance, write).
 // inputs/outputs as layer_norm.  template: T, HAS_W, HAS_B, N_READS
+constexpr int W = XK_RUN(T, N_READS);
+constexpr int NR = N_READS / W;
 const uint n = uint(params[1]);
 const uint nh = uint(params[2]);
 const uint row = thread_position_in_grid.y;
 const uint tid = thread_position_in_threadgroup.x;
-const uint step = threads_per_threadgroup.x * N_READS;
+const uint tpr = threads_per_threadgroup.x;
+const uint step = tpr * N_READS;
 const uint lane = thread_index_in_simdgroup;
 const uint sg = simdgroup_index_in_threadgroup;
 const uint nsg = simdgroups_per_threadgroup;
@@ -210,37 +241,39 @@ const device T* xr = x + size_t(row) * n;
 device T* yr = y + size_t(row) * n;
 const uint woff = (HAS_W || HAS_B) ? (row % nh) * n : 0;
 float s = 0.0f;
-for (uint c = tid; c < n; c += step) {
-  for (int j = 0; j < N_READS; j++) {
-    const uint i = c + j * threads_per_threadgroup.x;
-    if (i >= n) {
-      break;
-    }
-    s += float(xr[i]);
+for (uint c = tid * W; c < n; c += step) {
+  float v[N_READS];
+  xk_load_runs_f<W, NR>(xr, c, tpr * W, n, v);
+  for (int k = 0; k < N_READS; k++) {
+    s += v[k];
   }
 }
 const float mean = xk_row_sum<false>(s, red_a, lane, sg, nsg) / float(n);
 float q = 0.0f;
-for (uint c = tid; c < n; c += step) {
-  for (int j = 0; j < N_READS; j++) {
-    const uint i = c + j * threads_per_threadgroup.x;
-    if (i >= n) {
-      break;
+for (uint c = tid * W; c < n; c += step) {
+  float v[N_READS];
+  xk_load_runs_f<W, NR>(xr, c, tpr * W, n, v);
+  for (int j = 0; j < NR; j++) {
+    for (int k = 0; k < W; k++) {
+      const float d = c + j * tpr * W + k < n ? v[j * W + k] - mean : 0.0f;
+      q += d * d;
     }
-    float d = float(xr[i]) - mean;
-    q += d * d;
   }
 }
 q = xk_row_sum<false>(q, red_b, lane, sg, nsg);
 const float r = metal::precise::rsqrt(q / float(n) + eps);
-for (uint c = tid; c < n; c += step) {
-  for (int j = 0; j < N_READS; j++) {
-    const uint i = c + j * threads_per_threadgroup.x;
-    if (i >= n) {
-      break;
-    }
-    yr[i] = xk_affine<T, HAS_W, HAS_B>((float(xr[i]) - mean) * r, w, b, woff + i);
+for (uint c = tid * W; c < n; c += step) {
+  float v[N_READS];
+  float wv[N_READS];
+  float bv[N_READS];
+  xk_load_runs_f<W, NR>(xr, c, tpr * W, n, v);
+  xk_load_runs_f_or<HAS_W, W, NR>(w + woff, c, tpr * W, n, wv, 0.0f);
+  xk_load_runs_f_or<HAS_B, W, NR>(b + woff, c, tpr * W, n, bv, 0.0f);
+  T o[N_READS];
+  for (int k = 0; k < N_READS; k++) {
+    o[k] = xk_affine<T, HAS_W, HAS_B>((v[k] - mean) * r, wv[k], bv[k]);
   }
+  xk_store_runs<W, NR>(yr, c, tpr * W, n, o);
 }
 
 // @kernel rms_norm_vjp
@@ -251,6 +284,8 @@ for (uint c = tid; c < n; c += step) {
 //          params (5) int = [M, n, nh, rpg, units]
 // outputs: dx (M*nh, n) T; dwp (groups, nh*n) float ((1,) if !HAS_W: set to 0).
 // template: T, HAS_W, N_READS, ONE_SIMD
+constexpr int W = XK_RUN(T, N_READS);
+constexpr int NR = N_READS / W;
 const uint m_rows = uint(params[0]);
 const uint n = uint(params[1]);
 const uint nh = uint(params[2]);
@@ -258,6 +293,7 @@ const uint rpg = uint(params[3]);
 const uint nunits = uint(params[4]);
 const uint unit = thread_position_in_grid.y;
 const uint tid = thread_position_in_threadgroup.x;
+const uint tpr = threads_per_threadgroup.x;
 const uint lane = thread_index_in_simdgroup;
 const uint sg = simdgroup_index_in_threadgroup;
 const uint nsg = simdgroups_per_threadgroup;
@@ -269,48 +305,40 @@ if (unit < nunits) {  // uniform per unit
   const uint grp = unit / nh;
   const uint b0 = grp * rpg;
   const uint b1 = min(b0 + rpg, m_rows);
-  const uint c0 = tid * N_READS;
-  const bool full = c0 + N_READS <= n;
   const uint woff = head * n;
   float wv[N_READS];
   float dwa[N_READS];
-  for (int j = 0; j < N_READS; j++) {
-    wv[j] = (HAS_W && (full || c0 + j < n)) ? float(w[woff + c0 + j]) : 1.0f;
-    dwa[j] = 0.0f;
+  xk_load_runs_f_or<HAS_W, W, NR>(w + woff, tid * W, tpr * W, n, wv, 1.0f);
+  for (int k = 0; k < N_READS; k++) {
+    dwa[k] = 0.0f;
   }
   for (uint bi = b0; bi < b1; bi++) {
-    const size_t base = (size_t(bi) * nh + head) * n + c0;
+    const size_t base = (size_t(bi) * nh + head) * n;
     float xv[N_READS];
     float gv[N_READS];
+    xk_load_runs_f<W, NR>(x + base, tid * W, tpr * W, n, xv);
+    xk_load_runs_f<W, NR>(g + base, tid * W, tpr * W, n, gv);
     float ss = 0.0f;
-    for (int j = 0; j < N_READS; j++) {
-      const bool ok = full || c0 + j < n;
-      xv[j] = ok ? float(x[base + j]) : 0.0f;
-      gv[j] = ok ? float(g[base + j]) : 0.0f;
-      ss += xv[j] * xv[j];
+    for (int k = 0; k < N_READS; k++) {
+      ss += xv[k] * xv[k];
     }
     ss = xk_row_sum<ONE_SIMD>(ss, red_a, lane, sg, nsg);
     const float r = metal::precise::rsqrt(ss / float(n) + eps);
     float p = 0.0f;
-    for (int j = 0; j < N_READS; j++) {
-      xv[j] *= r;  // xhat
-      p += gv[j] * wv[j] * xv[j];
+    for (int k = 0; k < N_READS; k++) {
+      xv[k] *= r;  // xhat (0 past the end, where g is 0 too)
+      p += gv[k] * wv[k] * xv[k];
     }
     const float mp = xk_row_sum<ONE_SIMD>(p, red_b, lane, sg, nsg) / float(n);
-    for (int j = 0; j < N_READS; j++) {
-      if (full || c0 + j < n) {
-        dx[base + j] = T(r * (gv[j] * wv[j] - xv[j] * mp));
-        dwa[j] += gv[j] * xv[j];
-      }
+    T o[N_READS];
+    for (int k = 0; k < N_READS; k++) {
+      o[k] = T(r * (gv[k] * wv[k] - xv[k] * mp));
+      dwa[k] += gv[k] * xv[k];
     }
+    xk_store_runs<W, NR>(dx + base, tid * W, tpr * W, n, o);
   }
   if (HAS_W) {
-    const size_t pbase = size_t(grp) * nh * n + woff + c0;
-    for (int j = 0; j < N_READS; j++) {
-      if (full || c0 + j < n) {
-        dwp[pbase + j] = dwa[j];
-      }
-    }
+    xk_store_runs<W, NR>(dwp + size_t(grp) * nh * n + woff, tid * W, tpr * W, n, dwa);
   }
 }
 if (!HAS_W && unit == 0 && tid == 0) {
@@ -321,13 +349,16 @@ if (!HAS_W && unit == 0 && tid == 0) {
 // As rms_norm_vjp for long rows (threadgroup per unit). Per row: pass 1 sum of squares,
 // pass 2 sum of gw * xhat, pass 3 dx and the unit's partial dw, accumulated in its own
 // cells of dwp (first row assigns).  inputs/outputs/template as rms_norm_vjp, no ONE_SIMD.
+constexpr int W = XK_RUN(T, N_READS);
+constexpr int NR = N_READS / W;
 const uint m_rows = uint(params[0]);
 const uint n = uint(params[1]);
 const uint nh = uint(params[2]);
 const uint rpg = uint(params[3]);
 const uint unit = thread_position_in_grid.y;
 const uint tid = thread_position_in_threadgroup.x;
-const uint step = threads_per_threadgroup.x * N_READS;
+const uint tpr = threads_per_threadgroup.x;
+const uint step = tpr * N_READS;
 const uint lane = thread_index_in_simdgroup;
 const uint sg = simdgroup_index_in_threadgroup;
 const uint nsg = simdgroups_per_threadgroup;
@@ -338,53 +369,53 @@ const uint head = unit % nh;
 const uint grp = unit / nh;
 const uint b0 = grp * rpg;
 const uint b1 = min(b0 + rpg, m_rows);
-const uint woff = head * n;
-device float* dwr = dwp + (HAS_W ? size_t(grp) * nh * n + woff : 0);
+const device T* wr = w + head * n;
+device float* dwr = dwp + (HAS_W ? size_t(grp) * nh * n + head * n : 0);
 for (uint bi = b0; bi < b1; bi++) {
   const size_t base = (size_t(bi) * nh + head) * n;
   const device T* xr = x + base;
   const device T* gr = g + base;
   float ss = 0.0f;
-  for (uint c = tid * N_READS; c < n; c += step) {
-    const bool full = c + N_READS <= n;
-    for (int j = 0; j < N_READS; j++) {
-      const uint i = c + j;
-      if (!full && i >= n) {
-        break;
-      }
-      float v = float(xr[i]);
-      ss += v * v;
+  for (uint c = tid * W; c < n; c += step) {
+    float v[N_READS];
+    xk_load_runs_f<W, NR>(xr, c, tpr * W, n, v);
+    for (int k = 0; k < N_READS; k++) {
+      ss += v[k] * v[k];
     }
   }
   ss = xk_row_sum<false>(ss, red_a, lane, sg, nsg);
   const float r = metal::precise::rsqrt(ss / float(n) + eps);
   float p = 0.0f;
-  for (uint c = tid * N_READS; c < n; c += step) {
-    const bool full = c + N_READS <= n;
-    for (int j = 0; j < N_READS; j++) {
-      const uint i = c + j;
-      if (!full && i >= n) {
-        break;
-      }
-      const float wi = HAS_W ? float(w[woff + i]) : 1.0f;
-      p += float(gr[i]) * wi * float(xr[i]) * r;
+  for (uint c = tid * W; c < n; c += step) {
+    float xv[N_READS];
+    float gv[N_READS];
+    float wv[N_READS];
+    xk_load_runs_f<W, NR>(xr, c, tpr * W, n, xv);
+    xk_load_runs_f<W, NR>(gr, c, tpr * W, n, gv);
+    xk_load_runs_f_or<HAS_W, W, NR>(wr, c, tpr * W, n, wv, 1.0f);
+    for (int k = 0; k < N_READS; k++) {
+      p += gv[k] * wv[k] * xv[k] * r;
     }
   }
   const float mp = xk_row_sum<false>(p, red_b, lane, sg, nsg) / float(n);
-  for (uint c = tid * N_READS; c < n; c += step) {
-    const bool full = c + N_READS <= n;
-    for (int j = 0; j < N_READS; j++) {
-      const uint i = c + j;
-      if (!full && i >= n) {
-        break;
-      }
-      const float wi = HAS_W ? float(w[woff + i]) : 1.0f;
-      const float gi = float(gr[i]);
-      const float xh = float(xr[i]) * r;
-      dx[base + i] = T(r * (gi * wi - xh * mp));
-      if (HAS_W) {
-        dwr[i] = (bi == b0 ? 0.0f : dwr[i]) + gi * xh;
-      }
+  for (uint c = tid * W; c < n; c += step) {
+    float xv[N_READS];
+    float gv[N_READS];
+    float wv[N_READS];
+    float dw[N_READS];
+    xk_load_runs_f<W, NR>(xr, c, tpr * W, n, xv);
+    xk_load_runs_f<W, NR>(gr, c, tpr * W, n, gv);
+    xk_load_runs_f_or<HAS_W, W, NR>(wr, c, tpr * W, n, wv, 1.0f);
+    xk_load_runs_f_or<HAS_W, W, NR>(dwr, c, tpr * W, n, dw, 0.0f);
+    T o[N_READS];
+    for (int k = 0; k < N_READS; k++) {
+      const float xh = xv[k] * r;
+      o[k] = T(r * (gv[k] * wv[k] - xh * mp));
+      dw[k] = (bi == b0 ? 0.0f : dw[k]) + gv[k] * xh;
+    }
+    xk_store_runs<W, NR>(dx + base, c, tpr * W, n, o);
+    if (HAS_W) {
+      xk_store_runs<W, NR>(dwr, c, tpr * W, n, dw);
     }
   }
 }
@@ -399,6 +430,8 @@ if (!HAS_W && unit == 0 && tid == 0) {
 //          params (5) int = [M, n, nh, rpg, units]
 // outputs: dx (M*nh, n) T; dwp, dbp (groups, nh*n) float ((1,), set to 0, when absent).
 // template: T, HAS_W, HAS_B, N_READS, ONE_SIMD
+constexpr int W = XK_RUN(T, N_READS);
+constexpr int NR = N_READS / W;
 const uint m_rows = uint(params[0]);
 const uint n = uint(params[1]);
 const uint nh = uint(params[2]);
@@ -406,6 +439,7 @@ const uint rpg = uint(params[3]);
 const uint nunits = uint(params[4]);
 const uint unit = thread_position_in_grid.y;
 const uint tid = thread_position_in_threadgroup.x;
+const uint tpr = threads_per_threadgroup.x;
 const uint lane = thread_index_in_simdgroup;
 const uint sg = simdgroup_index_in_threadgroup;
 const uint nsg = simdgroups_per_threadgroup;
@@ -418,62 +452,58 @@ if (unit < nunits) {  // uniform per unit
   const uint grp = unit / nh;
   const uint b0 = grp * rpg;
   const uint b1 = min(b0 + rpg, m_rows);
-  const uint c0 = tid * N_READS;
-  const bool full = c0 + N_READS <= n;
   const uint woff = head * n;
   const float inv_n = 1.0f / float(n);
   float wv[N_READS];
   float dwa[N_READS];
   float dba[N_READS];
-  for (int j = 0; j < N_READS; j++) {
-    wv[j] = (HAS_W && (full || c0 + j < n)) ? float(w[woff + c0 + j]) : 1.0f;
-    dwa[j] = 0.0f;
-    dba[j] = 0.0f;
+  xk_load_runs_f_or<HAS_W, W, NR>(w + woff, tid * W, tpr * W, n, wv, 1.0f);
+  for (int k = 0; k < N_READS; k++) {
+    dwa[k] = 0.0f;
+    dba[k] = 0.0f;
   }
   for (uint bi = b0; bi < b1; bi++) {
-    const size_t base = (size_t(bi) * nh + head) * n + c0;
+    const size_t base = (size_t(bi) * nh + head) * n;
     float xv[N_READS];
     float gv[N_READS];
+    xk_load_runs_f<W, NR>(x + base, tid * W, tpr * W, n, xv);
+    xk_load_runs_f<W, NR>(g + base, tid * W, tpr * W, n, gv);
     float s = 0.0f;
-    for (int j = 0; j < N_READS; j++) {
-      const bool ok = full || c0 + j < n;
-      xv[j] = ok ? float(x[base + j]) : 0.0f;
-      gv[j] = ok ? float(g[base + j]) : 0.0f;
-      s += xv[j];
+    for (int k = 0; k < N_READS; k++) {
+      s += xv[k];
     }
     const float mean = xk_row_sum<ONE_SIMD>(s, red_a, lane, sg, nsg) / float(n);
     float q = 0.0f;
-    for (int j = 0; j < N_READS; j++) {
-      xv[j] = (full || c0 + j < n) ? xv[j] - mean : 0.0f;
-      q += xv[j] * xv[j];
+    for (int j = 0; j < NR; j++) {
+      for (int k = 0; k < W; k++) {
+        const float d = (tid + j * tpr) * W + k < n ? xv[j * W + k] - mean : 0.0f;
+        xv[j * W + k] = d;
+        q += d * d;
+      }
     }
     q = xk_row_sum<ONE_SIMD>(q, red_b, lane, sg, nsg);
     const float r = metal::precise::rsqrt(q / float(n) + eps);
     float2 p = float2(0.0f);
-    for (int j = 0; j < N_READS; j++) {
-      xv[j] *= r;  // xhat (0 past the end)
-      const float gw = gv[j] * wv[j];
-      p += float2(gw, gw * xv[j]);
+    for (int k = 0; k < N_READS; k++) {
+      xv[k] *= r;  // xhat (0 past the end)
+      const float gw = gv[k] * wv[k];
+      p += float2(gw, gw * xv[k]);
     }
     p = xk_row_sum<ONE_SIMD>(p, red_c, lane, sg, nsg) * inv_n;
-    for (int j = 0; j < N_READS; j++) {
-      if (full || c0 + j < n) {
-        dx[base + j] = T(r * (gv[j] * wv[j] - p.x - xv[j] * p.y));
-        dwa[j] += gv[j] * xv[j];
-        dba[j] += gv[j];
-      }
+    T o[N_READS];
+    for (int k = 0; k < N_READS; k++) {
+      o[k] = T(r * (gv[k] * wv[k] - p.x - xv[k] * p.y));
+      dwa[k] += gv[k] * xv[k];
+      dba[k] += gv[k];
     }
+    xk_store_runs<W, NR>(dx + base, tid * W, tpr * W, n, o);
   }
-  const size_t pbase = size_t(grp) * nh * n + woff + c0;
-  for (int j = 0; j < N_READS; j++) {
-    if (full || c0 + j < n) {
-      if (HAS_W) {
-        dwp[pbase + j] = dwa[j];
-      }
-      if (HAS_B) {
-        dbp[pbase + j] = dba[j];
-      }
-    }
+  const size_t pbase = size_t(grp) * nh * n + woff;
+  if (HAS_W) {
+    xk_store_runs<W, NR>(dwp + pbase, tid * W, tpr * W, n, dwa);
+  }
+  if (HAS_B) {
+    xk_store_runs<W, NR>(dbp + pbase, tid * W, tpr * W, n, dba);
   }
 }
 if (unit == 0 && tid == 0) {
@@ -490,13 +520,16 @@ if (unit == 0 && tid == 0) {
 // variance, the two sums (float2), then dx and the partials accumulated in the unit's
 // own cells of dwp / dbp (first row assigns).  inputs/outputs as layer_norm_vjp.
 // template: T, HAS_W, HAS_B, N_READS
+constexpr int W = XK_RUN(T, N_READS);
+constexpr int NR = N_READS / W;
 const uint m_rows = uint(params[0]);
 const uint n = uint(params[1]);
 const uint nh = uint(params[2]);
 const uint rpg = uint(params[3]);
 const uint unit = thread_position_in_grid.y;
 const uint tid = thread_position_in_threadgroup.x;
-const uint step = threads_per_threadgroup.x * N_READS;
+const uint tpr = threads_per_threadgroup.x;
+const uint step = tpr * N_READS;
 const uint lane = thread_index_in_simdgroup;
 const uint sg = simdgroup_index_in_threadgroup;
 const uint nsg = simdgroups_per_threadgroup;
@@ -508,71 +541,74 @@ const uint head = unit % nh;
 const uint grp = unit / nh;
 const uint b0 = grp * rpg;
 const uint b1 = min(b0 + rpg, m_rows);
-const uint woff = head * n;
 const float inv_n = 1.0f / float(n);
-device float* dwr = dwp + (HAS_W ? size_t(grp) * nh * n + woff : 0);
-device float* dbr = dbp + (HAS_B ? size_t(grp) * nh * n + woff : 0);
+const device T* wr = w + head * n;
+device float* dwr = dwp + (HAS_W ? size_t(grp) * nh * n + head * n : 0);
+device float* dbr = dbp + (HAS_B ? size_t(grp) * nh * n + head * n : 0);
 for (uint bi = b0; bi < b1; bi++) {
   const size_t base = (size_t(bi) * nh + head) * n;
   const device T* xr = x + base;
   const device T* gr = g + base;
   float s = 0.0f;
-  for (uint c = tid * N_READS; c < n; c += step) {
-    const bool full = c + N_READS <= n;
-    for (int j = 0; j < N_READS; j++) {
-      const uint i = c + j;
-      if (!full && i >= n) {
-        break;
-      }
-      s += float(xr[i]);
+  for (uint c = tid * W; c < n; c += step) {
+    float v[N_READS];
+    xk_load_runs_f<W, NR>(xr, c, tpr * W, n, v);
+    for (int k = 0; k < N_READS; k++) {
+      s += v[k];
     }
   }
   const float mean = xk_row_sum<false>(s, red_a, lane, sg, nsg) * inv_n;
   float q = 0.0f;
-  for (uint c = tid * N_READS; c < n; c += step) {
-    const bool full = c + N_READS <= n;
-    for (int j = 0; j < N_READS; j++) {
-      const uint i = c + j;
-      if (!full && i >= n) {
-        break;
+  for (uint c = tid * W; c < n; c += step) {
+    float v[N_READS];
+    xk_load_runs_f<W, NR>(xr, c, tpr * W, n, v);
+    for (int j = 0; j < NR; j++) {
+      for (int k = 0; k < W; k++) {
+        const float d = c + j * tpr * W + k < n ? v[j * W + k] - mean : 0.0f;
+        q += d * d;
       }
-      const float d = float(xr[i]) - mean;
-      q += d * d;
     }
   }
   q = xk_row_sum<false>(q, red_b, lane, sg, nsg);
   const float r = metal::precise::rsqrt(q * inv_n + eps);
   float2 p = float2(0.0f);
-  for (uint c = tid * N_READS; c < n; c += step) {
-    const bool full = c + N_READS <= n;
-    for (int j = 0; j < N_READS; j++) {
-      const uint i = c + j;
-      if (!full && i >= n) {
-        break;
-      }
-      const float wi = HAS_W ? float(w[woff + i]) : 1.0f;
-      const float gw = float(gr[i]) * wi;
-      p += float2(gw, gw * (float(xr[i]) - mean) * r);
+  for (uint c = tid * W; c < n; c += step) {
+    float xv[N_READS];
+    float gv[N_READS];
+    float wv[N_READS];
+    xk_load_runs_f<W, NR>(xr, c, tpr * W, n, xv);
+    xk_load_runs_f<W, NR>(gr, c, tpr * W, n, gv);
+    xk_load_runs_f_or<HAS_W, W, NR>(wr, c, tpr * W, n, wv, 1.0f);
+    for (int k = 0; k < N_READS; k++) {
+      const float gw = gv[k] * wv[k];  // 0 past the end (g is 0 there)
+      p += float2(gw, gw * (xv[k] - mean) * r);
     }
   }
   p = xk_row_sum<false>(p, red_c, lane, sg, nsg) * inv_n;
-  for (uint c = tid * N_READS; c < n; c += step) {
-    const bool full = c + N_READS <= n;
-    for (int j = 0; j < N_READS; j++) {
-      const uint i = c + j;
-      if (!full && i >= n) {
-        break;
-      }
-      const float wi = HAS_W ? float(w[woff + i]) : 1.0f;
-      const float gi = float(gr[i]);
-      const float xh = (float(xr[i]) - mean) * r;
-      dx[base + i] = T(r * (gi * wi - p.x - xh * p.y));
-      if (HAS_W) {
-        dwr[i] = (bi == b0 ? 0.0f : dwr[i]) + gi * xh;
-      }
-      if (HAS_B) {
-        dbr[i] = (bi == b0 ? 0.0f : dbr[i]) + gi;
-      }
+  for (uint c = tid * W; c < n; c += step) {
+    float xv[N_READS];
+    float gv[N_READS];
+    float wv[N_READS];
+    float dw[N_READS];
+    float db[N_READS];
+    xk_load_runs_f<W, NR>(xr, c, tpr * W, n, xv);
+    xk_load_runs_f<W, NR>(gr, c, tpr * W, n, gv);
+    xk_load_runs_f_or<HAS_W, W, NR>(wr, c, tpr * W, n, wv, 1.0f);
+    xk_load_runs_f_or<HAS_W, W, NR>(dwr, c, tpr * W, n, dw, 0.0f);
+    xk_load_runs_f_or<HAS_B, W, NR>(dbr, c, tpr * W, n, db, 0.0f);
+    T o[N_READS];
+    for (int k = 0; k < N_READS; k++) {
+      const float xh = (xv[k] - mean) * r;
+      o[k] = T(r * (gv[k] * wv[k] - p.x - xh * p.y));
+      dw[k] = (bi == b0 ? 0.0f : dw[k]) + gv[k] * xh;
+      db[k] = (bi == b0 ? 0.0f : db[k]) + gv[k];
+    }
+    xk_store_runs<W, NR>(dx + base, c, tpr * W, n, o);
+    if (HAS_W) {
+      xk_store_runs<W, NR>(dwr, c, tpr * W, n, dw);
+    }
+    if (HAS_B) {
+      xk_store_runs<W, NR>(dbr, c, tpr * W, n, db);
     }
   }
 }

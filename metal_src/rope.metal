@@ -13,61 +13,97 @@
 // one group when the offset is a scalar, B groups (one per batch element) for
 // per-batch offsets.
 //
+// Each thread rotates P consecutive pairs [j0, j0 + P), j0 = P * x, in runs of
+// consecutive features (xk_load_run / xk_store_run of _memory.metal, one vector access
+// each): split-half the runs x[j0 .. +P) and x[half + j0 .. +P); traditional the run
+// x[2 j0 .. +2P) (the pairs interleaved). A thread past the rotating ones copies a run
+// of W = (TRADITIONAL ? 2P : P) pass-through features. The N rows' runs are straight-line
+// wide accesses (xk_load_rows) when all are there, aligned and inside their range (half,
+// dims or D); else they are read and written element by element.
+//
 // Launch (grid counts threads):
-//   grid.x = half + (D - dims): x < half rotates pair x, else copies feature
-//            dims + (x - half);
+//   grid.x = ceil(half / P) + ceil((D - dims) / W): x < ceil(half / P) rotates pairs
+//            [P x, P x + P), the others copy features dims + W * (x - ceil(half / P)) ..;
 //   grid.y = L (the position);
-//   grid.z = groups * ceil(rows_per_group / N): each thread handles the same pair
-//            of N rows of one group at the same position, so cos/sin (precise math)
-//            are computed once per N rows.
+//   grid.z = groups * ceil(rows_per_group / N): each thread handles the same features
+//            of N rows of one group at the same position, so cos/sin (precise math) are
+//            computed once per N rows; it reads all N rows before writing any.
 // No threadgroup memory and no barriers: a thread outside the grid returns at once.
 
 // @kernel rope
 // inputs:  x (rows, L, D) T; offsets (groups,) int; freqs (half,) float;
 //          params (5,) int = [half, D, L, rows_per_group, z_per_group]; scale () float
 // outputs: y (rows, L, D) T.
-// template: T, TRADITIONAL (pairing), BACKWARD (rotate by -theta: the VJP), N (rows per thread)
+// template: T, TRADITIONAL (pairing), BACKWARD (rotate by -theta: the VJP),
+//           N (rows per thread), P (pairs per thread: 1, 2, 4 or 8; 2P <= 8 if TRADITIONAL)
+constexpr int W = TRADITIONAL ? 2 * P : P;  // features per run
 const uint half_dims = uint(params[0]);
 const uint d_total = uint(params[1]);
 const uint seq_len = uint(params[2]);
 const uint rows_per_group = uint(params[3]);
 const uint z_per_group = uint(params[4]);
 const uint n_copy = d_total - 2u * half_dims;
+const uint n_rot = (half_dims + P - 1) / P;  // threads along x that rotate
 
-const uint j = thread_position_in_grid.x;
+const uint q = thread_position_in_grid.x;
 const uint l = thread_position_in_grid.y;
 const uint z = thread_position_in_grid.z;
-if (j >= half_dims + n_copy || l >= seq_len) {
+if (q >= n_rot + (n_copy + W - 1) / W || l >= seq_len) {
   return;  // no barriers in this kernel, so an early return is safe
 }
 const uint grp = z / z_per_group;
 const uint r0 = (z - grp * z_per_group) * uint(N);  // first row in the group
+const uint nr = min(uint(N), rows_per_group - r0);  // rows of this thread
 const size_t row_stride = size_t(seq_len) * size_t(d_total);
 const size_t base_idx = (size_t(grp) * size_t(rows_per_group) + size_t(r0)) * row_stride + size_t(l) * size_t(d_total);
+const device T* xs = x + base_idx;
+device T* ys = y + base_idx;
 
-if (j < half_dims) {
-  const float inv_freq = 1.0f / freqs[j];
+if (q < n_rot) {
+  const uint j0 = q * P;
+  float f[P];
+  xk_load_runs_f<P, 1>(freqs, j0, P, half_dims, f);
   const float pos = float(int(l) + offsets[grp]);
-  const float theta = (scale * pos) * inv_freq;
-  const float c = metal::precise::cos(theta);
-  const float s = BACKWARD ? -metal::precise::sin(theta) : metal::precise::sin(theta);
-  const uint i0 = TRADITIONAL ? 2u * j : j;
-  const uint i1 = TRADITIONAL ? 2u * j + 1u : j + half_dims;
-  for (uint k = 0; k < uint(N); ++k) {
-    if (r0 + k < rows_per_group) {
-      const size_t idx = base_idx + size_t(k) * row_stride;
-      const float x0 = float(x[idx + i0]);
-      const float x1 = float(x[idx + i1]);
-      y[idx + i0] = T(x0 * c - x1 * s);
-      y[idx + i1] = T(x0 * s + x1 * c);
+  float c[P];
+  float s[P];
+  for (int k = 0; k < P; k++) {
+    const float inv_freq = j0 + k < half_dims ? 1.0f / f[k] : 0.0f;  // pairs past half: unused
+    const float theta = (scale * pos) * inv_freq;
+    c[k] = metal::precise::cos(theta);
+    s[k] = BACKWARD ? -metal::precise::sin(theta) : metal::precise::sin(theta);
+  }
+  // a[r * 2P + k] / b[r * P + k]: the features of pair j0 + k of row r (traditional: both
+  // in a, at 2k and 2k + 1; split-half: a = x[j0 + k], b = x[half + j0 + k]).
+  T a[N * 2 * P];
+  T b[N * P];  // split-half only
+  const uint a0 = TRADITIONAL ? 2u * j0 : j0;
+  const uint a_end = TRADITIONAL ? 2u * half_dims : half_dims;
+  xk_load_rows<W, N, 2 * P>(xs, row_stride, a0, a_end, nr, a);
+  if (!TRADITIONAL) {
+    xk_load_rows<P, N, P>(xs + half_dims, row_stride, j0, half_dims, nr, b);
+  }
+  for (int r = 0; r < N; ++r) {
+    for (int k = 0; k < P; k++) {
+      const float x0 = float(TRADITIONAL ? a[r * 2 * P + 2 * k] : a[r * 2 * P + k]);
+      const float x1 = float(TRADITIONAL ? a[r * 2 * P + 2 * k + 1] : b[r * P + k]);
+      const T y0 = T(x0 * c[k] - x1 * s[k]);
+      const T y1 = T(x0 * s[k] + x1 * c[k]);
+      if (TRADITIONAL) {
+        a[r * 2 * P + 2 * k] = y0;
+        a[r * 2 * P + 2 * k + 1] = y1;
+      } else {
+        a[r * 2 * P + k] = y0;
+        b[r * P + k] = y1;
+      }
     }
+  }
+  xk_store_rows<W, N, 2 * P>(ys, row_stride, a0, a_end, nr, a);
+  if (!TRADITIONAL) {
+    xk_store_rows<P, N, P>(ys + half_dims, row_stride, j0, half_dims, nr, b);
   }
 } else {
-  const uint d = 2u * half_dims + (j - half_dims);
-  for (uint k = 0; k < uint(N); ++k) {
-    if (r0 + k < rows_per_group) {
-      const size_t idx = base_idx + size_t(k) * row_stride + d;
-      y[idx] = x[idx];
-    }
-  }
+  const uint i0 = (q - n_rot) * W;  // first pass-through feature, counted from dims
+  T t[N * W];
+  xk_load_rows<W, N, W>(xs + 2u * half_dims, row_stride, i0, n_copy, nr, t);
+  xk_store_rows<W, N, W>(ys + 2u * half_dims, row_stride, i0, n_copy, nr, t);
 }

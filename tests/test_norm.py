@@ -246,18 +246,158 @@ def test_forward_looped_short_rows(kernel_backend, monkeypatch):
     assert norm_mod._plan("ln", x, w, b, EPS)[0].kernel == "layer_norm_looped"
 
 
+# runs: vector body, scalar tail, misaligned buffers ---------------------------------------
+
+
+def offset_view(a: mx.array, off: int) -> mx.array:
+    """`a`'s values in a row-contiguous view that starts `off` elements into a larger
+    buffer (no copy: the data pointer is not 16-byte aligned for off % 8 != 0)."""
+    if not off:
+        return a
+    flat = a.reshape(-1)
+    big = mx.concatenate([mx.zeros((off,), dtype=a.dtype), flat, mx.zeros((3,), dtype=a.dtype)])
+    return big[off : off + flat.size].reshape(a.shape)
+
+
+# Row lengths around the run widths (4 float32 / 8 16-bit elements) and the layouts: one
+# simdgroup (33), threadgroup per row with a ragged last run (129, 300), looped with a
+# second step of a few elements (4100), a full cached row (4096), tiny rows (5).
+RUN_SHAPES = [(3, 33), (2, 129), (3, 300), (2, 4100), (1, 4096), (2, 3, 5)]
+
+
+@pytest.mark.parametrize("shape", RUN_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("off", [0, 1, 2, 4])
+def test_runs_and_misaligned_inputs(kernel_backend, shape, dtype, off):
+    """Forward and backward of both norms on x, weight, bias and cotangent views that start
+    off elements into their buffers (off 1, 2: no 16-byte alignment, so the wide accesses
+    fall back to narrower ones on CUDA; 4: 16-byte aligned for 16-bit types only)."""
+    dt = DTYPES[dtype]
+    rng = np.random.default_rng(seed_of("runs", shape, dtype))
+    x, w, b = make(rng, shape, dt, True, True)
+    cot = rand(rng, shape, dt)
+    xv, wv, bv, cv = (offset_view(a, off) for a in (x, w, b, cot))
+    assert rel_err(rms_norm(xv, wv, EPS), rms_ref64(x, w)) < tol(dt)
+    assert rel_err(layer_norm(xv, wv, bv, EPS), ln_ref64(x, w, b)) < tol(dt)
+    limit = 2e-5 if dt == mx.float32 else 1.5e-2
+    for kind, args in (("rms", [xv, wv]), ("ln", [xv, wv, bv])):
+        fn = (lambda a, c: rms_norm(a, c, EPS)) if kind == "rms" else (lambda a, c, d: layer_norm(a, c, d, EPS))
+        got = _grads(fn, args, cv)
+        with runtime.use_backend("reference"):
+            want = _grads(fn, [a.astype(mx.float32) for a in args], cot.astype(mx.float32))
+        for name, g, r in zip(("dx", "dweight", "dbias"), got, want):
+            assert rel_err(g, r) < limit, (kind, name)
+
+
+@pytest.mark.parametrize("n_reads", [1, 2, 4, 8])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_n_reads_16bit(kernel_backend, n_reads, dtype):
+    """Every n_reads on 16-bit data (runs of up to 8 elements = 16 bytes), aligned and not,
+    on the one-simdgroup, cached and looped layouts."""
+    dt = DTYPES[dtype]
+    rng = np.random.default_rng(seed_of("nr16", n_reads, dtype))
+    for n in (33, 129, 300, 1031, 8200):
+        x, w, b = make(rng, (2, n), dt, True, True)
+        for off in (0, 3):
+            xv, wv, bv = (offset_view(a, off) for a in (x, w, b))
+            assert rel_err(rms_norm(xv, wv, EPS, knobs={"n_reads": n_reads}), rms_ref64(x, w)) < tol(dt), (n, off)
+            y = layer_norm(xv, wv, bv, EPS, knobs={"n_reads": n_reads})
+            assert rel_err(y, ln_ref64(x, w, b)) < tol(dt), (n, off)
+
+
+@pytest.mark.parametrize("nh,dh", [(3, 33), (2, 4100)])
+def test_multihead_odd_head_slices(kernel_backend, nh, dh):
+    """Head slices of odd length: each head's rows and weight slices start at a different
+    alignment (runs fall back where they are misaligned)."""
+    rng = np.random.default_rng(seed_of("mhodd", nh, dh))
+    x, w, b = make(rng, (3, nh * dh), mx.bfloat16, True, True)
+    assert rel_err(multihead_layer_norm(x, w, b, nh, EPS), ln_ref64(x, w, b, num_heads=nh)) < 1e-2
+    _check_grads("ln", (3, nh * dh), mx.float32, True, True, nh=nh, seed=seed_of("gmhodd", nh, dh))
+
+
+# the shared vector-access helpers (metal_src/_memory.metal; CUDA: cuda/vector_io.h) ------
+
+MEM_BODY = """
+const uint t = thread_position_in_grid.x;
+const uint i = t * 8;  // modes 0-2: elements [i, i + 8) of this thread
+device T* yo = y + OFF;
+if (MODE < 3 && i + 8 <= n) {
+  if (MODE == 0) {
+    xk_store<4>(yo + i, xk_load<4>(x + i));
+    xk_store<4>(yo + i + 4, xk_load<4>(x + i + 4));
+  } else if (MODE == 1) {
+    vec<T, 4> lo, hi;
+    xk_load8(x + i, lo, hi);
+    xk_store8(yo + i, lo, hi);
+  } else {
+    for (int k = 0; k < 8; k += 2) {
+      xk_store<2>(yo + i + k, xk_load<2>(x + i + k));
+    }
+  }
+} else if (MODE < 3) {
+  for (uint k = i; k < n; k++) {
+    yo[k] = x[k];
+  }
+} else {  // runs of 4: two per thread, run j at element 4 t + 4 j * threads (tail element-wise)
+  T v[8];
+  xk_load_runs<4, 2>(x, t * 4, threads_per_grid.x * 4, n, v);
+  xk_store_runs<4, 2>(yo, t * 4, threads_per_grid.x * 4, n, v);
+}
+"""
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("mode", [0, 1, 2, 3], ids=["load4", "load8", "load2", "runs"])
+@pytest.mark.parametrize("x_off,y_off", [(0, 0), (1, 3), (2, 1), (4, 2)])
+def test_vector_access_helpers(metal_kernel, dtype, mode, x_off, y_off):
+    """xk_load / xk_store (2, 4), xk_load8 / xk_store8 and xk_load_runs / xk_store_runs copy
+    exactly, at any alignment of source and destination (on CUDA the wide accesses and
+    their narrower fallbacks)."""
+    from xlstm_kernels.runtime.sources import family_sections
+
+    dt = DTYPES[dtype]
+    n = 77
+    x = offset_view(rand(np.random.default_rng(seed_of("mem", dtype)), (n,), dt), x_off)
+    k = metal_kernel(name="xk_mem_copy", input_names=["x", "n"], output_names=["y"], source=MEM_BODY,
+                     header=family_sections("_memory")["@header"])
+    (y,) = k(inputs=[x, mx.array(n, dtype=mx.uint32)], output_shapes=[(n + 8,)], output_dtypes=[dt],
+             grid=(-(-n // 8), 1, 1), threadgroup=(4, 1, 1),
+             template=[("T", dt), ("MODE", mode), ("OFF", y_off)], init_value=0)
+    assert mx.array_equal(y[y_off:y_off + n], x).item()
+
+
 # kernel choice, validation, edge cases ------------------------------------------------
 
 
 @pytest.mark.parametrize(
-    "d,kernel,tg",
-    [(7, "rms_norm", (32, 8, 1)), (128, "rms_norm", (32, 8, 1)), (129, "rms_norm", (64, 1, 1)),
-     (4096, "rms_norm", (1024, 1, 1)), (4097, "rms_norm_looped", (1024, 1, 1))],
+    "d,dtype,kernel,tg,n_reads",
+    [(7, "float32", "rms_norm", (32, 8, 1), 4), (128, "float32", "rms_norm", (32, 8, 1), 4),
+     (129, "float32", "rms_norm", (64, 1, 1), 4), (512, "float32", "rms_norm", (128, 1, 1), 4),
+     (1031, "float32", "rms_norm", (96, 1, 1), 16), (4096, "float32", "rms_norm", (128, 1, 1), 32),
+     (4097, "float32", "rms_norm_looped", (1024, 1, 1), 4), (256, "bfloat16", "rms_norm", (32, 8, 1), 8),
+     (4096, "bfloat16", "rms_norm", (128, 1, 1), 32), (8192, "float16", "rms_norm", (128, 1, 1), 64),
+     (8193, "bfloat16", "rms_norm_looped", (1024, 1, 1), 8)],
 )
-def test_plan_picks_layout(d, kernel, tg):
-    spec, kw = norm_mod._plan("rms", mx.zeros((16, d)), None, None, EPS)
-    assert spec.kernel == kernel and kw["threadgroup"] == tg
+def test_plan_picks_layout(d, dtype, kernel, tg, n_reads):
+    """The automatic layout: runs of 16 bytes, one simdgroup per row up to 32 runs, then
+    about CACHED_THREADS threads with ceil(runs / CACHED_THREADS) runs each, then looped."""
+    spec, kw = norm_mod._plan("rms", mx.zeros((16, d), dtype=DTYPES[dtype]), None, None, EPS)
+    assert spec.kernel == kernel and kw["threadgroup"] == tg and dict(kw["template"])["N_READS"] == n_reads
     assert kw["grid"][1] % tg[1] == 0 and kw["grid"][1] >= 16
+    assert norm_mod.knob_values("rms_norm", d, dtype)["n_reads"] == n_reads
+
+
+@pytest.mark.parametrize(
+    "d,dtype,kernel,tpr,n_reads",
+    [(100, "float32", "rms_norm_vjp", 32, 4), (4096, "float32", "rms_norm_vjp", 256, 16),
+     (4097, "float32", "rms_norm_vjp_looped", 1024, 4), (2048, "bfloat16", "rms_norm_vjp", 256, 8),
+     (4096, "bfloat16", "rms_norm_vjp", 256, 16), (4104, "bfloat16", "rms_norm_vjp_looped", 1024, 8)],
+)
+def test_vjp_plan_picks_layout(d, dtype, kernel, tpr, n_reads):
+    """Backward: about VJP_THREADS threads per row, at most VJP_MAX_READS elements each."""
+    x = mx.zeros((16, d), dtype=DTYPES[dtype])
+    spec, kw, _ = norm_mod._vjp_plan("rms", x, None, False, x, EPS)
+    assert spec.kernel == kernel and kw["threadgroup"][0] == tpr and dict(kw["template"])["N_READS"] == n_reads
 
 
 def test_errors():
@@ -330,6 +470,11 @@ def _kernel_cases():
         for kind, bias in (("rms", None), ("ln", b)):
             cases.append(norm_mod._plan(kind, x, w, bias, EPS))
             cases.append(norm_mod._vjp_plan(kind, x, w, bias is not None, g, EPS)[:2])
+    xb, wb, bb = make(rng, (3, 1031), mx.bfloat16, True, True)  # runs of 8 with a 7-element tail
+    cases.append(norm_mod._plan("ln", xb, wb, bb, EPS, 1, {"n_reads": 8}))
+    xl, wl, _ = make(rng, (2, 8200), mx.bfloat16, True, False)  # looped, 17 steps of 64 runs of 8 + 8
+    cases.append(norm_mod._plan("rms", xl, wl, None, EPS, 1, {"n_reads": 8, "looped_threads": 64}))
+    cases.append(norm_mod._plan("rms", offset_view(xb, 1), wb, None, EPS, 1, {"n_reads": 2}))
     x, w, _ = make(rng, (7, 3 * 20), mx.float16, True, False)  # 3 heads of 20
     cases.append(norm_mod._plan("ln", x, w, None, EPS, 3))
     cases.append(norm_mod._vjp_plan("ln", x, w, False, rand(rng, x.shape, mx.float16), EPS, 3)[:2])

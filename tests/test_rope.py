@@ -177,30 +177,68 @@ def test_reference_matches_numpy():
     assert rel_err(out, ref) < TOL["float32"]
 
 
+def offset_view(a: mx.array, off: int) -> mx.array:
+    """`a`'s values in a row-contiguous view that starts `off` elements into a larger
+    buffer (no copy: the data pointer is not 16-byte aligned for off % 8 != 0)."""
+    flat = a.reshape(-1)
+    big = mx.concatenate([mx.zeros((off,), dtype=a.dtype), flat, mx.zeros((3,), dtype=a.dtype)])
+    return big[off : off + flat.size].reshape(a.shape)
+
+
+# Run boundaries: half not a multiple of P (the pairs per thread: 4 / 8 split-half, 2 / 4
+# traditional for float32 / 16-bit), pass-through counts not a multiple of the run, odd D,
+# rows not a multiple of N = 4; each through aligned and offset (misaligned) buffers.
+RUN_CASES = [
+    pytest.param((2, 3, 5, 128), 128, id="d128"),
+    pytest.param((5, 4, 48), 44, id="half22-copy4"),
+    pytest.param((3, 7, 33), 30, id="half15-copy3-oddD"),
+    pytest.param((2, 2, 3, 129), 120, id="half60-copy9"),
+    pytest.param((1, 9, 6), 2, id="one-pair-copy4"),
+    pytest.param((2, 3, 5, 300), 256, id="d300"),
+]
+
+
+@pytest.mark.parametrize("shape,dims", RUN_CASES)
+@pytest.mark.parametrize("traditional", [False, True], ids=["split", "trad"])
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("off", [0, 1, 3])
+def test_runs_and_misaligned_inputs(kernel_backend, shape, dims, traditional, dtype, off):
+    """Vector runs, their scalar tails and the misaligned fallback, forward and VJP."""
+    x = rand(shape, DTYPES[dtype], seed=zlib.crc32(f"runs{shape}{dims}{traditional}{dtype}".encode()))
+    cot = rand(shape, DTYPES[dtype], seed=21)
+    xv, cv = (offset_view(a, off) for a in (x, cot)) if off else (x, cot)
+    out, vjp = mx.vjp(lambda a: rope(a, dims, traditional=traditional, offset=3), [xv], [cv])
+    ref = np_rope(to_np(x), dims, traditional=traditional, offset=3)
+    assert rel_err(out[0], ref) < TOL[dtype]
+    if dims < shape[-1]:
+        assert mx.array_equal(out[0][..., dims:], x[..., dims:]).item()
+    # the VJP rotates the cotangent by -theta = (-1) * (l + 3) * inv_freq
+    assert rel_err(vjp[0], np_rope(to_np(cot), dims, traditional=traditional, offset=3, scale=-1.0)) < TOL[dtype]
+
+
 @pytest.mark.emulator_only
-def test_check_schedules():
+@pytest.mark.parametrize(
+    "dtype,traditional,shape,dims",
+    [
+        ("bfloat16", True, (3, 5, 13, 22), 16),  # 5 rows per batch (not a multiple of N=4), copy 16..21
+        ("float32", False, (3, 5, 13, 30), 12),  # half 6: a full and a partial run of P=4; copy 18 = 4*4 + 2
+        ("float16", False, (3, 2, 3, 19), 18),  # half 9 with P=8: one full run and one pair; D odd
+    ],
+)
+def test_check_schedules(dtype, traditional, shape, dims):
     """Every thread order gives bit-identical outputs; bounds checked (partial threadgroups in x, y, z)."""
     from xlstm_kernels.emulate import check_schedules
+    from xlstm_kernels.ops.rope import _launch_kwargs
 
-    shape, dims, d = (3, 5, 13, 22), 16, 22  # 5 rows per batch (not a multiple of N=4), copy features 16..21
-    x = rand(shape, mx.bfloat16, seed=11)
+    x = rand(shape, DTYPES[dtype], seed=11)
     offsets = mx.array([2, 0, 7], dtype=mx.int32)
     half = dims // 2
     freqs = mx.array((10000.0 ** (np.arange(half) / half)).astype(np.float32))
-    z_per_group = -(-5 // 4)
-    gx, gz = half + d - dims, 3 * z_per_group
-    kernel = runtime.get_kernel(ROPE, "emulate")
-    (y,) = check_schedules(
-        kernel,
-        inputs=[x.reshape(15, 13, d), offsets, freqs, mx.array([half, d, 13, 5, z_per_group], dtype=mx.int32),
-                mx.array(1.0, dtype=mx.float32)],
-        output_shapes=[(15, 13, d)], output_dtypes=[mx.bfloat16],
-        grid=(gx, 13, gz), threadgroup=(8, 4, 2),
-        template=[("T", mx.bfloat16), ("TRADITIONAL", True), ("BACKWARD", False), ("N", 4)],
-        check_bounds=True,
-    )
-    ref = np_rope(to_np(x), dims, traditional=True, offset=np.array([2, 0, 7]))
-    assert rel_err(y.reshape(shape), ref) < TOL["bfloat16"]
+    kw = _launch_kwargs(x, dims, traditional, 1.0, offsets, freqs, False)
+    kw["threadgroup"] = (2, 4, 2)  # partial threadgroups in x, y and z
+    (y,) = check_schedules(runtime.get_kernel(ROPE, "emulate"), **kw, check_bounds=True)
+    ref = np_rope(to_np(x), dims, traditional=traditional, offset=np.array([2, 0, 7]))
+    assert rel_err(y.reshape(shape), ref) < TOL[dtype]
 
 
 def test_launch_geometry():

@@ -10,20 +10,29 @@ mx.fast does: float16 with bfloat16 gives float32). Every op is differentiable: 
 VJP runs the ``*_vjp`` kernels (dx directly; dweight/dbias as per-group float32 partial
 sums of shape (groups, D) from the same kernel, reduced with ``mx.sum`` over groups).
 
-Kernel choice (``_plan``): rows of n <= 128 elements run one simdgroup per row (8 rows
-per threadgroup, no barriers); rows of n <= 4096 one threadgroup per row with the row
-cached in registers (4 elements per thread); longer rows the looped kernels (1024
-threads striding over the row). Multi-head LayerNorm is the LayerNorm kernels on
-(rows * num_heads, head_dim) rows with the weight slice of head ``row % num_heads``.
+Kernel choice (``_plan``). Threads move "runs" of up to 16 consecutive bytes (4 float32 /
+8 float16/bfloat16 elements) with one vector access each, consecutive threads on
+consecutive runs (``metal_src/norm.metal``). Without the ``n_reads`` knob the layout is
+automatic: rows of at most 32 runs (n <= 128 float32 / 256 16-bit) run one simdgroup per
+row (8 rows per threadgroup, no barriers); rows up to ``CACHED_MAX`` (4096 float32 / 8192
+16-bit) take about ``CACHED_THREADS`` = 128 threads per row, each holding
+ceil(runs / 128) runs (rounded up to a power of two) in registers (many 16-byte loads in
+flight per thread, as MLX's CUDA norms); longer rows the looped kernels (``LOOPED_THREADS`` = 1024 threads,
+``LOOPED_RUNS`` runs per step). The backward takes about ``VJP_THREADS`` = 256 threads
+per row with at most ``VJP_MAX_READS`` = 16 elements each, else its looped kernels.
+Multi-head LayerNorm is the LayerNorm kernels on (rows * num_heads, head_dim) rows with
+the weight slice of head ``row % num_heads``.
 
-Those numbers are the forward kernels' knobs (:mod:`xlstm_kernels.tiles.knobs`, ops
-``rms_norm`` and ``layer_norm``; multi-head LayerNorm uses ``layer_norm``'s): ``n_reads``
-(elements per thread per step, default ``N_READS`` = 4; the simdgroup-per-row limit is
-32 * n_reads and the cached limit 1024 * n_reads), ``simd_rows`` (default ``SIMD_ROWS`` = 8)
-and ``looped_threads`` (default ``LOOPED_THREADS`` = 1024). Per call: the ``knobs=``
-argument, then ``XLSTM_RMS_NORM_*`` / ``XLSTM_LAYER_NORM_*`` variables, then the presets,
-then these defaults. The backward kernels keep the module defaults: the tuner times the
-forward only, so a tuned forward value says nothing about the backward's register use.
+The forward kernels' knobs (:mod:`xlstm_kernels.tiles.knobs`, ops ``rms_norm`` and
+``layer_norm``; multi-head LayerNorm uses ``layer_norm``'s): ``n_reads`` (elements per
+thread per step; when set, ceil(n / n_reads) threads per row rounded up to a multiple of
+32, one simdgroup per row up to 32 * n_reads, looped beyond 1024 * n_reads; unset: the
+automatic layout, whose elements per thread ``knob_values`` reports), ``simd_rows``
+(default ``SIMD_ROWS`` = 8) and ``looped_threads`` (default ``LOOPED_THREADS``). Per
+call: the ``knobs=`` argument, then ``XLSTM_RMS_NORM_*`` / ``XLSTM_LAYER_NORM_*``
+variables, then the presets, then these defaults. The backward kernels keep the module
+defaults: the tuner times the forward only, so a tuned forward value says nothing about
+the backward's register use.
 """
 
 from __future__ import annotations
@@ -71,11 +80,24 @@ _SPECS = {
     ("ln", True, True): LAYER_NORM_VJP_LOOPED,
 }
 
-N_READS = 4  # elements per thread per step (contiguous)
-CACHED_MAX = 4096  # longest row kept in registers: 1024 threads x N_READS (as MLX)
-SIMD_MAX = 32 * N_READS  # rows up to this length run one simdgroup per row
-SIMD_ROWS = 8  # rows (simdgroups) per threadgroup in the simdgroup-per-row layout
+# Automatic layout (the n_reads knob unset). A thread moves runs of RUN_BYTES (float32: 4
+# elements, 16-bit: 8; metal_src/norm.metal); rows of at most 32 runs take one simdgroup,
+# longer rows about CACHED_THREADS threads with ceil(runs / CACHED_THREADS) runs each (a power
+# of two) in registers (as MLX's CUDA norms: many 16-byte loads in flight per thread), up to
+# CACHED_MAX;
+# longer rows the looped kernels (LOOPED_THREADS threads, LOOPED_RUNS runs per step).
+RUN_BYTES = 16
+N_READS = 4  # float32 elements per 16-byte run (the automatic n_reads of float32 rows up to 512)
+CACHED_THREADS = 128
+CACHED_MAX = 4096  # longest float32 row kept in registers (16-bit: twice as long)
 LOOPED_THREADS = 1024
+LOOPED_RUNS = 1
+SIMD_ROWS = 8  # rows (simdgroups) per threadgroup in the simdgroup-per-row layout
+# Backward (automatic layout): about VJP_THREADS threads per row, at most VJP_MAX_READS
+# elements per thread (the unit keeps x, g, w and the dw/db sums of its columns in
+# registers), longer rows the looped backward kernels.
+VJP_THREADS = 256
+VJP_MAX_READS = 16
 # Backward: enough (group, head) units to fill the GPU (about this many threads in
 # all); each unit sums dw/db over rows_per_group rows, so the float32 partials stay
 # near 2 MiB whatever the batch.
@@ -154,23 +176,42 @@ class _Layout:
     one_simd: bool
     tpr: int  # threads per row (threadgroup x)
     rows_per_tg: int  # threadgroup y (simdgroup-per-row layout), else 1
+    n_reads: int = N_READS  # the kernel's N_READS: elements per thread (per step when looped)
+
+
+def _itemsize(dtype: Any) -> int:
+    if isinstance(dtype, str):
+        dtype = getattr(mx, dtype)
+    return dtype.size
+
+
+def _pow2_at_least(k: int) -> int:
+    return 1 << max(0, (k - 1).bit_length())
 
 
 def _layout(n: int, units: int, n_reads: int | None = None, simd_rows: int | None = None,
-            looped_threads: int | None = None) -> _Layout:
-    """The thread layout for rows of n elements and `units` rows. Knobs left at None use
-    the module constants (read at call time): N_READS, CACHED_MAX, SIMD_ROWS, LOOPED_THREADS."""
+            looped_threads: int | None = None, itemsize: int = 4, vjp: bool = False) -> _Layout:
+    """The thread layout for rows of n elements of `itemsize` bytes and `units` rows.
+
+    With the n_reads knob: ceil(n / n_reads) threads per row rounded up to a multiple of
+    32, one simdgroup per row when that is 32, looped beyond 1024 * n_reads. Without it
+    (None) the automatic layout of the module comment (`vjp`: the backward's). Knobs left
+    at None use the module constants (read at call time)."""
+    looped = LOOPED_THREADS if looped_threads is None else looped_threads
     if n_reads is None:
-        n_reads, cached_max = N_READS, CACHED_MAX
-    else:
-        cached_max = 1024 * n_reads
-    if n > cached_max:
-        return _Layout(True, False, LOOPED_THREADS if looped_threads is None else looped_threads, 1)
-    needed = -(-n // n_reads)
-    tpr = max(32, -(-needed // 32) * 32)
+        run = RUN_BYTES // itemsize
+        runs = -(-n // run)
+        per = _pow2_at_least(-(-runs // (VJP_THREADS if vjp else CACHED_THREADS)))  # runs per thread
+        if n > CACHED_MAX * 4 // itemsize or (vjp and per * run > max(run, VJP_MAX_READS)):
+            return _Layout(True, False, looped, 1, run * (1 if vjp else LOOPED_RUNS))
+        n_reads = run * per
+    elif n > 1024 * n_reads:
+        return _Layout(True, False, looped, 1, n_reads)
+    tpr = max(32, -(-(-(-n // n_reads)) // 32) * 32)
     if tpr == 32:
-        return _Layout(False, True, 32, max(1, min(SIMD_ROWS if simd_rows is None else simd_rows, units)))
-    return _Layout(False, False, tpr, 1)
+        rows = max(1, min(SIMD_ROWS if simd_rows is None else simd_rows, units))
+        return _Layout(False, True, 32, rows, n_reads)
+    return _Layout(False, False, tpr, 1, n_reads)
 
 
 _KNOB_OP = {"rms": "rms_norm", "ln": "layer_norm"}
@@ -185,10 +226,12 @@ def _forward_knobs(kind: str, n: int, dtype: mx.Dtype, knobs: dict | None) -> di
 
 def knob_values(op: str, n: int, dtype: Any, knobs: dict | None = None) -> dict[str, int]:
     """The forward knobs a call of `op` ("rms_norm" or "layer_norm") with rows of n
-    elements uses, defaults filled in: {"n_reads", "simd_rows", "looped_threads"}."""
+    elements uses, defaults filled in: {"n_reads", "simd_rows", "looped_threads"}
+    (n_reads unset: the automatic layout's elements per thread)."""
     kind = {"rms_norm": "rms", "layer_norm": "ln", "multihead_layer_norm": "ln"}[op]
     v = _forward_knobs(kind, n, dtype, knobs)
-    return {"n_reads": N_READS if v["n_reads"] is None else v["n_reads"],
+    lay = _layout(n, 1, v["n_reads"], v["simd_rows"], v["looped_threads"], _itemsize(dtype))
+    return {"n_reads": lay.n_reads,
             "simd_rows": SIMD_ROWS if v["simd_rows"] is None else v["simd_rows"],
             "looped_threads": LOOPED_THREADS if v["looped_threads"] is None else v["looped_threads"]}
 
@@ -208,15 +251,14 @@ def _plan(
     rows = x.size // n
     dtype = x.dtype
     kv = _forward_knobs(kind, n, dtype, knobs)
-    n_reads = N_READS if kv["n_reads"] is None else kv["n_reads"]
-    lay = _layout(n, rows, kv["n_reads"], kv["simd_rows"], kv["looped_threads"])
+    lay = _layout(n, rows, kv["n_reads"], kv["simd_rows"], kv["looped_threads"], dtype.size)
     dummy = _dummy(dtype)
     template: list[tuple[str, Any]] = [("T", dtype), ("HAS_W", weight is not None)]
     inputs = [x.reshape(rows, n), weight if weight is not None else dummy]
     if kind == "ln":
         template.append(("HAS_B", bias is not None))
         inputs.append(bias if bias is not None else dummy)
-    template.append(("N_READS", n_reads))
+    template.append(("N_READS", lay.n_reads))
     if not lay.looped:
         template.append(("ONE_SIMD", lay.one_simd))
     inputs += [_eps(float(eps)), _ints(rows, n, num_heads)]
@@ -245,7 +287,7 @@ def _vjp_plan(
     n = x.shape[-1] // num_heads
     m = x.size // (n * num_heads)  # outer rows
     dtype = x.dtype
-    lay = _layout(n, m * num_heads)
+    lay = _layout(n, m * num_heads, itemsize=dtype.size, vjp=True)
     if weight is None and not has_bias:
         rpg = 1  # no partials to keep small: one row per unit, most parallelism
     else:
@@ -254,14 +296,14 @@ def _vjp_plan(
     groups = -(-m // rpg)
     units = groups * num_heads
     if lay.one_simd:
-        lay = _Layout(False, True, 32, max(1, min(SIMD_ROWS, units)))
+        lay = _Layout(False, True, 32, max(1, min(SIMD_ROWS, units)), lay.n_reads)
     template: list[tuple[str, Any]] = [("T", dtype), ("HAS_W", weight is not None)]
     partial = (groups, num_heads * n)
     out_shapes: list[tuple[int, ...]] = [(m * num_heads, n), partial if weight is not None else (1,)]
     if kind == "ln":
         template.append(("HAS_B", has_bias))
         out_shapes.append(partial if has_bias else (1,))
-    template.append(("N_READS", N_READS))
+    template.append(("N_READS", lay.n_reads))
     if not lay.looped:
         template.append(("ONE_SIMD", lay.one_simd))
     r = lay.rows_per_tg

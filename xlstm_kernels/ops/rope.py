@@ -9,9 +9,10 @@ or ``1 / freqs[j]``; traditional pairs are ``(2j, 2j+1)``, the default (split-ha
 ``(j, j + dims/2)``; features ``[dims, D)`` pass through unchanged. ``offset`` is an int,
 a 0-d integer array or one integer per batch element (shape ``(x.shape[0],)``).
 
-The kernel rotates one pair for N rows sharing a position per thread (cos/sin in float
-with precise math, computed once per N rows); the VJP is the same kernel rotating by
-``-theta`` (the rotation is orthogonal).
+The kernel rotates P consecutive pairs for N rows sharing a position per thread (cos/sin
+in float with precise math, computed once per N rows), reading and writing runs of
+consecutive features with one 16-byte access each where aligned (``pairs_per_thread``);
+the VJP is the same kernel rotating by ``-theta`` (the rotation is orthogonal).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ __all__ = ["rope", "rope_reference"]
 
 ROPE = KernelSpec("rope", "rope", ("x", "offsets", "freqs", "params", "scale"), ("y",))
 
-ROWS_PER_THREAD = 4  # N: rows that share one cos/sin evaluation (MLX's rope uses 4 too)
+ROWS_PER_THREAD = 4  # N: rows that share one cos/sin evaluation and whose loads overlap (MLX uses 4)
 _MAX_THREADS = 256
 
 
@@ -185,9 +186,18 @@ def _launch_geometry(gx: int, seq_len: int, gz: int) -> tuple[int, int, int]:
     return tx, ty, tz
 
 
-def _rope_kernel(
-    x: mx.array, dims: int, traditional: bool, scale: float, offset, freqs32: mx.array, backward: bool, backend: str
-) -> mx.array:
+def pairs_per_thread(dtype: mx.Dtype, traditional: bool, half: int) -> int:
+    """P: pairs a thread rotates, so that each run of features is one 16-byte access
+    (split-half: runs of P features, traditional: of 2P; float32 P = 4 / 2, half and
+    bfloat16 P = 8 / 4), capped at the largest power of two <= half."""
+    run = 16 // dtype.size
+    p = run if not traditional else run // 2
+    return max(1, min(p, 1 << (half.bit_length() - 1)))
+
+
+def _launch_kwargs(x: mx.array, dims: int, traditional: bool, scale: float, offset, freqs32: mx.array,
+                   backward: bool) -> dict[str, Any]:
+    """The launch keywords of the rope kernel for x (..., L, D) (see metal_src/rope.metal)."""
     d = x.shape[-1]
     seq_len = x.shape[-2]
     rows = x.size // (seq_len * d)
@@ -199,20 +209,27 @@ def _rope_kernel(
     groups = offsets.size  # 1, or B (per-batch offsets)
     rows_per_group = rows // groups
     n = ROWS_PER_THREAD
+    p = pairs_per_thread(x.dtype, traditional, half)
+    run = 2 * p if traditional else p
     z_per_group = -(-rows_per_group // n)
-    gx = half + (d - dims)
+    gx = -(-half // p) + -(-(d - dims) // run)
     gz = groups * z_per_group
     params, scale_arr = _launch_constants(half, d, seq_len, rows_per_group, z_per_group, scale)
-    (y,) = launch(
-        ROPE,
+    return dict(
         inputs=[x.reshape(rows, seq_len, d), offsets, freqs32, params, scale_arr],
         output_shapes=[(rows, seq_len, d)],
         output_dtypes=[x.dtype],
         grid=(gx, seq_len, gz),
         threadgroup=_launch_geometry(gx, seq_len, gz),
-        template=[("T", x.dtype), ("TRADITIONAL", bool(traditional)), ("BACKWARD", bool(backward)), ("N", n)],
-        backend=backend,
+        template=[("T", x.dtype), ("TRADITIONAL", bool(traditional)), ("BACKWARD", bool(backward)), ("N", n),
+                  ("P", p)],
     )
+
+
+def _rope_kernel(
+    x: mx.array, dims: int, traditional: bool, scale: float, offset, freqs32: mx.array, backward: bool, backend: str
+) -> mx.array:
+    (y,) = launch(ROPE, **_launch_kwargs(x, dims, traditional, scale, offset, freqs32, backward), backend=backend)
     return y.reshape(x.shape)
 
 

@@ -1,0 +1,176 @@
+// Shared by every kernel family (appended to each family's header section, see
+// xlstm_kernels/runtime/sources.py): vector access to device memory.
+
+// @header
+// Backend primitives. Here plain element loops (Apple's compiler merges neighbouring
+// accesses, as in MLX's Metal kernels); a backend whose compiler does not defines
+// XK_VECTOR_IO and its own versions (xlstm_kernels/cuda/vector_io.h: wide accesses).
+//   xk_load<N>(p) / xk_store<N>(p, v)   N = 2 or 4 consecutive elements at p as one
+//       vec<T, N>, any alignment; xk_load8 / xk_store8: 8 elements as two vec<T, 4>
+//       (lo = p[0..4), hi = p[4..8)).
+//   xk_run_aligned<W>(p)                whether the W elements at p (a "run", W = 1, 2, 4,
+//       8) can be one wide access (CUDA: p aligned to min(W * sizeof(T), 16) bytes).
+//   xk_load_w<W>(p, t) / xk_store_w<W>(p, t)   that access, between p and the thread
+//       array t[0..W); only for p with xk_run_aligned<W>(p).
+//   xk_load_runs<W, NR>(p, i0, stride, n, t) / xk_store_runs: NR runs of a row, below.
+#ifndef XK_VECTOR_IO
+template <int N, typename T>
+METAL_FUNC vec<T, N> xk_load(const device T* p) {
+  vec<T, N> v;
+  for (int k = 0; k < N; k++) {
+    v[k] = p[k];
+  }
+  return v;
+}
+
+template <int N, typename T>
+METAL_FUNC void xk_store(device T* p, vec<T, N> v) {
+  for (int k = 0; k < N; k++) {
+    p[k] = v[k];
+  }
+}
+
+template <typename T>
+METAL_FUNC void xk_load8(const device T* p, thread vec<T, 4>& lo, thread vec<T, 4>& hi) {
+  lo = xk_load<4>(p);
+  hi = xk_load<4>(p + 4);
+}
+
+template <typename T>
+METAL_FUNC void xk_store8(device T* p, vec<T, 4> lo, vec<T, 4> hi) {
+  xk_store<4>(p, lo);
+  xk_store<4>(p + 4, hi);
+}
+
+template <int W, typename T>
+METAL_FUNC bool xk_run_aligned(const device T*) {
+  return true;
+}
+
+template <int W, typename T>
+METAL_FUNC void xk_load_w(const device T* p, thread T* t) {
+  for (int k = 0; k < W; k++) {
+    t[k] = p[k];
+  }
+}
+
+template <int W, typename T>
+METAL_FUNC void xk_store_w(device T* p, const thread T* t) {
+  for (int k = 0; k < W; k++) {
+    p[k] = t[k];
+  }
+}
+
+// NR runs of W elements of a row of n elements: run j starts at element i0 + j * stride
+// (stride a multiple of W, so every run has the alignment of p + i0); t[j * W + k] =
+// p[i0 + j * stride + k], 0 at or past n. The runs that lie inside the row are wide
+// accesses issued back to back (when p + i0 is aligned); the others (crossing the end,
+// or misaligned) go element by element afterwards.
+template <int W, int NR, typename T>
+METAL_FUNC void xk_load_runs(const device T* p, uint i0, uint stride, uint n, thread T* t) {
+  const bool al = xk_run_aligned<W>(p + i0);
+  for (int j = 0; j < NR; j++) {
+    const uint i = i0 + j * stride;
+    if (al && i + W <= n) {
+      xk_load_w<W>(p + i, t + j * W);
+    }
+  }
+  for (int j = 0; j < NR; j++) {
+    const uint i = i0 + j * stride;
+    if (!(al && i + W <= n)) {
+      for (int k = 0; k < W; k++) {
+        t[j * W + k] = i + k < n ? p[i + k] : T(0.0f);
+      }
+    }
+  }
+}
+
+// The stores of xk_load_runs: p[i0 + j * stride + k] = t[j * W + k] where below n.
+template <int W, int NR, typename T>
+METAL_FUNC void xk_store_runs(device T* p, uint i0, uint stride, uint n, const thread T* t) {
+  const bool al = xk_run_aligned<W>(p + i0);
+  for (int j = 0; j < NR; j++) {
+    const uint i = i0 + j * stride;
+    if (al && i + W <= n) {
+      xk_store_w<W>(p + i, t + j * W);
+    } else {
+      for (int k = 0; k < W; k++) {
+        if (i + k < n) {
+          p[i + k] = t[j * W + k];
+        }
+      }
+    }
+  }
+}
+#endif
+
+// xk_load_runs converted to float: v[j * W + k] = float(p[i0 + j * stride + k]).
+template <int W, int NR, typename T>
+METAL_FUNC void xk_load_runs_f(const device T* p, uint i0, uint stride, uint n, thread float* v) {
+  T t[W * NR];
+  xk_load_runs<W, NR>(p, i0, stride, n, t);
+  for (int k = 0; k < W * NR; k++) {
+    v[k] = float(t[k]);
+  }
+}
+
+// xk_load_runs_f of an optional buffer: v[k] = dflt (no memory access) when !HAS.
+template <bool HAS, int W, int NR, typename T>
+METAL_FUNC void xk_load_runs_f_or(const device T* p, uint i0, uint stride, uint n, thread float* v, float dflt) {
+  if (HAS) {
+    xk_load_runs_f<W, NR>(p, i0, stride, n, v);
+  } else {
+    for (int k = 0; k < W * NR; k++) {
+      v[k] = dflt;
+    }
+  }
+}
+
+// One run (NR = 1) at element i.
+template <int W, typename T>
+METAL_FUNC void xk_load_run(const device T* p, uint i, uint n, thread T* t) {
+  xk_load_runs<W, 1>(p, i, W, n, t);
+}
+
+template <int W, typename T>
+METAL_FUNC void xk_store_run(device T* p, uint i, uint n, const thread T* t) {
+  xk_store_runs<W, 1>(p, i, W, n, t);
+}
+
+// The same run (W elements at element i, below lim) of R rows p + r * rs, r < nr <= R:
+// t[r * M + k] = p[r * rs + i + k]. One straight-line wide access per row (a thread's
+// loads overlap) when all R rows are there, the run lies below lim and is aligned in every
+// row (rs a multiple of W); else row by row (xk_load_run).
+template <int W, int R, int M, typename T>
+METAL_FUNC void xk_load_rows(const device T* p, size_t rs, uint i, uint lim, uint nr, thread T* t) {
+  if (nr == uint(R) && i + W <= lim && rs % W == 0 && xk_run_aligned<W>(p + i)) {
+    for (int r = 0; r < R; r++) {
+      xk_load_w<W>(p + r * rs + i, t + r * M);
+    }
+  } else {
+    for (int r = 0; r < R; r++) {
+      if (uint(r) < nr) {
+        xk_load_run<W>(p + r * rs, i, lim, t + r * M);
+      }
+    }
+  }
+}
+
+template <int W, int R, int M, typename T>
+METAL_FUNC void xk_store_rows(device T* p, size_t rs, uint i, uint lim, uint nr, const thread T* t) {
+  if (nr == uint(R) && i + W <= lim && rs % W == 0 && xk_run_aligned<W>(p + i)) {
+    for (int r = 0; r < R; r++) {
+      xk_store_w<W>(p + r * rs + i, t + r * M);
+    }
+  } else {
+    for (int r = 0; r < R; r++) {
+      if (uint(r) < nr) {
+        xk_store_run<W>(p + r * rs, i, lim, t + r * M);
+      }
+    }
+  }
+}
+
+// Elements per run for a thread that moves NR elements of T per step: NR capped at 16
+// bytes (float: 4, half / bfloat: 8) and at 8 elements.
+#define XK_RUN(T, NR) ((NR) * int(sizeof(T)) <= 16 ? ((NR) < 8 ? (NR) : 8) : 16 / int(sizeof(T)))
