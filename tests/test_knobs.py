@@ -273,7 +273,7 @@ def test_precedence_argument_env_user_files_shipped_builtin(monkeypatch, tmp_pat
     assert explain_knobs("rms_norm", "float32", shape)["values"]["simd_rows"] == 2
     monkeypatch.setattr(presets_mod, "_SHIPPED_PATH", str(SHIPPED))
     _reset()
-    assert explain_knobs("rms_norm", "float32", shape)["sources"]["n_reads"] == "built-in default: 4 (ops.norm.N_READS)"
+    assert explain_knobs("rms_norm", "float32", shape)["sources"]["n_reads"] == "built-in default: by row length and dtype (ops.norm._layout)"
 
 
 def test_env_and_file_changes_take_effect(monkeypatch, tmp_path):
@@ -343,12 +343,12 @@ def test_malformed_env_fails_the_op_call(monkeypatch, kernel_backend):
     monkeypatch.setenv("XLSTM_SLSTM_R_IN_REGISTERS", "sometimes")
     wx, r, b = _slstm_inputs(seed_of("bad env"), 1, 2, 1, 8)
     _expect(["XLSTM_SLSTM_R_IN_REGISTERS='sometimes'"], sl.slstm, wx, r, b)
-    monkeypatch.setenv("XLSTM_RMS_NORM_N_READS", "16")
-    _expect(["XLSTM_RMS_NORM_N_READS='16'", "one of 1, 2, 4, 8"], nm.rms_norm, mx.ones((2, 8)), None)
+    monkeypatch.setenv("XLSTM_RMS_NORM_N_READS", "12")
+    _expect(["XLSTM_RMS_NORM_N_READS='12'", "one of 1, 2, 4, 8, 16, 32, 64"], nm.rms_norm, mx.ones((2, 8)), None)
 
 
 def test_argument_errors_name_the_argument():
-    _expect(["argument n_reads=3", "rms_norm", "one of 1, 2, 4, 8"], resolve_knobs, "rms_norm", "float32", 8,
+    _expect(["argument n_reads=3", "rms_norm", "one of 1, 2, 4, 8, 16, 32, 64"], resolve_knobs, "rms_norm", "float32", 8,
             args={"n_reads": 3})
     _expect(["argument", "n_read", "has the knobs"], nm.rms_norm, mx.ones((2, 8)), None, knobs={"n_read": 2})
     _expect(["knobs must be a dict"], nm.layer_norm, mx.ones((2, 8)), None, None, knobs=[2], exc=TypeError)

@@ -2,7 +2,7 @@
 
 Ops and their knobs (the names are public API: env variables, preset keys, ``knobs=``)::
 
-    rms_norm, layer_norm   n_reads         1 | 2 | 4 | 8: elements per thread per step (the
+    rms_norm, layer_norm   n_reads         1 | 2 | ... | 64: elements per thread per step (the
     (multihead_layer_norm                  kernels' N_READS); rows up to 32*n_reads run one
      uses layer_norm's)                    simdgroup per row, rows up to 1024*n_reads are
                                            cached in registers, longer rows run the looped kernel
@@ -162,8 +162,8 @@ class Knob:
 
 
 _NORM_KNOBS = (
-    Knob("n_reads", "int", _IntRule(choices=(1, 2, 4, 8)),
-         "built-in default: 4 (ops.norm.N_READS)", (1, 2, 4, 8), (1, 2, 4, 8),
+    Knob("n_reads", "int", _IntRule(choices=(1, 2, 4, 8, 16, 32, 64)),
+         "built-in default: by row length and dtype (ops.norm._layout)", (1, 2, 4, 8, 16, 32, 64), (1, 2, 4, 8),
          "elements per thread per step; one simdgroup per row up to 32*n_reads, cached up to 1024*n_reads"),
     Knob("simd_rows", "int", _IntRule(1, 32),
          "built-in default: 8 (ops.norm.SIMD_ROWS)", (1, 2, 4, 8, 16, 32), (4, 8, 16),
