@@ -18,6 +18,7 @@ from xlstm_kernels.ops import attention as att
 from xlstm_kernels.ops import mlstm as ml
 from xlstm_kernels.ops import norm as nm
 from xlstm_kernels.ops import slstm as sl
+from xlstm_kernels.ops._callcache import CallCache
 from xlstm_kernels.tiles import (
     KNOB_OPS,
     TileConfigError,
@@ -85,6 +86,22 @@ class Spy:
             return real(spec, **kwargs)
 
         monkeypatch.setattr(module, "launch", spy)
+        if hasattr(module, "prepare_launch"):  # memoised ops prepare a launch once, then run it per call
+            real_prepare = module.prepare_launch
+
+            def prepare_spy(spec, **kwargs):
+                run = real_prepare(spec, **kwargs)
+
+                def recorded(inputs):
+                    self.calls.append((spec.kernel, {**kwargs, "inputs": list(inputs)}))
+                    return run(inputs)
+
+                return recorded
+
+            monkeypatch.setattr(module, "prepare_launch", prepare_spy)
+        for memo in vars(module).values():  # calls prepared before the spy would bypass it
+            if isinstance(memo, CallCache):
+                memo.clear()
 
     def take(self) -> list[tuple[str, dict]]:
         out, self.calls = self.calls, []

@@ -44,8 +44,9 @@ from typing import Any
 
 import mlx.core as mx
 
-from ..runtime import KernelSpec, current_backend, launch
+from ..runtime import KernelSpec, current_backend, launch, prepare_launch
 from ..tiles.knobs import resolve_knobs
+from ._callcache import CallCache
 from ._validate import check_array, check_int32
 
 __all__ = [
@@ -324,12 +325,6 @@ def _vjp_plan(
     return _SPECS[(kind, lay.looped, True)], kwargs, groups
 
 
-def _forward(kind, x, weight, bias, eps, num_heads, backend, knobs=None) -> mx.array:
-    spec, kwargs = _plan(kind, x, weight, bias, eps, num_heads, knobs)
-    (y,) = launch(spec, **kwargs, backend=backend)
-    return y.reshape(x.shape)
-
-
 def _backward(kind, x, weight, has_bias, cotangent, eps, num_heads, backend):
     """(dx, dweight or None, dbias or None) through the *_vjp kernels."""
     spec, kwargs, _ = _vjp_plan(kind, x, weight, has_bias, cotangent, eps, num_heads)
@@ -381,17 +376,30 @@ def _validate(op: str, x, weight, bias, eps, num_heads: int = 1) -> tuple[mx.arr
     return cast(x), cast(weight), cast(bias)
 
 
-def _differentiable(kind: str, x, weight, bias, eps: float, num_heads: int, backend: str,
-                    knobs: dict | None = None) -> mx.array:
+def _differentiable_fn(kind: str, x, weight, bias, eps: float, num_heads: int, backend: str,
+                       knobs: dict | None = None):
+    """fn(x, weight, bias) -> y for calls with the signature of these (validated, cast)
+    arrays: the forward launch planned once, the backward through the *_vjp kernels."""
     has_w, has_b = weight is not None, bias is not None
+    spec, kwargs = _plan(kind, x, weight, bias, eps, num_heads, knobs)
+    run = prepare_launch(spec, **kwargs, backend=backend)
+    rows, n = kwargs["output_shapes"][0]
+    tail = kwargs["inputs"][-2:]  # the eps and params constants
+    dummy = _dummy(x.dtype)
 
     def unpack(args):
         return args[0], (args[1] if has_w else None), (args[1 + has_w] if has_b else None)
 
+    def forward(xa, wa, ba):
+        ins = [xa.reshape(rows, n), wa if has_w else dummy]
+        if kind == "ln":
+            ins.append(ba if has_b else dummy)
+        (y,) = run(ins + tail)
+        return y.reshape(xa.shape)
+
     @mx.custom_function
     def f(*args):
-        xa, wa, ba = unpack(args)
-        return _forward(kind, xa, wa, ba, eps, num_heads, backend, knobs)
+        return forward(*unpack(args))
 
     @f.vjp
     def f_vjp(primals, cotangent, output):
@@ -404,8 +412,54 @@ def _differentiable(kind: str, x, weight, bias, eps: float, num_heads: int, back
         grads = [dx] + ([dw] if has_w else []) + ([db] if has_b else [])
         return tuple(grads) if len(grads) > 1 else grads[0]
 
-    args = [x] + ([weight] if has_w else []) + ([bias] if has_b else [])
-    return f(*args)
+    def call(xa, wa, ba):
+        return f(*([xa] + ([wa] if has_w else []) + ([ba] if has_b else [])))
+
+    return call
+
+
+# ---------------------------------------------------------------------------------------
+# The public ops: validated and planned once per call signature (ops/_callcache.py)
+# ---------------------------------------------------------------------------------------
+
+_CALLS = CallCache("norm")
+_REFERENCES = {"rms_norm": lambda x, w, b, eps, nh: rms_norm_reference(x, w, eps),
+               "layer_norm": lambda x, w, b, eps, nh: layer_norm_reference(x, w, b, eps),
+               "multihead_layer_norm": lambda x, w, b, eps, nh: multihead_layer_norm_reference(x, w, b, nh, eps)}
+
+
+def _call(op: str, x, weight, bias, eps, num_heads: int, knobs: dict | None) -> mx.array:
+    """Run `op` ("rms_norm", "layer_norm", "multihead_layer_norm"): the first call of a
+    signature validates and builds its function, later ones reuse it."""
+    key = None
+    if knobs is None and isinstance(x, mx.array) and eps.__class__ in (float, int) and num_heads.__class__ is int:
+        try:
+            key = (op, x.shape, x.dtype, None if weight is None else (weight.shape, weight.dtype),
+                   None if bias is None else (bias.shape, bias.dtype), eps, num_heads)
+        except AttributeError:  # weight / bias not arrays: validation says so
+            key = None
+    fn = _CALLS.get(key) if key is not None else None
+    if fn is None:
+        fn = _build_call(op, x, weight, bias, eps, num_heads, knobs)
+        if key is not None:
+            _CALLS.put(key, fn)
+    return fn(x, weight, bias)
+
+
+def _build_call(op: str, x, weight, bias, eps, num_heads: int, knobs: dict | None):
+    """Validate one call and build fn(x, weight, bias) -> y for its signature."""
+    kind = "rms" if op == "rms_norm" else "ln"
+    xv, wv, bv = _validate(op, x, weight, bias, eps, num_heads)
+    dtype = xv.dtype
+    cast = lambda a: None if a is None else a.astype(dtype)  # noqa: E731 (a no-op where the dtype matches)
+    backend = current_backend()
+    if backend == "reference" or xv.size == 0:
+        if knobs is not None:  # checked all the same
+            _forward_knobs(kind, xv.shape[-1] // num_heads, dtype, knobs)
+        ref = _REFERENCES[op]
+        return lambda x, w, b: ref(cast(x), cast(w), cast(b), eps, num_heads)
+    fn = _differentiable_fn(kind, xv, wv, bv, eps, num_heads, backend, knobs)
+    return lambda x, w, b: fn(cast(x), cast(w), cast(b))
 
 
 def rms_norm(x: mx.array, weight: mx.array | None, eps: float = 1e-5, *, knobs: dict | None = None) -> mx.array:
@@ -424,13 +478,7 @@ def rms_norm(x: mx.array, weight: mx.array | None, eps: float = 1e-5, *, knobs: 
 
     Differentiable (dx and dweight through the ``rms_norm_vjp`` kernels).
     """
-    x, weight, _ = _validate("rms_norm", x, weight, None, eps)
-    backend = current_backend()
-    if backend == "reference" or x.size == 0:
-        if knobs is not None:  # checked all the same
-            _forward_knobs("rms", x.shape[-1], x.dtype, knobs)
-        return rms_norm_reference(x, weight, eps)
-    return _differentiable("rms", x, weight, None, eps, 1, backend, knobs)
+    return _call("rms_norm", x, weight, None, eps, 1, knobs)
 
 
 def layer_norm(x: mx.array, weight: mx.array | None, bias: mx.array | None, eps: float = 1e-5, *,
@@ -451,13 +499,7 @@ def layer_norm(x: mx.array, weight: mx.array | None, bias: mx.array | None, eps:
 
     Differentiable (dx, dweight, dbias through the ``layer_norm_vjp`` kernels).
     """
-    x, weight, bias = _validate("layer_norm", x, weight, bias, eps)
-    backend = current_backend()
-    if backend == "reference" or x.size == 0:
-        if knobs is not None:  # checked all the same
-            _forward_knobs("ln", x.shape[-1], x.dtype, knobs)
-        return layer_norm_reference(x, weight, bias, eps)
-    return _differentiable("ln", x, weight, bias, eps, 1, backend, knobs)
+    return _call("layer_norm", x, weight, bias, eps, 1, knobs)
 
 
 def multihead_layer_norm(
@@ -482,10 +524,4 @@ def multihead_layer_norm(
 
     Differentiable (the ``layer_norm_vjp`` kernels with per-head weight slices).
     """
-    x, weight, bias = _validate("multihead_layer_norm", x, weight, bias, eps, num_heads)
-    backend = current_backend()
-    if backend == "reference" or x.size == 0:
-        if knobs is not None:  # checked all the same
-            _forward_knobs("ln", x.shape[-1] // num_heads, x.dtype, knobs)
-        return multihead_layer_norm_reference(x, weight, bias, num_heads, eps)
-    return _differentiable("ln", x, weight, bias, eps, num_heads, backend, knobs)
+    return _call("multihead_layer_norm", x, weight, bias, eps, num_heads, knobs)
