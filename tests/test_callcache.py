@@ -112,3 +112,32 @@ def test_gemm_calls_are_memoised_per_signature_and_compute_fresh_inputs():
         assert len(gemm_mod._CALLS) == 2
         with pytest.raises(ValueError, match="v"):  # a bad call is still checked
             gemm_mod.gemm_av(mx.array(a), mx.array(v[:5]))
+
+
+def test_rope_and_norm_calls_are_memoised_per_signature():
+    import mlx.core as mx
+    import numpy as np
+
+    from xlstm_kernels.ops import norm as nm
+    from xlstm_kernels.ops import rope as rp
+
+    rng = np.random.default_rng(5)
+    rp._CALLS.clear()
+    nm._CALLS.clear()
+    with runtime.use_backend("emulate"):
+        x = mx.array(rng.standard_normal((2, 3, 7, 32)).astype(np.float32))
+        for offset in (0, 5, 1000):  # an int offset is a kernel input, not part of the signature
+            got = rp.rope(x, 32, base=10000.0, offset=offset)
+            want = rp.rope_reference(x, 32, base=10000.0, offset=offset)
+            np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-4)
+        with pytest.raises(ValueError, match="int32"):
+            rp.rope(x, 32, base=10000.0, offset=2**31)
+        assert len(rp._CALLS) == 1
+        for _ in range(2):
+            xv = rng.standard_normal((5, 33)).astype(np.float32)
+            got = nm.rms_norm(mx.array(xv), None, 1e-5)
+            ref = xv / np.sqrt((xv.astype(np.float64) ** 2).mean(-1, keepdims=True) + 1e-5)
+            np.testing.assert_allclose(np.asarray(got), ref, rtol=1e-5, atol=1e-6)
+        assert len(nm._CALLS) == 1
+        with pytest.raises(ValueError, match="eps"):
+            nm.rms_norm(mx.array(xv), None, -1.0)

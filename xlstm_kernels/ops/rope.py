@@ -24,7 +24,8 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from ..runtime import KernelSpec, current_backend, launch
+from ..runtime import KernelSpec, current_backend, prepare_launch
+from ._callcache import CallCache
 from ._validate import check_array, check_int32
 
 __all__ = ["rope", "rope_reference"]
@@ -226,13 +227,6 @@ def _launch_kwargs(x: mx.array, dims: int, traditional: bool, scale: float, offs
     )
 
 
-def _rope_kernel(
-    x: mx.array, dims: int, traditional: bool, scale: float, offset, freqs32: mx.array, backward: bool, backend: str
-) -> mx.array:
-    (y,) = launch(ROPE, **_launch_kwargs(x, dims, traditional, scale, offset, freqs32, backward), backend=backend)
-    return y.reshape(x.shape)
-
-
 def rope(
     x: mx.array,
     dims: int,
@@ -264,21 +258,90 @@ def rope(
     Differentiable in x: the VJP rotates the cotangent by ``-theta`` with the same kernel.
     offset and freqs get no gradient.
     """
-    freqs32, offset = _check_args(x, dims, traditional, base, scale, offset, freqs)
+    key = _call_key(x, dims, traditional, base, scale, offset, freqs)
+    fn = _CALLS.get(key) if key is not None else None
+    if fn is None:
+        fn = _build_call(x, dims, traditional, base, scale, offset, freqs)
+        if key is not None:
+            _CALLS.put(key, fn)
+    return fn(x, offset, freqs)
+
+
+_CALLS = CallCache("rope")
+
+
+def _call_key(x, dims, traditional, base, scale, offset, freqs) -> tuple | None:
+    """What validation and the launch depend on (an int offset's value is not: it is an
+    input of the kernel), or None when an argument's type is unusual (checked every call)."""
+    if not isinstance(x, mx.array) or dims.__class__ is not int or traditional.__class__ is not bool:
+        return None
+    if scale.__class__ not in (float, int) or base.__class__ not in (float, int, type(None)):
+        return None
+    if offset.__class__ is int:
+        off = int
+    elif isinstance(offset, mx.array):
+        off = (offset.shape, offset.dtype)
+    else:
+        return None
+    if freqs is not None and not isinstance(freqs, mx.array):
+        return None
+    fr = None if freqs is None else (freqs.shape, freqs.dtype)
+    return (x.shape, x.dtype, dims, traditional, base, base is DEFAULT_BASE, scale, off, fr)
+
+
+@functools.lru_cache(maxsize=4096)
+def _offset_array(offset: int) -> mx.array:
+    return mx.array([offset], dtype=mx.int32)
+
+
+def _build_call(x, dims, traditional, base, scale, offset, freqs):
+    """Validate one call and build fn(x, offset, freqs) -> y for its signature."""
+    freqs32, offset_checked = _check_args(x, dims, traditional, base, scale, offset, freqs)
     dims, traditional, scale = int(dims), bool(traditional), float(scale)
+    given_freqs = freqs is not None
+
+    def inputs(offset, freqs):
+        """(offsets, freqs32) of one call: an int offset is range-checked here."""
+        if isinstance(offset, mx.array):
+            offs = (offset.reshape(1) if offset.ndim == 0 else offset).astype(mx.int32)
+        else:
+            if not -(2**31) <= offset < 2**31:
+                raise ValueError(f"offset must fit in int32, got {offset}")
+            offs = offset
+        return offs, (freqs.astype(mx.float32) if given_freqs else freqs32)
+
     backend = current_backend()
     if backend == "reference" or x.size == 0:
-        return _reference(x, dims, traditional, scale, offset, freqs32)
+        def reference(x, offset, freqs):
+            offs, fr = inputs(offset, freqs)
+            return _reference(x, dims, traditional, scale, offs, fr)
 
-    def run(inp: mx.array, backward: bool) -> mx.array:
-        return _rope_kernel(inp, dims, traditional, scale, offset, freqs32, backward, backend)
+        return reference
+
+    example = _launch_kwargs(x, dims, traditional, scale, offset_checked, freqs32, False)
+    rows, seq_len, d = example["output_shapes"][0]
+    params, scale_arr = example["inputs"][3:]
+    runs = {backward: prepare_launch(ROPE, **_launch_kwargs(x, dims, traditional, scale, offset_checked, freqs32,
+                                                            backward), backend=backend)
+            for backward in (False, True)}
+
+    def rotate(inp: mx.array, offs: mx.array, fr: mx.array, backward: bool) -> mx.array:
+        (y,) = runs[backward]([inp.reshape(rows, seq_len, d), offs, fr, params, scale_arr])
+        return y.reshape(inp.shape)
 
     @mx.custom_function
-    def f(x):
-        return run(x, False)
+    def f(x, offs, fr):
+        return rotate(x, offs, fr, False)
 
     @f.vjp
-    def f_vjp(primals, cotangent, output):
-        return run(cotangent.astype(primals[0].dtype), True)
+    def f_vjp(primals, cotangent, output):  # offset and freqs get no gradient
+        x, offs, fr = primals
+        return rotate(cotangent.astype(x.dtype), offs, fr, True), mx.zeros_like(offs), mx.zeros_like(fr)
 
-    return f(x)
+    def call(x, offset, freqs):
+        offs, fr = inputs(offset, freqs)
+        if not isinstance(offs, mx.array):
+            offs = _offset_array(offs)
+        return f(x, offs, fr)
+
+    return call
