@@ -148,3 +148,16 @@ def test_prepared_launch_checks_once_and_reuses_the_plan(recorder):
     with pytest.raises(ValueError, match="Thread group size"):
         k.prepare(zero_d=[False, True], output_shapes=[(300,)], output_dtypes=[mx.float32], grid=(300, 1, 1),
                   threadgroup=(2048, 1, 1))
+
+
+def test_exact_grids_skip_the_bounds_check_and_the_grid_load(recorder):
+    body = ("const uint i = thread_position_in_grid.x + threads_per_grid.x * thread_position_in_grid.y;\n"
+            "y[i] = x[i] + float(threadgroups_per_grid.x);\n")
+    k = ck.CudaKernel("grid_probe", ["x"], ["y"], body)
+    x = mx.zeros((4096,))
+    for grid in ((256, 16, 1), (250, 16, 1)):  # a multiple of the threadgroup, then not
+        k(inputs=[x], output_shapes=[(4096,)], output_dtypes=[mx.float32], grid=grid, threadgroup=(64, 4, 1))
+    exact, ragged = (b["source"] for b in recorder.built)
+    assert "return;" not in exact and "xk_grid[" not in exact
+    assert "gridDim.x * blockDim.x" in exact and "uint3(gridDim.x, gridDim.y, gridDim.z)" in exact
+    assert "return;" in ragged and "xk_grid[0]" in ragged

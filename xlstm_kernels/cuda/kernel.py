@@ -101,6 +101,21 @@ const uint3 xk_tgp_ = uint3(xk_bid_ % uint(xk_grid[3]), (xk_bid_ / uint(xk_grid[
                             xk_bid_ / (uint(xk_grid[3]) * uint(xk_grid[4])));"""
 _MAX_GRID_YZ_BLOCKS = 65535
 
+# An exact grid (native 3-D blocks, every dimension a multiple of the threadgroup): every
+# CUDA thread is one of Metal's, so the sizes come from CUDA's own registers and the
+# prologue neither loads xk_grid nor checks bounds (no global load before the body).
+_PROLOGUE_EXACT = """\
+const uint3 xk_tgp_ = uint3(blockIdx.x, blockIdx.y, blockIdx.z);
+const uint3 xk_tptg_ = uint3(blockDim.x, blockDim.y, blockDim.z);
+const uint3 xk_g3_ = uint3(gridDim.x * blockDim.x, gridDim.y * blockDim.y, gridDim.z * blockDim.z);
+const uint3 xk_tpig_ = uint3(xk_tgp_.x * blockDim.x + threadIdx.x, xk_tgp_.y * blockDim.y + threadIdx.y,
+                             xk_tgp_.z * blockDim.z + threadIdx.z);
+const uint xk_tid_ = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+const uint xk_nact_ = blockDim.x * blockDim.y * blockDim.z;
+const uint xk_ndisp_ = xk_nact_;
+(void)xk_tid_; (void)xk_nact_; (void)xk_ndisp_; (void)xk_tptg_; (void)xk_g3_; (void)xk_tpig_;
+"""
+
 _PROLOGUE_HEAD = """\
 const uint3 xk_g3_ = uint3(uint(xk_grid[0]), uint(xk_grid[1]), uint(xk_grid[2]));
 @TGP@
@@ -291,11 +306,15 @@ class CudaKernel:
         parts.append("}  // namespace mlx::core::cu\n")
         return "".join(parts)
 
-    def cuda_source(self, zero_d: Sequence[bool], template_key: tuple = (), native_grid: bool = False) -> str:
+    def cuda_source(self, zero_d: Sequence[bool], template_key: tuple = (), native_grid: bool = False,
+                    exact_grid: bool = False) -> str:
         """The ``source`` given to cuda_kernel: template definitions, prologue, body.
         `native_grid`: launched with a 3-D grid of blocks (else blocks along x only)."""
         lines = template_lines(template_key)
-        head = _PROLOGUE_HEAD.replace("@TGP@", _TGP_NATIVE if native_grid else _TGP_LINEAR)
+        if exact_grid and native_grid:
+            head = _PROLOGUE_EXACT
+        else:
+            head = _PROLOGUE_HEAD.replace("@TGP@", _TGP_NATIVE if native_grid else _TGP_LINEAR)
         lines += ["// xlstm_kernels.cuda prologue: Metal attributes from CUDA indices", head]
         for n, z in zip(self.input_names, zero_d):
             if z:
@@ -305,12 +324,15 @@ class CudaKernel:
                 lines.append(f"auto* {n} = xk_as_atomic(xk_a_{n});")
         for attr, (ty, expr) in ATTRIBUTES.items():
             if attr in self.source:
+                if attr == "threadgroups_per_grid" and native_grid:  # the launch's own block counts
+                    expr = "uint3(gridDim.x, gridDim.y, gridDim.z)"
                 lines.append(f"{ty} {attr} = {expr}; (void){attr};")
         lines.append(f"#line 1 {_c_string(self.name + '.metal')}")
         return "\n".join(lines) + "\n" + self._body + "\n"
 
-    def _object(self, zero_d: tuple[bool, ...], threads: int, template: tuple, native_grid: bool) -> Any:
-        key = (zero_d, threads, template, native_grid)
+    def _object(self, zero_d: tuple[bool, ...], threads: int, template: tuple, native_grid: bool,
+                exact_grid: bool = False) -> Any:
+        key = (zero_d, threads, template, native_grid, exact_grid)
         with self._lock:
             obj = self._objects.get(key)
         if obj is not None:
@@ -320,7 +342,7 @@ class CudaKernel:
             name=self.name,
             input_names=ins,
             output_names=outs,
-            source=self.cuda_source(zero_d, template, native_grid),
+            source=self.cuda_source(zero_d, template, native_grid, exact_grid),
             header=self.cuda_header(threads),
             ensure_row_contiguous=self.ensure_row_contiguous,
         )
@@ -422,7 +444,8 @@ class CudaKernel:
         if total * block[0] > _MAX_GRID_X_BLOCKS:
             raise CudaKernelError(f"[{self.name}] grid {g} with threadgroup {t} needs {total} threadgroups: too many")
         native = counts[1] <= _MAX_GRID_YZ_BLOCKS and counts[2] <= _MAX_GRID_YZ_BLOCKS
-        obj = self._object(zero_d, n_threads, template_key, native)
+        exact = native and all(gg % bb == 0 for gg, bb in zip(g, block))
+        obj = self._object(zero_d, n_threads, template_key, native, exact)
         launch_grid = tuple(c * b for c, b in zip(counts, block)) if native else (total * block[0], block[1], block[2])
         return obj, mx.array([*g, *counts], dtype=mx.int32), launch_grid, block
 
