@@ -27,7 +27,8 @@
 //            4g + t holds row g, columns 2t and 2t + 1; xk_frag_coord says so to bodies):
 //            simdgroup_load / store (each lane its own two elements) and
 //            simdgroup_multiply(_accumulate): half x half and bfloat x bfloat on tensor
-//            cores (mma.m16n8k8, float accumulate; sm_80+), float products in float32
+//            cores (mma.m16n8k8; paired helpers xk_mma2 / xk_mma2_k16 use all 16 rows of
+//            m16n8k8 / m16n8k16; float accumulate; sm_80+), float products in float32
 //            through warp shuffles.
 //  atomics   atomic<T> (layout of T), atomic_*_explicit (relaxed: CUDA's atomics).
 //  misc      address-space keywords are empty macros (`threadgroup` declarations are
