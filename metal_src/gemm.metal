@@ -150,6 +150,25 @@ template <typename M, typename U>
 inline void xk_frag_load_b(thread M& m, const threadgroup U* src, ulong elements_per_row, bool transpose) {
   simdgroup_load(m, src, elements_per_row, ulong2(0, 0), transpose);
 }
+
+// Four fragments of the 16 x 16 block at src in one go: m<r><c> is the 8 x 8 block at
+// rows 8r, columns 8c of the matrix (transpose: stored transposed, as in simdgroup_load).
+// Roles as in xk_frag_load_a / _b. Precondition a backend may rely on: src lies in
+// threadgroup memory, and src and elements_per_row * sizeof(U) are multiples of 16 bytes.
+template <typename M, typename U>
+inline void xk_frag_load_a4(thread M& m00, thread M& m10, thread M& m01, thread M& m11, const threadgroup U* src,
+                            ulong elements_per_row, bool transpose) {
+  const ulong ld = elements_per_row;
+  simdgroup_load(m00, src, ld, ulong2(0, 0), transpose);
+  simdgroup_load(m10, src + (transpose ? 8 : 8 * ld), ld, ulong2(0, 0), transpose);
+  simdgroup_load(m01, src + (transpose ? 8 * ld : 8), ld, ulong2(0, 0), transpose);
+  simdgroup_load(m11, src + 8 * ld + 8, ld, ulong2(0, 0), transpose);
+}
+template <typename M, typename U>
+inline void xk_frag_load_b4(thread M& m00, thread M& m10, thread M& m01, thread M& m11, const threadgroup U* src,
+                            ulong elements_per_row, bool transpose) {
+  xk_frag_load_a4(m00, m10, m01, m11, src, elements_per_row, transpose);
+}
 #endif
 
 #ifndef XK_ASYNC_COPY
@@ -166,7 +185,98 @@ inline void xk_async_copy(threadgroup T* dst, const device T* src) {
 inline void xk_async_commit() {}
 template <int G>
 inline void xk_async_wait() {}
+// xk_async_copy with its checks left to the caller: dst (threadgroup memory) and src are
+// multiples of N * sizeof(T) bytes apart from 0 (a backend may rely on it).
+template <int N, typename T>
+inline void xk_async_copy_aligned(threadgroup T* dst, const device T* src) {
+  for (int k = 0; k < N; ++k) {
+    dst[k] = src[k];
+  }
+}
+// Whether runs of N elements at src + r * ld + c * N meet xk_async_copy_aligned's
+// precondition (a threadgroup buffer of 16-byte aligned rows assumed). Here always.
+template <int N, typename T>
+inline bool xk_async_runs_aligned(const device T* src, long ld) {
+  return true;
+}
 #endif
+
+// One K tile of gemm_simd's products: acc[i * FN + j] (FM x FN fragments of a simdgroup)
+// += the simdgroup's rows ra.. of the A tile ta times its columns cb.. of the B tile tb
+// (tiles in memory order, rows of A_LD / B_LD elements). Fragment pairs: row blocks 2r,
+// 2r + 1 share each B fragment (xk_mma2, and xk_mma2_k16 over two k-steps when BK % 16
+// == 0, with 16 x 16 fragment loads when FM and FN are even); an odd last row block uses
+// single products.
+template <typename T, int BK, int FM, int FN, int A_LD, int B_LD, bool TRANS_A, bool TRANS_B>
+inline void xk_simd_tile_mma(thread simdgroup_matrix<float, 8, 8>* acc, const threadgroup T* ta,
+                             const threadgroup T* tb, int ra, int cb) {
+  constexpr int KS = BK % 16 == 0 ? 2 : 1;  // 8-deep k-steps per product group
+  constexpr bool X4 = KS == 2 && FM % 2 == 0 && FN % 2 == 0;
+  XK_UNROLL
+  for (int kk = 0; kk < BK; kk += 8 * KS) {
+    if (X4) {
+      simdgroup_matrix<T, 8, 8> fb[FN][2];
+      XK_UNROLL
+      for (int j = 0; j + 1 < FN; j += 2) {
+        const int cj = cb + j * 8;
+        xk_frag_load_b4(fb[j][0], fb[j][1], fb[j + 1][0], fb[j + 1][1],
+                        tb + (TRANS_B ? cj * B_LD + kk : kk * B_LD + cj), B_LD, TRANS_B);
+      }
+      XK_UNROLL
+      for (int i = 0; i + 1 < FM; i += 2) {
+        const int ri = ra + i * 8;
+        simdgroup_matrix<T, 8, 8> a00, a10, a01, a11;
+        xk_frag_load_a4(a00, a10, a01, a11, ta + (TRANS_A ? kk * A_LD + ri : ri * A_LD + kk), A_LD, TRANS_A);
+        XK_UNROLL
+        for (int j = 0; j < FN; ++j) {
+          xk_mma2_k16(acc[i * FN + j], acc[(i + 1) * FN + j], a00, a10, a01, a11, fb[j][0], fb[j][1]);
+        }
+      }
+    } else {
+      simdgroup_matrix<T, 8, 8> fa[FM][KS];
+      simdgroup_matrix<T, 8, 8> fb[FN][KS];
+      XK_UNROLL
+      for (int i = 0; i < FM; ++i) {
+        const int ri = ra + i * 8;
+        XK_UNROLL
+        for (int q = 0; q < KS; ++q) {
+          const int k8 = kk + 8 * q;
+          xk_frag_load_a(fa[i][q], ta + (TRANS_A ? k8 * A_LD + ri : ri * A_LD + k8), A_LD, TRANS_A);
+        }
+      }
+      XK_UNROLL
+      for (int j = 0; j < FN; ++j) {
+        const int cj = cb + j * 8;
+        XK_UNROLL
+        for (int q = 0; q < KS; ++q) {
+          const int k8 = kk + 8 * q;
+          xk_frag_load_b(fb[j][q], tb + (TRANS_B ? cj * B_LD + k8 : k8 * B_LD + cj), B_LD, TRANS_B);
+        }
+      }
+      XK_UNROLL
+      for (int i = 0; i + 1 < FM; i += 2) {
+        XK_UNROLL
+        for (int j = 0; j < FN; ++j) {
+          if (KS == 2) {
+            xk_mma2_k16(acc[i * FN + j], acc[(i + 1) * FN + j], fa[i][0], fa[i + 1][0], fa[i][KS - 1],
+                        fa[i + 1][KS - 1], fb[j][0], fb[j][KS - 1]);
+          } else {
+            xk_mma2(acc[i * FN + j], acc[(i + 1) * FN + j], fa[i][0], fa[i + 1][0], fb[j][0]);
+          }
+        }
+      }
+      if (FM % 2 == 1) {
+        XK_UNROLL
+        for (int j = 0; j < FN; ++j) {
+          XK_UNROLL
+          for (int q = 0; q < KS; ++q) {
+            simdgroup_multiply_accumulate(acc[(FM - 1) * FN + j], fa[FM - 1][q], fb[j][q], acc[(FM - 1) * FN + j]);
+          }
+        }
+      }
+    }
+  }
+}
 
 // A tile of a matrix product into threadgroup memory (one stage of gemm_simd): the
 // ROWS x COLS block at (r0, c0) of a row-major matrix (leading dimension ld) into dst
@@ -309,7 +419,6 @@ constexpr int NT = 32 * WM * WN;
 constexpr int PADS = 16 / int(sizeof(T));
 constexpr int FM = BM / (8 * WM);  // fragments per simdgroup along rows
 constexpr int FN = BN / (8 * WN);  // and along columns
-constexpr int KS = BK % 16 == 0 ? 2 : 1;  // 8-deep k-steps per product group
 constexpr int A_LD = (TRANS_A ? BM : BK) + PADS;
 constexpr int B_LD = (TRANS_B ? BK : BN) + PADS;
 constexpr int A_TILE = (TRANS_A ? BK : BM) * A_LD;
@@ -333,8 +442,11 @@ const long a_rhi = TRANS_A ? k_hi : M, a_chi = TRANS_A ? M : k_hi;
 const long b_r0 = TRANS_B ? col0 : 0, b_c0 = TRANS_B ? 0 : col0;
 const long b_rhi = TRANS_B ? N : k_hi, b_chi = TRANS_B ? k_hi : N;
 
-threadgroup T As[STAGES * A_TILE];
-threadgroup T Bs[STAGES * B_TILE];
+// One buffer of 16-byte words, so that both tiles (whose rows are multiples of 16 bytes
+// for 2-byte T) start 16-byte aligned.
+threadgroup vec<float, 4> tg_words[(STAGES * (A_TILE + B_TILE) * int(sizeof(T)) + 15) / 16];
+threadgroup T* As = reinterpret_cast<threadgroup T*>(tg_words);
+threadgroup T* Bs = As + STAGES * A_TILE;
 
 simdgroup_matrix<float, 8, 8> acc[FM][FN];
 for (int i = 0; i < FM; ++i) {
@@ -342,89 +454,123 @@ for (int i = 0; i < FM; ++i) {
     acc[i][j] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
   }
 }
+const int ra = wm * (BM / WM);  // the simdgroup's rows and columns within the tile
+const int cb = wn * (BN / WN);
 
 const int ntiles = k_hi > k_lo ? int((k_hi - k_lo + BK - 1) / BK) : 0;
-// Tiles 0 .. STAGES - 2 in flight before the loop (one commit each, empty or not).
-for (int t = 0; t < STAGES - 1; ++t) {
-  if (t < ntiles) {
-    const long k0 = k_lo + long(t) * BK;
-    xk_tile_load<T, TRANS_A ? BK : BM, TRANS_A ? BM : BK, A_LD, NT>(
-        &As[t * A_TILE], a, a_r0 + (TRANS_A ? k0 : 0), a_c0 + (TRANS_A ? 0 : k0), a_rhi, a_chi, TRANS_A ? M : K, tid);
-    xk_tile_load<T, TRANS_B ? BN : BK, TRANS_B ? BK : BN, B_LD, NT>(
-        &Bs[t * B_TILE], b, b_r0 + (TRANS_B ? 0 : k0), b_c0 + (TRANS_B ? k0 : 0), b_rhi, b_chi, TRANS_B ? K : N, tid);
-  }
-  xk_async_commit();
-}
-for (int t = 0; t < ntiles; ++t) {
-  const int s = t % STAGES;
-  // Refill the stage read in iteration t - 1 (every thread is past it after the barrier)
-  // with tile t + STAGES - 1; with one stage, tile t itself.
-  const int tl = STAGES > 1 ? t + STAGES - 1 : t;
-  if (STAGES > 1) {
-    xk_async_wait<STAGES - 2>();  // this thread's copies of tile t are done
-    threadgroup_barrier(mem_flags::mem_threadgroup);  // everyone's tile t is in; stage (t-1) % STAGES is free
-  }
-  if (tl < ntiles) {
-    const int sl = tl % STAGES;
-    const long k0 = k_lo + long(tl) * BK;
-    xk_tile_load<T, TRANS_A ? BK : BM, TRANS_A ? BM : BK, A_LD, NT>(
-        &As[sl * A_TILE], a, a_r0 + (TRANS_A ? k0 : 0), a_c0 + (TRANS_A ? 0 : k0), a_rhi, a_chi, TRANS_A ? M : K, tid);
-    xk_tile_load<T, TRANS_B ? BN : BK, TRANS_B ? BK : BN, B_LD, NT>(
-        &Bs[sl * B_TILE], b, b_r0 + (TRANS_B ? 0 : k0), b_c0 + (TRANS_B ? k0 : 0), b_rhi, b_chi, TRANS_B ? K : N, tid);
-  }
-  xk_async_commit();
-  if (STAGES == 1) {
-    xk_async_wait<0>();
-    threadgroup_barrier(mem_flags::mem_threadgroup);  // tile t complete before the MMAs read it
-  }
-  const threadgroup T* ta = &As[s * A_TILE];
-  const threadgroup T* tb = &Bs[s * B_TILE];
-  XK_UNROLL
-  for (int kk = 0; kk < BK; kk += 8 * KS) {
-    simdgroup_matrix<T, 8, 8> fa[FM][KS];
-    simdgroup_matrix<T, 8, 8> fb[FN][KS];
-    XK_UNROLL
-    for (int i = 0; i < FM; ++i) {
-      const int ri = wm * (BM / WM) + i * 8;
-      xk_frag_load_a(fa[i][0], ta + (TRANS_A ? kk * A_LD + ri : ri * A_LD + kk), A_LD, TRANS_A);
-      if (KS == 2) {
-        const int k8 = kk + 8;
-        xk_frag_load_a(fa[i][KS - 1], ta + (TRANS_A ? k8 * A_LD + ri : ri * A_LD + k8), A_LD, TRANS_A);
-      }
-    }
-    XK_UNROLL
-    for (int j = 0; j < FN; ++j) {
-      const int cj = wn * (BN / WN) + j * 8;
-      xk_frag_load_b(fb[j][0], tb + (TRANS_B ? cj * B_LD + kk : kk * B_LD + cj), B_LD, TRANS_B);
-      if (KS == 2) {
-        const int k8 = kk + 8;
-        xk_frag_load_b(fb[j][KS - 1], tb + (TRANS_B ? cj * B_LD + k8 : k8 * B_LD + cj), B_LD, TRANS_B);
-      }
-    }
-    XK_UNROLL
-    for (int i = 0; i + 1 < FM; i += 2) {
+// Fast path (interior threadgroup, K range a multiple of BK, operands aligned for 16-byte
+// runs): each thread copies the same runs of every tile: run q of A at tile row
+// a_r + q * A_RSTEP, column a_c (B likewise), from a source pointer advanced by a constant
+// per K tile, with no bounds checks.
+constexpr int V16 = 16 / int(sizeof(T));
+constexpr int A_ROWS = TRANS_A ? BK : BM, A_COLS = TRANS_A ? BM : BK;
+constexpr int B_ROWS = TRANS_B ? BN : BK, B_COLS = TRANS_B ? BK : BN;
+constexpr int A_CPR = A_COLS / V16 > 0 ? A_COLS / V16 : 1;  // 16-byte runs per row
+constexpr int B_CPR = B_COLS / V16 > 0 ? B_COLS / V16 : 1;
+constexpr bool FAST = A_COLS % V16 == 0 && B_COLS % V16 == 0 && NT % A_CPR == 0 && NT % B_CPR == 0 &&
+                      (A_ROWS * A_CPR) % NT == 0 && (B_ROWS * B_CPR) % NT == 0;
+constexpr int A_RUNS = A_ROWS * A_CPR / NT, A_RSTEP = NT / A_CPR;
+constexpr int B_RUNS = B_ROWS * B_CPR / NT, B_RSTEP = NT / B_CPR;
+const long lda = TRANS_A ? M : K, ldb = TRANS_B ? K : N;
+const device T* a_org = a + a_r0 * lda + a_c0 + (TRANS_A ? k_lo * lda : k_lo);  // tile 0 of this split
+const device T* b_org = b + b_r0 * ldb + b_c0 + (TRANS_B ? k_lo : k_lo * ldb);
+const bool fast = FAST && row0 + BM <= M && col0 + BN <= N && (k_hi - k_lo) % BK == 0 &&
+                  xk_async_runs_aligned<V16>(a_org, lda) && xk_async_runs_aligned<V16>(b_org, ldb);
+if (fast) {
+  const int a_r = int(tid) / A_CPR, a_c = (int(tid) % A_CPR) * V16;
+  const int b_r = int(tid) / B_CPR, b_c = (int(tid) % B_CPR) * V16;
+  const device T* ga = a_org + a_r * lda + a_c;
+  const device T* gb = b_org + b_r * ldb + b_c;
+  const long ga_q = A_RSTEP * lda, gb_q = B_RSTEP * ldb;  // between a thread's runs
+  const long ga_t = TRANS_A ? BK * lda : BK, gb_t = TRANS_B ? BK : BK * ldb;  // between K tiles
+  threadgroup T* sa = As + (a_r * A_LD + a_c);
+  threadgroup T* sb = Bs + (b_r * B_LD + b_c);
+  int sw = 0, sr = 0;  // the stages written and read next
+  for (int t = 0; t < STAGES - 1; ++t) {
+    if (t < ntiles) {
       XK_UNROLL
-      for (int j = 0; j < FN; ++j) {
-        if (KS == 2) {
-          xk_mma2_k16(acc[i][j], acc[i + 1][j], fa[i][0], fa[i + 1][0], fa[i][KS - 1], fa[i + 1][KS - 1], fb[j][0],
-                      fb[j][KS - 1]);
-        } else {
-          xk_mma2(acc[i][j], acc[i + 1][j], fa[i][0], fa[i + 1][0], fb[j][0]);
-        }
+      for (int q = 0; q < A_RUNS; ++q) {
+        xk_async_copy_aligned<V16>(sa + sw * A_TILE + q * A_RSTEP * A_LD, ga + q * ga_q);
       }
-    }
-    if (FM % 2 == 1) {
       XK_UNROLL
-      for (int j = 0; j < FN; ++j) {
-        XK_UNROLL
-        for (int q = 0; q < KS; ++q) {
-          simdgroup_multiply_accumulate(acc[FM - 1][j], fa[FM - 1][q], fb[j][q], acc[FM - 1][j]);
-        }
+      for (int q = 0; q < B_RUNS; ++q) {
+        xk_async_copy_aligned<V16>(sb + sw * B_TILE + q * B_RSTEP * B_LD, gb + q * gb_q);
       }
+      ga += ga_t;
+      gb += gb_t;
+      sw = sw + 1 == STAGES ? 0 : sw + 1;
+    }
+    xk_async_commit();
+  }
+  for (int t = 0; t < ntiles; ++t) {
+    if (STAGES > 1) {
+      xk_async_wait<STAGES - 2>();  // this thread's copies of tile t are done
+      threadgroup_barrier(mem_flags::mem_threadgroup);  // everyone's tile t is in; stage sw is free
+    }
+    if (STAGES == 1 || t + STAGES - 1 < ntiles) {
+      XK_UNROLL
+      for (int q = 0; q < A_RUNS; ++q) {
+        xk_async_copy_aligned<V16>(sa + sw * A_TILE + q * A_RSTEP * A_LD, ga + q * ga_q);
+      }
+      XK_UNROLL
+      for (int q = 0; q < B_RUNS; ++q) {
+        xk_async_copy_aligned<V16>(sb + sw * B_TILE + q * B_RSTEP * B_LD, gb + q * gb_q);
+      }
+      ga += ga_t;
+      gb += gb_t;
+      sw = sw + 1 == STAGES ? 0 : sw + 1;
+    }
+    xk_async_commit();
+    if (STAGES == 1) {
+      xk_async_wait<0>();
+      threadgroup_barrier(mem_flags::mem_threadgroup);  // tile t complete before the MMAs read it
+    }
+    xk_simd_tile_mma<T, BK, FM, FN, A_LD, B_LD, TRANS_A, TRANS_B>(&acc[0][0], As + sr * A_TILE, Bs + sr * B_TILE,
+                                                                  ra, cb);
+    sr = sr + 1 == STAGES ? 0 : sr + 1;
+    if (STAGES == 1) {
+      threadgroup_barrier(mem_flags::mem_threadgroup);  // MMAs done before the tile is refilled
     }
   }
-  if (STAGES == 1) {
-    threadgroup_barrier(mem_flags::mem_threadgroup);  // MMAs done before the tile is refilled
+} else {
+  // Guarded path: tiles 0 .. STAGES - 2 in flight before the loop (one commit each, empty or not).
+  for (int t = 0; t < STAGES - 1; ++t) {
+    if (t < ntiles) {
+      const long k0 = k_lo + long(t) * BK;
+      xk_tile_load<T, A_ROWS, A_COLS, A_LD, NT>(&As[t * A_TILE], a, a_r0 + (TRANS_A ? k0 : 0),
+                                                a_c0 + (TRANS_A ? 0 : k0), a_rhi, a_chi, lda, tid);
+      xk_tile_load<T, B_ROWS, B_COLS, B_LD, NT>(&Bs[t * B_TILE], b, b_r0 + (TRANS_B ? 0 : k0),
+                                                b_c0 + (TRANS_B ? k0 : 0), b_rhi, b_chi, ldb, tid);
+    }
+    xk_async_commit();
+  }
+  for (int t = 0; t < ntiles; ++t) {
+    const int s = t % STAGES;
+    // Refill the stage read in iteration t - 1 (every thread is past it after the barrier)
+    // with tile t + STAGES - 1; with one stage, tile t itself.
+    const int tl = STAGES > 1 ? t + STAGES - 1 : t;
+    if (STAGES > 1) {
+      xk_async_wait<STAGES - 2>();  // this thread's copies of tile t are done
+      threadgroup_barrier(mem_flags::mem_threadgroup);  // everyone's tile t is in; stage (t-1) % STAGES is free
+    }
+    if (tl < ntiles) {
+      const int sl = tl % STAGES;
+      const long k0 = k_lo + long(tl) * BK;
+      xk_tile_load<T, A_ROWS, A_COLS, A_LD, NT>(&As[sl * A_TILE], a, a_r0 + (TRANS_A ? k0 : 0),
+                                                a_c0 + (TRANS_A ? 0 : k0), a_rhi, a_chi, lda, tid);
+      xk_tile_load<T, B_ROWS, B_COLS, B_LD, NT>(&Bs[sl * B_TILE], b, b_r0 + (TRANS_B ? 0 : k0),
+                                                b_c0 + (TRANS_B ? k0 : 0), b_rhi, b_chi, ldb, tid);
+    }
+    xk_async_commit();
+    if (STAGES == 1) {
+      xk_async_wait<0>();
+      threadgroup_barrier(mem_flags::mem_threadgroup);  // tile t complete before the MMAs read it
+    }
+    xk_simd_tile_mma<T, BK, FM, FN, A_LD, B_LD, TRANS_A, TRANS_B>(&acc[0][0], &As[s * A_TILE], &Bs[s * B_TILE],
+                                                                  ra, cb);
+    if (STAGES == 1) {
+      threadgroup_barrier(mem_flags::mem_threadgroup);  // MMAs done before the tile is refilled
+    }
   }
 }
 

@@ -41,6 +41,8 @@ def test_compat_header_has_the_gemm_building_blocks():
         assert f"mma.sync.aligned.m16n8k16.row.col.f32.{dt}.f32" in h
     assert "ldmatrix.sync.aligned.m8n8.x1.shared.b16" in h
     assert "ldmatrix.sync.aligned.m8n8.x1.trans.shared.b16" in h
+    assert "ldmatrix.sync.aligned.m8n8.x4.shared.b16" in h
+    assert "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in h
     assert "cp.async.cg.shared.global" in h and "cp.async.ca.shared.global" in h
     assert "cp.async.commit_group" in h and "cp.async.wait_group" in h
     for name in ("xk_mma2", "xk_mma2_k16", "xk_frag_load_a", "xk_frag_load_b", "xk_async_copy", "xk_async_commit",
@@ -54,10 +56,17 @@ def test_gemm_body_uses_the_building_blocks():
     from xlstm_kernels.runtime.sources import family_header, kernel_body
 
     simd = kernel_body("gemm", "gemm_simd")
-    for name in ("xk_mma2_k16(", "xk_mma2(", "xk_frag_load_a(", "xk_frag_load_b(", "xk_tile_load<", "xk_async_commit()",
-                 "xk_async_wait<"):
+    for name in ("xk_simd_tile_mma<", "xk_tile_load<", "xk_async_copy_aligned<", "xk_async_runs_aligned<",
+                 "xk_async_commit()", "xk_async_wait<"):
         assert name in simd
     # the portable forms, in the gemm family header (the CUDA header replaces them)
     hdr = family_header("gemm")
+    tile = hdr[hdr.index("inline void xk_simd_tile_mma("):]
+    for name in ("xk_mma2_k16(", "xk_mma2(", "xk_frag_load_a(", "xk_frag_load_b(", "xk_frag_load_a4(",
+                 "xk_frag_load_b4("):
+        assert name in tile
+    for name in ("inline void xk_frag_load_a4(", "inline void xk_frag_load_b4(", "inline void xk_async_copy_aligned(",
+                 "inline bool xk_async_runs_aligned("):
+        assert name in hdr
     assert "#ifndef XK_SIMDGROUP_MMA" in hdr and "#ifndef XK_ASYNC_COPY" in hdr and "inline void xk_tile_load(" in hdr
     assert "#define XK_UNROLL" in hdr

@@ -359,6 +359,112 @@ inline void xk_frag_load_b(simdgroup_matrix<T, C, R>& m, const U* src, unsigned 
   simdgroup_load(m, src, elements_per_row, vec<unsigned long, 2>(0, 0), transpose);
 }
 
+// xk_frag_load_a4 / _b4: the four fragments of a 16 x 16 block (m<r><c> at rows 8r,
+// columns 8c) with one ldmatrix.x4 (.trans as the layout and role need): lanes 8f .. 8f+7
+// address the rows of fragment f = m00, m10, m01, m11. The caller guarantees threadgroup
+// memory with 16-byte aligned rows (no checks). Other types: four simdgroup_loads.
+namespace msl_detail {
+template <bool TRANS> inline void ldsm_x4(unsigned (&r)[4], const void* row) {
+  const unsigned a = unsigned(__cvta_generic_to_shared(row));
+  if constexpr (TRANS) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+  } else {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+  }
+}
+// This lane's row address for an x4 load of the 16 x 16 block at src.
+template <class U> inline const U* ldsm_x4_row(const U* src, unsigned long ld, bool transpose) {
+  const int l = int(lane_id());
+  const int rr = l & 7, ro = (l & 8), co = (l & 16) >> 1;  // row in fragment, its block's row / column offset
+  return transpose ? src + (co + rr) * int(ld) + ro : src + (ro + rr) * int(ld) + co;
+}
+template <class T, class U> struct ldsm4_ok {
+  static constexpr bool v = XK_SM80_ && sizeof(T) == 2 && same<T, U>::v;
+};
+template <class T, class U>
+inline void frag_load4_plain(simdgroup_matrix<T, 8, 8>& m00, simdgroup_matrix<T, 8, 8>& m10,
+                             simdgroup_matrix<T, 8, 8>& m01, simdgroup_matrix<T, 8, 8>& m11, const U* src,
+                             unsigned long ld, bool transpose) {
+  const vec<unsigned long, 2> o(0, 0);
+  simdgroup_load(m00, src, ld, o, transpose);
+  simdgroup_load(m10, src + (transpose ? 8 : 8 * long(ld)), ld, o, transpose);
+  simdgroup_load(m01, src + (transpose ? 8 * long(ld) : 8), ld, o, transpose);
+  simdgroup_load(m11, src + 8 * long(ld) + 8, ld, o, transpose);
+}
+}  // namespace msl_detail
+
+template <typename T, typename U>
+inline void xk_frag_load_a4(simdgroup_matrix<T, 8, 8>& m00, simdgroup_matrix<T, 8, 8>& m10,
+                            simdgroup_matrix<T, 8, 8>& m01, simdgroup_matrix<T, 8, 8>& m11, const U* src,
+                            unsigned long elements_per_row, bool transpose) {
+  if constexpr (msl_detail::ldsm4_ok<T, U>::v) {
+    const U* row = msl_detail::ldsm_x4_row(src, elements_per_row, transpose);
+    unsigned r[4];
+    if (transpose) {
+      msl_detail::ldsm_x4<true>(r, row);
+    } else {
+      msl_detail::ldsm_x4<false>(r, row);
+    }
+    *reinterpret_cast<unsigned*>(&m00.elements_) = r[0];
+    *reinterpret_cast<unsigned*>(&m10.elements_) = r[1];
+    *reinterpret_cast<unsigned*>(&m01.elements_) = r[2];
+    *reinterpret_cast<unsigned*>(&m11.elements_) = r[3];
+  } else {
+    msl_detail::frag_load4_plain(m00, m10, m01, m11, src, elements_per_row, transpose);
+  }
+}
+
+template <typename T, typename U>
+inline void xk_frag_load_b4(simdgroup_matrix<T, 8, 8>& m00, simdgroup_matrix<T, 8, 8>& m10,
+                            simdgroup_matrix<T, 8, 8>& m01, simdgroup_matrix<T, 8, 8>& m11, const U* src,
+                            unsigned long elements_per_row, bool transpose) {
+  if constexpr (msl_detail::ldsm4_ok<T, U>::v) {
+    const U* row = msl_detail::ldsm_x4_row(src, elements_per_row, transpose);
+    unsigned r[4];
+    if (transpose) {
+      msl_detail::ldsm_x4<false>(r, row);
+    } else {
+      msl_detail::ldsm_x4<true>(r, row);
+    }
+    m00.xk_b_ = r[0];
+    m10.xk_b_ = r[1];
+    m01.xk_b_ = r[2];
+    m11.xk_b_ = r[3];
+  } else {
+    msl_detail::frag_load4_plain(m00, m10, m01, m11, src, elements_per_row, transpose);
+  }
+}
+
+// xk_async_copy_aligned: cp.async with no checks (the caller guarantees shared dst and
+// both addresses aligned to the copy's 4, 8 or 16 bytes); xk_async_runs_aligned: whether
+// runs of N elements at src + r * ld + c * N are so aligned (one test, before a loop).
+template <int N, typename T> inline void xk_async_copy_aligned(T* dst, const T* src) {
+  constexpr int B = N * int(sizeof(T));
+  if constexpr (XK_SM80_ && (B == 4 || B == 8 || B == 16)) {
+    const unsigned d = unsigned(__cvta_generic_to_shared(dst));
+    if constexpr (B == 16) {
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src));
+    } else {
+      asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(d), "l"(src), "n"(B));
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < N; ++k) dst[k] = src[k];
+  }
+}
+template <int N, typename T> inline bool xk_async_runs_aligned(const T* src, long ld) {
+  constexpr int B = N * int(sizeof(T));
+  if constexpr (XK_SM80_ && (B == 4 || B == 8 || B == 16)) {
+    return ((reinterpret_cast<size_t>(src) | size_t(ld) * sizeof(T)) & size_t(B - 1)) == 0;
+  } else {
+    return true;
+  }
+}
+
 template <int N, typename T> inline void xk_async_copy(T* dst, const T* src) {
   constexpr int B = N * int(sizeof(T));
   if constexpr (XK_SM80_ && (B == 4 || B == 8 || B == 16)) {
