@@ -120,7 +120,6 @@ GEMM_CONFIGS = (
     {"path": "simd", "bm": 128, "bn": 128, "bk": 16, "wm": 2, "wn": 2},  # 64x64 [3], 224 registers
     {"path": "simd", "bm": 128, "bn": 256, "bk": 16, "wm": 2, "wn": 4},  # 64x64 [2]
     {"path": "simd", "bm": 128, "bn": 64, "bk": 32, "wm": 2, "wn": 2},  # 64x32 [2]
-    {"path": "simd", "bm": 128, "bn": 64, "bk": 16, "wm": 4, "wn": 2},  # 32x32 [3]: the old preset
     {"path": "simd", "bm": 64, "bn": 64, "bk": 32, "wm": 2, "wn": 2},  # 32x32 [3]
 )
 
