@@ -64,9 +64,26 @@ inline void xk_attn_copy(thread simdgroup_matrix<float, 8, 8>& d, thread const s
 template <typename U>
 inline void xk_attn_copy(thread simdgroup_matrix<U, 8, 8>&, thread const simdgroup_matrix<float, 8, 8>&) {}
 
+// Four consecutive elements at any alignment. CUDA (XK_VECTOR_IO, cuda/vector_io.h, is
+// included before the family headers): xk_load<4>, one 8/16-byte access when aligned,
+// narrower ones otherwise. Elsewhere _memory.metal's xk_load is appended after this
+// header (not visible here) and is itself an element loop, so the same element loads.
+#ifdef XK_VECTOR_IO
+#define XK_ATTN_LOAD4(p) xk_load<4>(p)
+#else
+#define XK_ATTN_LOAD4(p) xk_attn_load4(p)
+template <typename T>
+inline vec<T, 4> xk_attn_load4(const device T* p) {
+  return vec<T, 4>(p[0], p[1], p[2], p[3]);
+}
+#endif
+
 // dst[i * LD + d] = src[(row0 + i) * DIM + d] for row0 + i < nrows and d < DIM, else 0,
 // for i < ROWS, d < COLS (COLS = DIM rounded up to 8). NT threads cooperate; each
-// writes distinct cells. With DIM % 4 == 0 runs of 4 are read as one vector.
+// writes distinct cells. With DIM % 4 == 0 runs of 4 are read with XK_ATTN_LOAD4 (any
+// alignment: an MLX array sliced at an element offset reaches the kernel uncopied, so
+// src need not be vector-aligned; a reinterpreted vector load faults on CUDA) and written to the
+// tile as one vector (dst is 4-element aligned: LD and d are multiples of 4).
 template <typename T, int ROWS, int COLS, int DIM, int LD, int NT>
 inline void xk_attn_load_tile(threadgroup T* dst, const device T* src, long row0, long nrows, uint tid) {
   if (DIM % 4 == 0) {
@@ -74,12 +91,11 @@ inline void xk_attn_load_tile(threadgroup T* dst, const device T* src, long row0
     for (uint e = tid; e < uint(ROWS * C4); e += NT) {
       const int i = int(e) / C4;
       const int d = (int(e) % C4) * 4;
+      vec<T, 4> val = vec<T, 4>(T(0), T(0), T(0), T(0));
       if (row0 + i < nrows && d < DIM) {
-        const vec<T, 4> val = *reinterpret_cast<const device vec<T, 4>*>(src + (row0 + i) * DIM + d);
-        for (int c = 0; c < 4; ++c) dst[i * LD + d + c] = val[c];
-      } else {
-        for (int c = 0; c < 4; ++c) dst[i * LD + d + c] = T(0);
+        val = XK_ATTN_LOAD4(src + (row0 + i) * DIM + d);
       }
+      *reinterpret_cast<threadgroup vec<T, 4>*>(dst + i * LD + d) = val;
     }
   } else {
     for (uint e = tid; e < uint(ROWS * COLS); e += NT) {

@@ -404,6 +404,43 @@ def test_non_contiguous_inputs(kernel_backend):
     assert_close(out, ref, mx.float32, "transposed views")
 
 
+def offset_view(a: mx.array, off: int) -> mx.array:
+    """`a`'s values in a row-contiguous view that starts `off` elements into a larger
+    buffer (no copy: for off % 8 != 0 the data pointer is not 16-byte aligned)."""
+    flat = a.reshape(-1)
+    big = mx.concatenate([mx.zeros((off,), dtype=a.dtype), flat, mx.zeros((3,), dtype=a.dtype)])
+    return big[off : off + flat.size].reshape(a.shape)
+
+
+# Offset-slice inputs (row-contiguous views whose data pointer is not vector-aligned, as
+# an MLX slice reaches a kernel uncopied): the prefill's vector tile loads and the
+# split-KV pass 1's wide K / V runs must fall back to narrower accesses (CUDA faults on a
+# misaligned vector access). Head dims 64 (4- and 8-element runs) and 36 (4-element runs
+# only), element offsets 1 and 3 (no 4-byte alignment for 2-byte dtypes) and 2; plus
+# k_all[1:] along the batch axis with an odd head dim (an offset of Hkv * Lk * D elements).
+@pytest.mark.parametrize("dtype_name", list(DTYPES))
+@pytest.mark.parametrize("d, off", [(64, 1), (64, 2), (36, 3)])
+def test_offset_slice_inputs(kernel_backend, dtype_name, d, off):
+    dtype = DTYPES[dtype_name]
+    b, hq, hkv, lk = 1, 4, 2, 75
+    seed = seed_of("offset slice", dtype_name, d, off)
+    for lq in (1, 19):
+        q, k, v = make_qkv(b, hq, hkv, lq, lk, d, d, dtype, seed + lq)
+        qv, kv, vv = offset_view(q, off), offset_view(k, off + 2), offset_view(v, off)
+        ref = np_attention(q, k, v, d**-0.5, "causal")
+        out = att.attention_prefill(qv, kv, vv, scale=d**-0.5, mask="causal", block_q=16, block_k=16)
+        assert_close(out, ref, dtype, f"prefill offset {off} Lq={lq}")
+        out = att.attention_decode_split_kv(qv, kv, vv, scale=d**-0.5, mask="causal", block_size=32)
+        assert_close(out, ref, dtype, f"split-KV offset {off} Lq={lq}")
+    # A batch slice: k_all[1:] starts Hkv * Lk * D elements in (odd for D = 37, Lk odd).
+    q, k_all, v_all = make_qkv(3, hq, hkv, 2, 45, 37, 37, dtype, seed + 7)
+    k, v = k_all[1:], v_all[1:]
+    q = q[1:]
+    ref = np_attention(q, k, v, 0.2, None)
+    assert_close(att.attention_prefill(q, k, v, scale=0.2), ref, dtype, "prefill k_all[1:]")
+    assert_close(att.attention_decode_split_kv(q, k, v, scale=0.2, block_size=16), ref, dtype, "split-KV k_all[1:]")
+
+
 # ---------------------------------------------------------------------------------------
 # Dispatch
 # ---------------------------------------------------------------------------------------
