@@ -137,6 +137,136 @@ inline float xk_attn_mask(float s, long qrow, long key, long off, const device M
   return s;
 }
 
+// W consecutive elements p[0..W) into t[0..W): on CUDA one wide access (xk_load_w,
+// cuda/vector_io.h, included before this header; the caller checked the alignment with
+// xk_run_aligned), elsewhere element loads (what _memory.metal's xk_load_w is there).
+#ifdef XK_VECTOR_IO
+#define XK_ATTN_LOADW(W, p, t) xk_load_w<W>(p, t)
+#else
+#define XK_ATTN_LOADW(W, p, t) xk_attn_loadw<W>(p, t)
+template <int W, typename T>
+inline void xk_attn_loadw(const device T* p, thread T* t) {
+  for (int k = 0; k < W; ++k) {
+    t[k] = p[k];
+  }
+}
+#endif
+
+// Split-KV pass 1, the walk of one simdgroup over its chunks of KC keys (32 or 16)
+// [jc, jc + KC), jc = jstart, jstart + jstep, ... < jend, for R query rows at once
+// (the query heads of one key/value head times the queries): every K / V row is read
+// from global memory once for the R rows.
+// Lane layout: lane l holds elements d = l * WK + i * 32 * WK + k (i < NRK, k < WK) of
+// each q row and of each K row it reads (runs of WK consecutive elements: one wide access
+// per run when AL, the rows being WK-aligned; element loads otherwise), and elements
+// l * WV + i * 32 * WV + k of each V row and of its R accumulators. Per chunk each lane
+// accumulates R x KC partial dot products, a transposing butterfly per row
+// (xk_attn_fold; for KC = 16 a last xor-16 add) leaves lane l with the score of key
+// jc + (l % KC), the online softmax is per row (m uniform across the simdgroup, l this
+// lane's own keys), and P V broadcasts each key's probability with one shuffle per row.
+// Row r: keys at or past lim[r] do not exist for it (-inf); qrow / mrow: its query index
+// and mask offset. qr (R x NK, pre-scaled by scale * log2(e), 0 past D), m, l (R) and
+// acc (R x NV) are the simdgroup's state.
+template <bool AL, typename T, typename MT, int MASK, int D, int DV, int R, int KC, int WK, int WV>
+inline void xk_attn_walk(const device T* kp, const device T* vp, const device MT* mask, long jstart, long jend,
+                         long jstep, thread const long* lim, thread const long* qrow, thread const long* mrow,
+                         long msk, long off, uint lane, thread const float* qr, thread float* m, thread float* l,
+                         thread float* acc) {
+  constexpr int NRK = (D + 32 * WK - 1) / (32 * WK);
+  constexpr int NK = NRK * WK;
+  constexpr int NRV = (DV + 32 * WV - 1) / (32 * WV);
+  constexpr int NV = NRV * WV;
+  for (long jc = jstart; jc < jend; jc += jstep) {  // uniform across the simdgroup
+    // Branch-free loads: keys past jend read key jend - 1 (their scores become -inf),
+    // runs past D read the last run (times zero q elements), so that all the loads of the
+    // chunk can be in flight together.
+    float part[R * KC];
+    XK_ATTN_UNROLL
+    for (int c = 0; c < KC; ++c) {
+      const device T* kr = kp + metal::min(jc + c, jend - 1) * D;
+      T kt[NK];
+      XK_ATTN_UNROLL
+      for (int i = 0; i < NRK; ++i) {
+        const int d0 = metal::min(int(lane) * WK + i * 32 * WK, D - WK);
+        if (AL) {
+          XK_ATTN_LOADW(WK, kr + d0, kt + i * WK);
+        } else {
+          XK_ATTN_UNROLL
+          for (int k = 0; k < WK; ++k) {
+            kt[i * WK + k] = kr[d0 + k];
+          }
+        }
+      }
+      XK_ATTN_UNROLL
+      for (int r = 0; r < R; ++r) {
+        float sum = 0.0f;
+        XK_ATTN_UNROLL
+        for (int i = 0; i < NK; ++i) {
+          sum += qr[r * NK + i] * float(kt[i]);
+        }
+        part[r * KC + c] = sum;
+      }
+    }
+    float pv[R];
+    XK_ATTN_UNROLL
+    for (int r = 0; r < R; ++r) {
+      thread float* pr = part + r * KC;
+      if (KC == 32) {
+        xk_attn_fold<16>(pr, lane);
+      }
+      xk_attn_fold<8>(pr, lane);
+      xk_attn_fold<4>(pr, lane);
+      xk_attn_fold<2>(pr, lane);
+      xk_attn_fold<1>(pr, lane);
+      if (KC == 16) {
+        pr[0] += simd_shuffle_xor(pr[0], ushort(16));
+      }
+      const long j = jc + long(lane % uint(KC));  // pr[0] is the score of key j
+      float s = -INFINITY;
+      if (j < lim[r]) {
+        s = xk_attn_mask<MT, MASK>(pr[0], qrow[r], j, off, mask, mrow[r], msk);
+      }
+      const float m_new = metal::max(m[r], simd_max(s));
+      const float m_use = m_new == -INFINITY ? 0.0f : m_new;
+      const float factor = metal::fast::exp2(m[r] - m_use);
+      const float p = metal::fast::exp2(s - m_use);  // 0 for keys past lim[r]
+      l[r] = l[r] * factor + (lane < uint(KC) ? p : 0.0f);  // lanes >= KC repeat lanes < KC
+      m[r] = m_new;
+      pv[r] = p;
+      XK_ATTN_UNROLL
+      for (int e = 0; e < NV; ++e) {
+        acc[r * NV + e] *= factor;
+      }
+    }
+    XK_ATTN_UNROLL
+    for (int c = 0; c < KC; ++c) {
+      const device T* vr = vp + metal::min(jc + c, jend - 1) * DV;
+      const bool ok = jc + c < jend;
+      T vt[NV];
+      XK_ATTN_UNROLL
+      for (int i = 0; i < NRV; ++i) {
+        const int d0 = metal::min(int(lane) * WV + i * 32 * WV, DV - WV);
+        if (AL) {
+          XK_ATTN_LOADW(WV, vr + d0, vt + i * WV);
+        } else {
+          XK_ATTN_UNROLL
+          for (int k = 0; k < WV; ++k) {
+            vt[i * WV + k] = vr[d0 + k];
+          }
+        }
+      }
+      XK_ATTN_UNROLL
+      for (int r = 0; r < R; ++r) {
+        const float pc = simd_shuffle(pv[r], ushort(c));
+        XK_ATTN_UNROLL
+        for (int e = 0; e < NV; ++e) {
+          acc[r * NV + e] += ok ? pc * float(vt[e]) : 0.0f;
+        }
+      }
+    }
+  }
+}
+
 // @kernel attention_prefill
 // Flash attention forward (FlashAttention-2 style, after MLX's steel attention).
 // One threadgroup per (BQ queries, query head, batch): BQ / (8 * RM) simdgroups, each
@@ -412,151 +542,146 @@ for (int r = 0; r < RM; ++r) {
 }
 
 // @kernel attention_partial
-// Split-KV decode, pass 1. One threadgroup of NSG simdgroups per (key block, query head
-// * Lq + query, batch); a block covers keys [blk * block_size, min((blk + 1) *
-// block_size, Lk)). The block is walked in chunks of 32 keys, simdgroup s taking chunks
-// s, s + NSG, ... Lane l holds elements l, l + 32, ... of q (scaled by scale * log2(e))
-// and of the output accumulator, so every K / V row is read by the 32 lanes as
-// consecutive elements (each load instruction of the simdgroup covers a contiguous run
-// of 32 elements). Per chunk each lane accumulates partial dot products for all 32
-// keys (32 * ceil(D / 32) independent loads in flight), a transposing butterfly
-// (xk_attn_fold: 31 shuffles per 32 keys) leaves lane l with the score of key l, the
-// chunk's max is one simd_max, each lane keeps the running sum of its own keys'
-// probabilities, and P V broadcasts each key's probability with one shuffle. The NSG
-// partial states are merged through threadgroup memory. Outputs per (b, h, query,
-// block): the block's normalised output (float) and its log-sum-exp
-// lse = log(sum_j exp(score_j)) (natural log; -inf for a block without keys).
-// Threadgroup (32 * NSG, 1, 1); grid (32 * NSG * n_blocks, Hq * Lq, B).
+// Split-KV decode, pass 1. One threadgroup of NSG simdgroups per (key block, key/value
+// head and group of R query rows, batch). The query rows of key/value head hk are the
+// G * Lq (G = Hq / Hkv) pairs (query head hk * G + g, query i), flat index g * Lq + i:
+// consecutive rows of o_part / lse; the threadgroup takes rows [rg * R, rg * R + R),
+// so every K / V element of the block is read from global memory once per R rows
+// (R = G * Lq when it fits: once per split). A block covers keys [blk * block_size,
+// min((blk + 1) * block_size, Lk)); simdgroup s walks its chunks of KC keys s, s + NSG,
+// ... (xk_attn_walk), then the NSG partial states are merged through threadgroup memory.
+// Outputs per (b, h, query, block): the block's normalised output (float) and its
+// log-sum-exp lse = log(sum_j exp(score_j)) (natural log; -inf for a block without
+// keys; with the causal mask a row's keys past its diagonal do not exist for it).
+// Wide loads: runs of WK (WV) elements; taken when the K (V) rows are aligned for them
+// (xk_run_aligned: the same for every row, D % WK == 0), element loads otherwise.
+// Threadgroup (32 * NSG, 1, 1); grid (32 * NSG * n_blocks, Hkv * ceil(G * Lq / R), B).
 // inputs: q, k, v (T); mask (MT); params (int64); scale (float).
 // outputs: o_part (B, Hq, Lq, n_blocks, DV) float; lse (B, Hq, Lq, n_blocks) float
-// template: T, MT, D, DV, NSG, MASK
-constexpr int EPL = (D + 31) / 32;
-constexpr int EPLV = (DV + 31) / 32;
+// template: T, MT, D, DV, NSG, MASK, R, KC, WK, WV
+constexpr int NRK = (D + 32 * WK - 1) / (32 * WK);
+constexpr int NK = NRK * WK;
+constexpr int NRV = (DV + 32 * WV - 1) / (32 * WV);
+constexpr int NV = NRV * WV;
 constexpr int NT = 32 * NSG;
-constexpr int SOW = EPLV * 32;  // (no '*' inside threadgroup array bounds: keeps the declaration simple)
+constexpr int SOW = NV * 32;  // a row's accumulator in lane layout (>= DV)
+constexpr int SO_ELEMS = NSG * R * SOW;
+constexpr int SM_ELEMS = NSG * R;
 const long Hq = params[0], Hkv = params[1], Lq = params[2], Lk = params[3];
 const long bs = params[8], nb = params[9];
 const long off = Lk - Lq;
+const long G = Hq / Hkv;
+const long nrows = G * Lq;  // query rows per key/value head
+const long nrg = (nrows + R - 1) / R;
 const uint sg = simdgroup_index_in_threadgroup;
 const uint lane = thread_index_in_simdgroup;
 const uint tid = thread_index_in_threadgroup;
 const long blk = threadgroup_position_in_grid.x;
-const long h = long(threadgroup_position_in_grid.y) / Lq;
-const long qi = long(threadgroup_position_in_grid.y) % Lq;
+const long hk = long(threadgroup_position_in_grid.y) / nrg;
+const long gr0 = (long(threadgroup_position_in_grid.y) % nrg) * R;  // first row of the group
 const long b = threadgroup_position_in_grid.z;
-const long hk = h / (Hq / Hkv);
-const long row = (b * Hq + h) * Lq + qi;  // flat (b, h, query)
-const device T* qp = q + row * D;
+const long row0 = (b * Hq + hk * G) * Lq + gr0;  // flat (b, h, query) of row 0
 const device T* kp = k + (b * Hkv + hk) * Lk * D;
 const device T* vp = v + (b * Hkv + hk) * Lk * DV;
-const long mrow = b * params[4] + h * params[5] + qi * params[6];
 
-threadgroup float sm[NSG];
-threadgroup float sl[NSG];
-threadgroup float so[NSG][SOW];
-
-const float qscale = scale * XK_LOG2E;
-float qr[EPL];
-XK_ATTN_UNROLL
-for (int e = 0; e < EPL; ++e) {
-  const int d = int(lane) + 32 * e;
-  qr[e] = d < D ? float(qp[d]) * qscale : 0.0f;
-}
-float acc[EPLV];
-XK_ATTN_UNROLL
-for (int e = 0; e < EPLV; ++e) {
-  acc[e] = 0.0f;
-}
-float m = -INFINITY;  // running max (uniform across the simdgroup)
-float l = 0.0f;       // this lane's share of the running sum (its own keys)
+threadgroup float sm[SM_ELEMS];
+threadgroup float sl[SM_ELEMS];
+threadgroup float so[SO_ELEMS];
 
 const long j0 = blk * bs;
-long j1 = metal::min(j0 + bs, Lk);
-if (MASK == 1 && qi + off >= 0) {
-  j1 = metal::min(j1, qi + off + 1);  // keys past the diagonal contribute nothing
-}
-for (long jc = j0 + long(sg) * 32; jc < j1; jc += NSG * 32) {  // uniform across the simdgroup
-  // Branch-free: keys past j1 read key j1 - 1 (their scores become -inf below) and
-  // lanes past D read element D - 1 (times a zero q element), so that all the loads of
-  // the chunk can be in flight together.
-  float part[32];
-  XK_ATTN_UNROLL
-  for (int c = 0; c < 32; ++c) {
-    const device T* kr = kp + metal::min(jc + c, j1 - 1) * D;
-    float sum = 0.0f;
-    XK_ATTN_UNROLL
-    for (int e = 0; e < EPL; ++e) {
-      const int d = int(lane) + 32 * e;
-      const float kv = float(kr[D % 32 == 0 ? d : metal::min(d, D - 1)]);
-      sum += (D % 32 == 0 || d < D) ? qr[e] * kv : 0.0f;
-    }
-    part[c] = sum;
-  }
-  xk_attn_fold<16>(part, lane);
-  xk_attn_fold<8>(part, lane);
-  xk_attn_fold<4>(part, lane);
-  xk_attn_fold<2>(part, lane);
-  xk_attn_fold<1>(part, lane);
-  const long j = jc + long(lane);  // part[0] is the score of key j
-  float s = -INFINITY;
-  if (j < j1) {
-    s = xk_attn_mask<MT, MASK>(part[0], qi, j, off, mask, mrow, params[7]);
-  }
-  const float m_new = metal::max(m, simd_max(s));
-  const float m_use = m_new == -INFINITY ? 0.0f : m_new;
-  const float factor = metal::fast::exp2(m - m_use);
-  const float p = metal::fast::exp2(s - m_use);
-  l = l * factor + p;
-  m = m_new;
-  XK_ATTN_UNROLL
-  for (int e = 0; e < EPLV; ++e) {
-    acc[e] *= factor;
-  }
-  XK_ATTN_UNROLL
-  for (int c = 0; c < 32; ++c) {
-    const float pc = simd_shuffle(p, ushort(c));  // 0 for keys past j1
-    const device T* vr = vp + metal::min(jc + c, j1 - 1) * DV;
-    const bool ok = jc + c < j1;
-    XK_ATTN_UNROLL
-    for (int e = 0; e < EPLV; ++e) {
-      const int d = int(lane) + 32 * e;
-      const float vv = float(vr[DV % 32 == 0 ? d : metal::min(d, DV - 1)]);
-      acc[e] += (ok && (DV % 32 == 0 || d < DV)) ? pc * vv : 0.0f;
-    }
-  }
-}
-l = simd_sum(l);
-
-if (lane == 0) {
-  sm[sg] = m;
-  sl[sg] = l;
-}
+const long j1 = metal::min(j0 + bs, Lk);
+const float qscale = scale * XK_LOG2E;
+float qr[R * NK];
+long lim[R];
+long qrow[R];
+long mrow[R];
+long jend = j0;
 XK_ATTN_UNROLL
-for (int e = 0; e < EPLV; ++e) {
-  so[sg][int(lane) + 32 * e] = acc[e];
+for (int r = 0; r < R; ++r) {
+  const long gr = gr0 + r;
+  const bool valid = gr < nrows;
+  const long qi = gr % Lq;
+  const long h = hk * G + gr / Lq;
+  qrow[r] = qi;
+  mrow[r] = b * params[4] + h * params[5] + qi * params[6];
+  long e = valid ? j1 : j0;  // rows past the group see no key
+  if (MASK == 1 && qi + off >= 0) {
+    e = metal::min(e, qi + off + 1);  // keys past the diagonal do not exist for the row
+  }
+  lim[r] = e;
+  jend = metal::max(jend, e);
+  const device T* qp = q + (row0 + r) * D;
+  XK_ATTN_UNROLL
+  for (int i = 0; i < NRK; ++i) {
+    XK_ATTN_UNROLL
+    for (int kk = 0; kk < WK; ++kk) {
+      const int d = int(lane) * WK + i * 32 * WK + kk;
+      qr[r * NK + i * WK + kk] = (valid && d < D) ? float(qp[d]) * qscale : 0.0f;
+    }
+  }
+}
+float m[R];  // running max of each row (uniform across the simdgroup)
+float l[R];  // this lane's share of each row's running sum
+float acc[R * NV];
+XK_ATTN_UNROLL
+for (int r = 0; r < R; ++r) {
+  m[r] = -INFINITY;
+  l[r] = 0.0f;
+  XK_ATTN_UNROLL
+  for (int e = 0; e < NV; ++e) {
+    acc[r * NV + e] = 0.0f;
+  }
+}
+
+const long jstart = j0 + long(sg) * KC;
+const bool al = xk_run_aligned<WK>(kp) && xk_run_aligned<WV>(vp);  // one answer for every row
+if (al) {
+  xk_attn_walk<true, T, MT, MASK, D, DV, R, KC, WK, WV>(kp, vp, mask, jstart, jend, long(NSG) * KC, lim, qrow, mrow,
+                                                        params[7], off, lane, qr, m, l, acc);
+} else {
+  xk_attn_walk<false, T, MT, MASK, D, DV, R, KC, WK, WV>(kp, vp, mask, jstart, jend, long(NSG) * KC, lim, qrow, mrow,
+                                                         params[7], off, lane, qr, m, l, acc);
+}
+
+XK_ATTN_UNROLL
+for (int r = 0; r < R; ++r) {
+  const float lr = simd_sum(l[r]);
+  if (lane == 0) {
+    sm[sg * R + r] = m[r];
+    sl[sg * R + r] = lr;
+  }
+  XK_ATTN_UNROLL
+  for (int i = 0; i < NRV; ++i) {
+    XK_ATTN_UNROLL
+    for (int kk = 0; kk < WV; ++kk) {
+      so[(sg * R + r) * SOW + int(lane) * WV + i * 32 * WV + kk] = acc[r * NV + i * WV + kk];
+    }
+  }
 }
 threadgroup_barrier(mem_flags::mem_threadgroup);  // every simdgroup's state is published
 
-float mall = -INFINITY;
-for (int s = 0; s < NSG; ++s) {
-  mall = metal::max(mall, sm[s]);
-}
-const float muse = mall == -INFINITY ? 0.0f : mall;
-float w[NSG];
-float lsum = 0.0f;
-for (int s = 0; s < NSG; ++s) {
-  w[s] = metal::fast::exp2(sm[s] - muse);
-  lsum += w[s] * sl[s];
-}
-for (int d = int(tid); d < DV; d += NT) {
-  float num = 0.0f;
-  for (int s = 0; s < NSG; ++s) {
-    num += w[s] * so[s][d];
+for (int e = int(tid); e < R * DV; e += NT) {
+  const int r = e / DV;
+  const int d = e % DV;
+  if (gr0 + r < nrows) {
+    float mall = -INFINITY;
+    for (int s = 0; s < NSG; ++s) {
+      mall = metal::max(mall, sm[s * R + r]);
+    }
+    const float muse = mall == -INFINITY ? 0.0f : mall;
+    float lsum = 0.0f;
+    float num = 0.0f;
+    for (int s = 0; s < NSG; ++s) {
+      const float w = metal::fast::exp2(sm[s * R + r] - muse);
+      lsum += w * sl[s * R + r];
+      num += w * so[(s * R + r) * SOW + d];
+    }
+    const long row = row0 + r;
+    o_part[(row * nb + blk) * DV + d] = !(lsum <= 0.0f) ? num / lsum : 0.0f;  // NaN propagates
+    if (d == 0) {
+      lse[row * nb + blk] = !(lsum <= 0.0f) ? (mall + metal::log2(lsum)) * XK_LN2 : -INFINITY;
+    }
   }
-  o_part[(row * nb + blk) * DV + d] = !(lsum <= 0.0f) ? num / lsum : 0.0f;  // NaN propagates
-}
-if (tid == 0) {
-  lse[row * nb + blk] = !(lsum <= 0.0f) ? (mall + metal::log2(lsum)) * XK_LN2 : -INFINITY;
 }
 
 // @kernel attention_reduce

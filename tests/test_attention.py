@@ -309,6 +309,57 @@ def test_split_kv_chunks(kernel_backend, monkeypatch, dtype_name, d, mask_kind):
         assert spy.kernels == ["attention_partial", "attention_reduce"] and spy.templates[0]["NSG"] == 8
 
 
+# Split-KV pass 1 over all the query rows of a key/value head: (Hq / Hkv) query heads x
+# Lq queries share each K / V read, R rows per threadgroup (several row groups when they
+# do not fit the registers, the last one partial), KC = 32 or 16 keys per chunk. GQA
+# ratios 1/2/4/8, Lq 1 and > 1, head dims 64/128/256 and odd ones, several key blocks with
+# a partial last one; the additive mask varies per head (a row's head decides its mask).
+GQA_CASES = {
+    # (B, Hq, Hkv, Lq, Lk, D, DV, dtype, block size, expected (R, KC, row groups per kv head))
+    "gqa1_q1_d128": (2, 3, 3, 1, 200, 128, 128, "float16", 64, (1, 32, 1)),
+    "gqa2_q1_d64": (1, 4, 2, 1, 300, 64, 64, "bfloat16", 128, (2, 32, 1)),
+    "gqa2_q5_d128_f32": (1, 4, 2, 5, 150, 128, 128, "float32", 64, (3, 16, 4)),
+    "gqa4_q1_d128": (1, 8, 2, 1, 333, 128, 128, "float16", 96, (4, 16, 1)),
+    "gqa8_q1_d64": (1, 8, 1, 1, 260, 64, 64, "float16", 64, (4, 16, 2)),
+    "gqa8_q8_d128": (1, 8, 1, 8, 100, 128, 128, "bfloat16", 32, (4, 16, 16)),
+    "gqa4_q2_d256": (1, 8, 2, 2, 90, 256, 256, "bfloat16", 48, (2, 16, 4)),
+    "gqa4_q3_d40_dv24": (1, 4, 1, 3, 77, 40, 24, "float32", 32, (4, 16, 3)),
+}
+
+
+@pytest.mark.parametrize("case", list(GQA_CASES))
+@pytest.mark.parametrize("mask_kind", ["none", "causal", "additive"])
+def test_split_kv_gqa_rows(kernel_backend, monkeypatch, case, mask_kind):
+    b, hq, hkv, lq, lk, d, dv, dtype_name, bs, expect = GQA_CASES[case]
+    dtype = DTYPES[dtype_name]
+    seed = seed_of("gqa rows", case, mask_kind)
+    q, k, v = make_qkv(b, hq, hkv, lq, lk, d, dv, dtype, seed)
+    mask = make_mask(mask_kind, b, hq, lq, lk, dtype, seed, layout="head")
+    spy = LaunchSpy(monkeypatch)
+    out = att.attention_decode_split_kv(q, k, v, scale=d**-0.5, mask=mask, block_size=bs)
+    assert_close(out, np_attention(q, k, v, d**-0.5, mask), dtype, f"split-KV {case} {mask_kind}")
+    if kernel_backend != "reference":
+        t = spy.templates[0]
+        rows = hq // hkv * lq
+        assert (t["R"], t["KC"], -(-rows // t["R"])) == expect
+
+
+def test_split_kv_auto_block_size():
+    """The automatic block size halves (to 64) until the pass-1 grid has enough
+    threadgroups; one K / V read per split for all the query heads of a kv head."""
+    def plan(b, hq, hkv, lq, lk, d=128):
+        q, k = mx.zeros((b, hq, lq, d), dtype=mx.float16), mx.zeros((b, hkv, lk, d), dtype=mx.float16)
+        bs = att._auto_block_size(q, k, k)
+        _, kw = att._partial_launch(q, k, k, att._Mask(0), 0.1, bs)
+        groups = kw["grid"][0] // kw["threadgroup"][0] * kw["grid"][1] * kw["grid"][2]
+        return bs, dict(kw["template"])["R"], groups
+
+    assert plan(1, 32, 8, 1, 4096) == (64, 4, 512)  # B=1, Hkv=8: 512 threadgroups, > 132 SMs
+    assert plan(1, 32, 32, 1, 4096) == (256, 1, 512)
+    assert plan(8, 32, 8, 1, 8192) == (256, 4, 2048)
+    assert plan(1, 32, 8, 1, 300)[0] == 64  # never below 64
+
+
 def test_split_kv_auto_decode(kernel_backend, monkeypatch):
     """One query over 1030 keys takes the split-KV path with the default block size."""
     q, k, v = make_qkv(1, 2, 1, 1, 1030, 64, 64, mx.float16, seed_of("auto decode"))

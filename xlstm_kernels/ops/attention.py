@@ -31,18 +31,27 @@ Kernels (``metal_src/attention.metal``):
   multiple of 16 (one Kᵀ/V fragment read feeds two products); BQ 64 (32/16/8 for short
   query runs), BK 64 where the K and V tiles fit 32 KiB side by side, else 32. Every
   head dim from 1 to 256 runs on it (zero-padded to a multiple of 8 inside the tiles).
-* ``attention_partial`` + ``attention_reduce``: split-KV decode. Pass 1 walks each key
-  block in chunks of 32 keys per simdgroup (lanes read consecutive elements of each K/V
-  row; a transposing butterfly turns per-lane partial dot products into one score per
-  lane) and writes, per (batch, head, query, key block), the block's normalised output
-  (float32) and its log-sum-exp; pass 2 merges the blocks through their LSEs. Chosen automatically for
+* ``attention_partial`` + ``attention_reduce``: split-KV decode. Pass 1 runs one
+  threadgroup per (key block, key/value head and group of R of its query rows, batch):
+  the (Hq / Hkv) query heads x Lq queries of a kv head share every K / V read (R = all of
+  them when the registers allow, else the fewest even groups; see ``_partial_rows``).
+  Its simdgroups walk the block in chunks of KC = 32 (or 16, when that lets more rows
+  share a read) keys; lanes read runs of up to 16 bytes of each K / V row (one wide
+  access when the rows are aligned for it, element loads otherwise), accumulate R x KC
+  partial dot products, and a transposing butterfly per row turns them into one score
+  per lane. Pass 1 writes, per (batch, head, query, key block), the block's normalised
+  output (float32) and its log-sum-exp; pass 2 merges the blocks through their LSEs.
+  Block size: the knob / argument, else automatic: ``SPLIT_KV_BLOCK_SIZE`` (256) halved
+  (down to 64) until pass 1 has ``SPLIT_KV_TARGET_GROUPS`` (512) threadgroups. Chosen
+  automatically for
   Lq <= ``SPLIT_KV_MAX_QUERIES`` (8) and Lk >= ``SPLIT_KV_MIN_KEYS`` (1024; override with
   the ``split_kv_min_keys`` argument or ``XLSTM_ATTENTION_SPLIT_KV_MIN_KEYS``, alias
   ``XLSTM_KERNELS_ATTN_SPLIT_MIN_KEYS``).
 
 Knobs (:mod:`xlstm_kernels.tiles.knobs`, op ``attention``, shape class by Lk): ``block_q``,
 ``block_k`` (prefill tiles; the heuristic above when unset), ``split_kv_block_size``
-(default ``SPLIT_KV_BLOCK_SIZE`` = 256) and ``split_kv_min_keys``. Per call: the keyword
+(automatic when unset, see above; :func:`knob_values` reports ``SPLIT_KV_BLOCK_SIZE`` =
+256, its largest value) and ``split_kv_min_keys``. Per call: the keyword
 arguments (``block_q=``, ``block_k=``, ``block_size=``, ``split_kv_min_keys=``, or
 ``knobs=`` of :func:`scaled_dot_product_attention`), then ``XLSTM_ATTENTION_*`` variables,
 then the presets. A block_k whose K/V tiles do not fit 32 KiB for the head dims is an
@@ -82,6 +91,7 @@ __all__ = [
     "SPLIT_KV_BLOCK_SIZE",
     "SPLIT_KV_MAX_QUERIES",
     "SPLIT_KV_MIN_KEYS",
+    "SPLIT_KV_TARGET_GROUPS",
     "attention_decode_split_kv",
     "attention_partial",
     "attention_prefill",
@@ -396,21 +406,86 @@ def _prefill_launch(q, k, v, m: _Mask, scale: float, block_q=None, block_k=None)
     )
 
 
-def _partial_launch(q, k, v, m: _Mask, scale: float, block_size: int) -> tuple[KernelSpec, dict]:
-    """(spec, launch kwargs) of the split-KV pass 1."""
+#: Register estimate (32-bit registers per lane) of the split-KV pass 1 that R, the query
+#: rows per threadgroup, must stay within: about 60 + R x (KC partial scores + q and
+#: accumulator elements per lane) + the KC K-row runs in flight (fitted to ptxas -v of
+#: the CUDA kernels, sm_90; above it they spill to local memory).
+_PARTIAL_REG_BUDGET = 200
+#: Threadgroup bytes the pass 1 may use for merging its simdgroups' states.
+_PARTIAL_TG_BYTES = 28 * 1024
+#: Threadgroups the automatic split-KV block size aims for (about 4 per SM on a 132-SM
+#: H100): the block size halves from SPLIT_KV_BLOCK_SIZE (down to 64) until the grid
+#: has at least this many.
+SPLIT_KV_TARGET_GROUPS = 512
+
+
+def _run_width(n: int, itemsize: int) -> int:
+    """Elements per lane run of a row of n elements (split-KV pass 1): the widest power
+    of 2 dividing n, at most 16 bytes, with 32 lanes' runs not past the row."""
+    w = 1
+    while 2 * w * itemsize <= 16 and n % (2 * w) == 0 and 32 * 2 * w <= n:
+        w *= 2
+    return w
+
+
+def _partial_rows(rows: int, d: int, dv: int, dtype: mx.Dtype) -> tuple[int, int, int, int]:
+    """(R, KC, WK, WV) of the split-KV pass 1 for `rows` = (Hq / Hkv) * Lq query rows per
+    key/value head: R rows per threadgroup (all of them when the registers allow), KC =
+    32 or 16 keys per chunk (16 when it lets more rows share one K / V read)."""
+    itemsize = 4 if dtype == mx.float32 else 2
+    wk, wv = _run_width(d, itemsize), _run_width(dv, itemsize)
+    nk = -(-d // (32 * wk)) * wk
+    nv = -(-dv // (32 * wv)) * wv
+    best = (1, 32)
+    for kc in (32, 16):
+        r = 1
+        while r < rows and 60 + (r + 1) * (kc + nk + nv) + kc * nk * itemsize // 4 <= _PARTIAL_REG_BUDGET:
+            r += 1
+        if -(-rows // r) < -(-rows // best[0]):
+            best = (r, kc)
+    r = -(-rows // -(-rows // best[0]))  # the same number of groups, rows spread evenly
+    return r, best[1], wk, wv
+
+
+def _partial_groups(b: int, hq: int, hkv: int, lq: int, lk: int, d: int, dv: int, dtype, block_size: int) -> int:
+    r = _partial_rows(hq // hkv * lq, d, dv, dtype)[0]
+    return b * hkv * -(-(hq // hkv * lq) // r) * -(-lk // block_size)
+
+
+def _auto_block_size(q, k, v) -> int:
+    """Split-KV block size when none is set: SPLIT_KV_BLOCK_SIZE, halved (down to 64)
+    while the pass-1 grid has fewer than SPLIT_KV_TARGET_GROUPS threadgroups."""
     b, hq, lq, d = q.shape
     hkv, lk, dv = k.shape[1], k.shape[2], v.shape[3]
+    bs = SPLIT_KV_BLOCK_SIZE
+    while bs > 64 and _partial_groups(b, hq, hkv, lq, lk, d, dv, q.dtype, bs) < SPLIT_KV_TARGET_GROUPS:
+        bs //= 2
+    return bs
+
+
+def _partial_launch(q, k, v, m: _Mask, scale: float, block_size: int) -> tuple[KernelSpec, dict]:
+    """(spec, launch kwargs) of the split-KV pass 1: one threadgroup per (key block, key/
+    value head and group of R of its query rows, batch)."""
+    b, hq, lq, d = q.shape
+    hkv, lk, dv = k.shape[1], k.shape[2], v.shape[3]
+    rows = hq // hkv * lq
+    r, kc, wk, wv = _partial_rows(rows, d, dv, q.dtype)
+    nrg = -(-rows // r)
     nb = -(-lk // block_size)
-    nsg = max(1, min(8, -(-block_size // 32)))  # simdgroups walk 32-key chunks
+    sow = -(-dv // (32 * wv)) * wv * 32
+    nsg = max(1, min(8, -(-block_size // kc), _PARTIAL_TG_BYTES // (4 * r * (sow + 2))))
     mbuf = m.buffer()
     params = mx.array([hq, hkv, lq, lk, *m.strides, block_size, nb], dtype=mx.int64)
+    check_int32("scaled_dot_product_attention", "the split-KV grid x (threads per block * key blocks)",
+                32 * nsg * nb, f"k has shape {tuple(k.shape)}")
     return PARTIAL, dict(
         inputs=[q, k, v, mbuf, params, _scale_array(scale)],
         output_shapes=[(b, hq, lq, nb, dv), (b, hq, lq, nb)],
         output_dtypes=[mx.float32, mx.float32],
-        grid=(32 * nsg * nb, hq * lq, b),
+        grid=(32 * nsg * nb, hkv * nrg, b),
         threadgroup=(32 * nsg, 1, 1),
-        template=[("T", q.dtype), ("MT", mbuf.dtype), ("D", d), ("DV", dv), ("NSG", nsg), ("MASK", m.kind)],
+        template=[("T", q.dtype), ("MT", mbuf.dtype), ("D", d), ("DV", dv), ("NSG", nsg), ("MASK", m.kind),
+                  ("R", r), ("KC", kc), ("WK", wk), ("WV", wv)],
     )
 
 
@@ -504,7 +579,7 @@ def _attention(q, k, v, scale, mask, path: str, cfg: dict) -> mx.array:
 
     def forward(q, k, v, mm: _Mask) -> mx.array:
         if path == "split":
-            return _split_kv_forward(q, k, v, mm, scale, block_size or SPLIT_KV_BLOCK_SIZE, backend)
+            return _split_kv_forward(q, k, v, mm, scale, block_size or _auto_block_size(q, k, v), backend)
         (o,) = _run(_prefill_launch(q, k, v, mm, scale, block_q, block_k), backend)
         return o
 
@@ -591,7 +666,7 @@ def attention_decode_split_kv(
     block_size: int | None = None,
 ) -> mx.array:
     """The same op always on the split-KV pair (``attention_partial`` over blocks of
-    ``block_size`` keys, default: the split_kv_block_size knob, else 256, then
+    ``block_size`` keys, default: the split_kv_block_size knob, else automatic, then
     ``attention_reduce``). Meant for short
     query runs (Lq <= 8) over long contexts, but correct for any shape. Differentiable."""
     return _attention(q, k, v, scale, mask, "split", {"block_size": block_size})
