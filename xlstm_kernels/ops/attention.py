@@ -83,6 +83,7 @@ import mlx.core as mx
 from ..runtime import KernelSpec, current_backend, launch
 from ..tiles.gemm import dtype_name
 from ..tiles.knobs import ALIAS_SPLIT_MIN_KEYS, attention_block_k_bytes, attention_fits, resolve_knobs
+from ._callcache import CallCache
 from ._validate import check_array, check_int32, check_same_dtype
 
 __all__ = [
@@ -554,7 +555,32 @@ def knob_values(lq: int, lk: int, d: int, dv: int, dtype: Any, args: dict | None
 # ---------------------------------------------------------------------------------------
 
 
+_CALLS = CallCache("attention")
+
+
 def _attention(q, k, v, scale, mask, path: str, cfg: dict) -> mx.array:
+    """The op: validated, resolved and wrapped once per call signature (ops/_callcache.py)
+    for masks None / "causal" and calls without a knobs dict; otherwise built per call."""
+    key = None
+    if (isinstance(q, mx.array) and isinstance(k, mx.array) and isinstance(v, mx.array)
+            and scale.__class__ in (float, int) and (mask is None or mask.__class__ is str)
+            and cfg.get("knobs") is None):
+        try:
+            key = (q.shape, q.dtype, k.shape, k.dtype, v.shape, v.dtype, scale, mask, path,
+                   tuple(sorted(cfg.items())))
+            hash(key)
+        except TypeError:
+            key = None
+    fn = _CALLS.get(key) if key is not None else None
+    if fn is None:
+        fn = _build_attention(q, k, v, scale, mask, path, cfg)
+        if key is not None:
+            _CALLS.put(key, fn)
+    return fn(q, k, v, mask)
+
+
+def _build_attention(q, k, v, scale, mask, path: str, cfg: dict):
+    """Validate one call and build fn(q, k, v, mask) -> o for its signature."""
     m = _check_inputs(q, k, v, scale, mask)
     scale = float(scale)
     b, hq, lq, d = q.shape
@@ -572,7 +598,11 @@ def _attention(q, k, v, scale, mask, path: str, cfg: dict) -> mx.array:
 
     backend = current_backend()
     if backend == "reference" or 0 in (b, hq, lq, d, dv, lk) or max(d, dv) > MAX_KERNEL_HEAD_DIM:
-        return _reference(q, k, v, scale, m)
+        def reference(q, k, v, mask):
+            return _reference(q, k, v, scale, m if mask is None or isinstance(mask, str) else _check_inputs(
+                q, k, v, scale, mask))
+
+        return reference
     if path == "split":  # the reduction sees B * Hq * Lq rows (a shape dimension and its grid y)
         check_int32("scaled_dot_product_attention", "rows B * Hq * Lq of the split-KV reduction", b * hq * lq,
                     f"q has shape {tuple(q.shape)}")
@@ -584,7 +614,7 @@ def _attention(q, k, v, scale, mask, path: str, cfg: dict) -> mx.array:
         return o
 
     additive = m.kind == _MASK_ADD
-    extra = m.array if additive else mx.zeros((1,), dtype=q.dtype)
+    placeholder = mx.zeros((1,), dtype=q.dtype)
 
     @mx.custom_function
     def f(q, k, v, extra):
@@ -596,7 +626,12 @@ def _attention(q, k, v, scale, mask, path: str, cfg: dict) -> mx.array:
         dq, dk, dv_, dm = _reference_vjp(q, k, v, scale, m, extra if additive else None, cotangent)
         return dq, dk, dv_, dm if additive else mx.zeros_like(extra)
 
-    return f(q, k, v, extra)
+    def call(q, k, v, mask):
+        # an array mask is checked per call (its values are this call's); memoised calls have none
+        extra = _check_inputs(q, k, v, scale, mask).array if additive else placeholder
+        return f(q, k, v, extra)
+
+    return call
 
 
 def scaled_dot_product_attention(
