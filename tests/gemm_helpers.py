@@ -14,6 +14,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
+from launch_spies import spy_prepared_launches
 from xlstm_kernels.ops import gemm as gemm_mod
 from xlstm_kernels.tiles import GemmConfig
 
@@ -173,22 +174,12 @@ class LaunchSpy:
 
     def __init__(self, monkeypatch):
         self.calls: list[Launch] = []
-        real = gemm_mod.prepare_launch
-
-        def spy(spec, **kwargs):  # the op prepares its launches once per signature ...
-            run = real(spec, **kwargs)
+        def record(spec, kwargs):
             tmpl = dict(kwargs.get("template") or [])
+            self.calls.append(Launch(spec.kernel, tuple(kwargs["grid"]), tuple(kwargs["threadgroup"]), tmpl,
+                                     kwargs, spec))
 
-            def recorded(inputs):  # ... and records each one it runs
-                self.calls.append(Launch(spec.kernel, tuple(kwargs["grid"]), tuple(kwargs["threadgroup"]), tmpl,
-                                         {**kwargs, "inputs": list(inputs)}, spec))
-                return run(inputs)
-
-            return recorded
-
-        monkeypatch.setattr(gemm_mod, "prepare_launch", spy)
-        gemm_mod._CALLS.clear()  # launchers prepared before the spy would not report
-        gemm_mod._LAUNCHERS.clear()
+        spy_prepared_launches(monkeypatch, gemm_mod, record)  # the op prepares once, then runs per call
 
     def clear(self) -> None:
         self.calls.clear()

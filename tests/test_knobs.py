@@ -13,12 +13,12 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 import pytest
+from launch_spies import spy_prepared_launches
 
 from xlstm_kernels.ops import attention as att
 from xlstm_kernels.ops import mlstm as ml
 from xlstm_kernels.ops import norm as nm
 from xlstm_kernels.ops import slstm as sl
-from xlstm_kernels.ops._callcache import CallCache
 from xlstm_kernels.tiles import (
     KNOB_OPS,
     TileConfigError,
@@ -86,22 +86,8 @@ class Spy:
             return real(spec, **kwargs)
 
         monkeypatch.setattr(module, "launch", spy)
-        if hasattr(module, "prepare_launch"):  # memoised ops prepare a launch once, then run it per call
-            real_prepare = module.prepare_launch
-
-            def prepare_spy(spec, **kwargs):
-                run = real_prepare(spec, **kwargs)
-
-                def recorded(inputs):
-                    self.calls.append((spec.kernel, {**kwargs, "inputs": list(inputs)}))
-                    return run(inputs)
-
-                return recorded
-
-            monkeypatch.setattr(module, "prepare_launch", prepare_spy)
-        for memo in vars(module).values():  # calls prepared before the spy would bypass it
-            if isinstance(memo, CallCache):
-                memo.clear()
+        if hasattr(module, "prepare_launch"):  # memoised ops: prepared once, run per call
+            spy_prepared_launches(monkeypatch, module, lambda spec, kw: self.calls.append((spec.kernel, kw)))
 
     def take(self) -> list[tuple[str, dict]]:
         out, self.calls = self.calls, []

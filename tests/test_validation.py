@@ -32,6 +32,7 @@ import zlib
 import mlx.core as mx
 import numpy as np
 import pytest
+from launch_spies import clear_call_memos, spy_prepared_launches
 
 import xlstm_kernels as xk
 from xlstm_kernels import nn as xnn
@@ -41,7 +42,6 @@ from xlstm_kernels.ops import mlstm as mlstm_mod
 from xlstm_kernels.ops import norm as norm_mod
 from xlstm_kernels.ops import rope as rope_mod
 from xlstm_kernels.ops import slstm as slstm_mod
-from xlstm_kernels.ops._callcache import CallCache
 from xlstm_kernels.ops._validate import INT32_MAX
 
 SUPPORTED = "float32, float16, bfloat16"
@@ -641,19 +641,12 @@ def launch_spy(monkeypatch):
         calls.append(dict(spec=spec, **kwargs))
         raise _Launched(spec.kernel)
 
-    def prepare_spy(spec, **kwargs):  # memoised ops prepare a launch, then run it per call
-        def run(inputs):
-            spy(spec, **{**kwargs, "inputs": list(inputs)})
-
-        return run
-
     for mod in (gemm_mod, norm_mod, rope_mod, att_mod, mlstm_mod, slstm_mod):
-        for name, fake in (("launch", spy), ("prepare_launch", prepare_spy)):
-            if hasattr(mod, name):
-                monkeypatch.setattr(mod, name, fake)
-        for memo in vars(mod).values():  # calls prepared before the spy would bypass it
-            if isinstance(memo, CallCache):
-                memo.clear()
+        if hasattr(mod, "launch"):
+            monkeypatch.setattr(mod, "launch", spy)
+        if hasattr(mod, "prepare_launch"):  # memoised ops: prepared once, run per call
+            spy_prepared_launches(monkeypatch, mod, lambda spec, kw: spy(spec, **kw))
+        clear_call_memos(mod)
     mx.eval(mx.zeros((1,)))
     mx.reset_peak_memory()
     yield calls
