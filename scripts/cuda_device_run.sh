@@ -8,7 +8,8 @@
 #                                            #   measurements ignore uncommitted edits; then call 2 is
 #                                            #   run(carry=[".whl2", ".clean"], command="bash .clean/scripts/cuda_device_run.sh stage2 ...")
 #   scripts/cuda_device_run.sh stage2 [what...] # DEVICE, call 2 (carry .whl2): install, then run
-#                                            #   what = tests | bench | overhead | probe | host | all (default all = tests bench)
+#                                            #   what = tests | bench | overhead | probe | probes | host | none | all
+#                                            #   (default all = tests bench; probes = every scripts/probe_*.py)
 #   scripts/cuda_device_run.sh env           # DEVICE: print the exports stage2 uses (eval it)
 #
 # Why two calls: a call carries at most 64 MiB and the mlx-cuda-13 wheel is ~90 MB. It is
@@ -149,6 +150,17 @@ run_overhead() {
     tee "$OUT/overhead.log"
 }
 
+run_probes() {  # every scripts/probe_*.py (experiments, usually untracked): one JSON each under $OUT
+  unset MLX_ENABLE_TF32
+  local f name
+  for f in scripts/probe_*.py; do
+    [ -e "$f" ] || continue
+    name="$(basename "$f" .py)"
+    echo "== $f"
+    timeout -k 5 "${PROBES_TIMEOUT:-110}" python3 "$f" --out "$OUT/$name.json" 2>&1 | tee "$OUT/$name.log" | tail -80
+  done
+}
+
 run_host() {
   unset MLX_ENABLE_TF32
   timeout -k 5 "${HOST_TIMEOUT:-120}" python3 scripts/cuda_host_cost.py --out "$OUT/host.json" 2>&1 | tee "$OUT/host.log"
@@ -177,6 +189,8 @@ stage2() {
       overhead) run_overhead ;;
       probe) run_probe ;;
       host) run_host ;;
+      probes) run_probes ;;
+      none) ;;
       all) run_tests; run_bench ;;
       *) echo "unknown: $w"; return 2 ;;
     esac
