@@ -171,6 +171,18 @@ inline void xk_frag_load_b4(thread M& m00, thread M& m10, thread M& m01, thread 
 }
 #endif
 
+// Threadgroup memory that gemm_simd's pipeline stages may fill, and at most how many
+// stages: 32 KiB (every Apple GPU) and 3 unless a backend header defined them (CUDA:
+// 48 KiB of static shared memory, 4 stages). A tile whose one stage exceeds the budget is
+// refused on the host (xlstm_kernels.tiles); the stage count changes only the schedule,
+// never the results.
+#ifndef XK_GEMM_STAGE_BYTES
+#define XK_GEMM_STAGE_BYTES 32768
+#endif
+#ifndef XK_GEMM_MAX_STAGES
+#define XK_GEMM_MAX_STAGES 3
+#endif
+
 #ifndef XK_ASYNC_COPY
 // dst[0..N) = src[0..N) (N consecutive elements; any alignment), possibly asynchronous:
 // the copies a thread started are complete once it has called xk_async_commit() after
@@ -406,8 +418,9 @@ for (int r = 0; r < RM; ++r) {
 // Threadgroup tiles hold T in each operand's memory order (op(A) as As[i][p], or As[p][i]
 // when TRANS_A; op(B) as Bs[p][j], or Bs[j][p] when TRANS_B) with PADS extra columns (16
 // bytes), so rows are copied in 16-byte runs and fragments are loaded (transposed where
-// needed) from 16-byte aligned rows. STAGES (up to 3, as many as fit in 32 KiB) tiles of
-// K are in flight: tile t + STAGES - 1 is copied while tile t is multiplied.
+// needed) from 16-byte aligned rows. STAGES tiles of K are in flight (as many as fit in
+// XK_GEMM_STAGE_BYTES, at most XK_GEMM_MAX_STAGES: 32 KiB and 3 on Apple GPUs, 48 KiB and 4
+// on CUDA): tile t + STAGES - 1 is copied while tile t is multiplied.
 // Fragment pairs: row blocks 2r, 2r + 1 share each B fragment (xk_mma2, and xk_mma2_k16
 // over two k-steps when BK % 16 == 0); an odd last row block uses single products.
 // inputs: A, B, bias, residual, params.  outputs: C (T), P (float; SPLIT > 1 only, else 1 elem)
@@ -424,7 +437,8 @@ constexpr int B_LD = (TRANS_B ? BK : BN) + PADS;
 constexpr int A_TILE = (TRANS_A ? BK : BM) * A_LD;
 constexpr int B_TILE = (TRANS_B ? BN : BK) * B_LD;
 constexpr int STAGE_BYTES = (A_TILE + B_TILE) * int(sizeof(T));
-constexpr int STAGES = 32768 / STAGE_BYTES >= 3 ? 3 : (32768 / STAGE_BYTES >= 2 ? 2 : 1);
+constexpr int STAGE_FIT = XK_GEMM_STAGE_BYTES / STAGE_BYTES;
+constexpr int STAGES = STAGE_FIT >= XK_GEMM_MAX_STAGES ? XK_GEMM_MAX_STAGES : (STAGE_FIT >= 1 ? STAGE_FIT : 1);
 const int wm = int(sg) / WN;
 const int wn = int(sg) % WN;
 const long row0 = long(threadgroup_position_in_grid.y) * BM;

@@ -599,6 +599,91 @@ def test_simd_pipeline_stages_pairs_and_runs(name, op, spy):
     assert_close(out.reshape(m, n), np_reference(op, a, b, bias, "gelu", res), dtype, k, f"{name}/{op}")
 
 
+# The CUDA backend's budget (48 KiB of static shared memory, up to 4 stages;
+# XK_GEMM_STAGE_BYTES / XK_GEMM_MAX_STAGES in cuda/simdgroup_matrix.h) against Apple's
+# (32 KiB, 3): stages per (config, dtype, op) on each.
+CUDA_STAGE_CASES = [
+    # config, dtype, op, stages on metal / emulate, stages on cuda
+    (GemmConfig(path="simd", bm=128, bn=128, bk=16, wm=2, wn=4), "float16", "gemm_av", 3, 4),
+    (GemmConfig(path="simd", bm=128, bn=128, bk=32, wm=2, wn=4), "float16", "gemm_av", 1, 2),
+    (GemmConfig(path="simd", bm=128, bn=128, bk=32, wm=2, wn=4), "bfloat16", "gemm_at_b", 1, 2),
+    (GemmConfig(path="simd", bm=128, bn=64, bk=32, wm=2, wn=2), "float16", "gemm_a_bt", 2, 3),
+    (GemmConfig(path="simd", bm=128, bn=256, bk=16, wm=2, wn=4), "bfloat16", "gemm_av", 2, 3),
+    (GemmConfig(path="simd", bm=32, bn=16, bk=16, wm=2, wn=1), "float16", "gemm_av", 3, 4),
+    (GemmConfig(path="simd", bm=64, bn=64, bk=32, wm=2, wn=2), "float32", "gemm_av", 1, 2),
+]
+
+
+@pytest.mark.parametrize("case", range(len(CUDA_STAGE_CASES)))
+def test_simd_stages_per_backend(case):
+    cfg, dtype_name, op, apple, cuda = CUDA_STAGE_CASES[case]
+    dtype = DTYPES[dtype_name]
+    ta, tb = op == "gemm_at_b", op == "gemm_a_bt"
+    assert gemm_mod.simd_stages(cfg, dtype, ta, tb) == apple
+    assert gemm_mod.simd_stages(cfg, dtype, ta, tb, "emulate") == apple
+    assert gemm_mod.simd_stages(cfg, dtype, ta, tb, "metal") == apple
+    assert gemm_mod.simd_stages(cfg, dtype, ta, tb, "cuda") == cuda
+
+
+def test_simd_stage_budget_matches_cuda_header():
+    from pathlib import Path
+
+    text = (Path(xlstm_kernels.__file__).parent / "cuda" / "simdgroup_matrix.h").read_text()
+    budget, most = gemm_mod.SIMD_STAGE_BUDGET["cuda"]
+    assert f"#define XK_GEMM_STAGE_BYTES {budget}" in text
+    assert f"#define XK_GEMM_MAX_STAGES {most}" in text
+    assert budget <= 48 * 1024  # CUDA's static __shared__ limit per block
+
+
+# The body with the CUDA budget's 4 stages (its header's macros set before the family
+# header), run through the emulator on a tile small enough for 4 stages in 32 KiB: every
+# stage reused over > 4 K tiles, all thread orders bit-identical, results as NumPy's.
+FOUR_STAGE_CASES = {
+    "k16_x4": (GemmConfig(path="simd", bm=64, bn=32, bk=16, wm=2, wn=1), "float16"),  # fast loop when aligned
+    "k8_odd_fm": (GemmConfig(path="simd", bm=24, bn=16, bk=8, wm=1, wn=2), "bfloat16"),
+}
+
+
+@pytest.mark.emulator_only
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("name", FOUR_STAGE_CASES)
+@pytest.mark.parametrize("aligned", [True, False])
+def test_simd_four_stage_pipeline(name, op, aligned):
+    from xlstm_kernels.emulate import check_schedules
+    from xlstm_kernels.emulate import metal_kernel
+
+    cfg, dtype_name = FOUR_STAGE_CASES[name]
+    dtype = DTYPES[dtype_name]
+    spec = gemm_mod.SIMD
+    kernel = metal_kernel(
+        name=spec.kernel, input_names=list(spec.input_names), output_names=list(spec.output_names),
+        source=spec.source(), header="#define XK_GEMM_MAX_STAGES 4\n" + spec.full_header(),
+        ensure_row_contiguous=spec.ensure_row_contiguous, atomic_outputs=spec.atomic_outputs,
+    )
+    # aligned: multiples of the tile (the unguarded fast loop); else partial tiles, odd sizes
+    if aligned:
+        m, n, k = 2 * cfg.bm, 3 * cfg.bn, 6 * cfg.bk
+    else:
+        m, n, k = 2 * cfg.bm + 5, 2 * cfg.bn + 3, 5 * cfg.bk + 3
+    a, b = operands(op, m, n, k, dtype, seed_of("four-stage", name, op, aligned))
+    (_, kwargs), = raw_calls(op, a, b, cfg, None, 0, None)
+    # the kernel really holds 4 stages of tiles (what the 32 KiB budget alone allows: 3)
+    size, p = dtype.size, 16 // dtype.size
+    ta, tb = op == "gemm_at_b", op == "gemm_a_bt"
+    stage = size * ((cfg.bk * (cfg.bm + p) if ta else cfg.bm * (cfg.bk + p)) +
+                    (cfg.bn * (cfg.bk + p) if tb else cfg.bk * (cfg.bn + p)))
+    assert gemm_mod.simd_stages(cfg, dtype, ta, tb, "cuda") == 4
+    with pytest.MonkeyPatch.context() as mp:
+        from xlstm_kernels.emulate import kernel as ek
+
+        mp.setattr(ek, "MAX_THREADGROUP_MEMORY", 0)
+        with pytest.raises(ek.EmulatorError, match=f"threadgroup memory of {4 * stage} bytes"):
+            kernel(**kwargs)
+    with use_backend("emulate"):
+        out = check_schedules(kernel, **kwargs, seeds=(1,))[0]
+    assert_close(out.reshape(m, n), np_reference(op, a, b, None, None, None), dtype, k, f"{name}/{op}")
+
+
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("dtype_name", DTYPE_NAMES)
 def test_simd_operands_at_odd_offsets(kernel_backend, op, dtype_name):

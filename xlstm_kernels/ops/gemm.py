@@ -54,15 +54,24 @@ _LAYOUTS = {
 }
 
 
-def simd_stages(cfg, dtype: mx.Dtype, trans_a: bool, trans_b: bool) -> int:
-    """K tiles in flight in ``gemm_simd`` for `cfg` (its body's STAGES): up to 3 stages of
-    threadgroup tiles, as many as fit in 32 KiB (1: load, barrier, multiply, barrier)."""
+# gemm_simd's pipeline budget per backend: (threadgroup bytes the stages may fill, most
+# stages). Mirrors XK_GEMM_STAGE_BYTES / XK_GEMM_MAX_STAGES (metal_src/gemm.metal; CUDA:
+# xlstm_kernels/cuda/simdgroup_matrix.h: 48 KiB of static shared memory, 4 stages).
+SIMD_STAGE_BUDGET = {"cuda": (49152, 4)}
+_APPLE_STAGE_BUDGET = (MAX_THREADGROUP_BYTES, 3)  # metal and the emulator (the same body text)
+
+
+def simd_stages(cfg, dtype: mx.Dtype, trans_a: bool, trans_b: bool, backend: str = "metal") -> int:
+    """K tiles in flight in ``gemm_simd`` for `cfg` on `backend` (its body's STAGES): as many
+    stages of threadgroup tiles as fit in 32 KiB, at most 3 (Apple GPUs and the emulator), or
+    in 48 KiB, at most 4 (cuda); 1: load, barrier, multiply, barrier."""
+    budget, most = SIMD_STAGE_BUDGET.get(backend, _APPLE_STAGE_BUDGET)
     size = dtype.size
     pads = 16 // size
     a = cfg.bk * (cfg.bm + pads) if trans_a else cfg.bm * (cfg.bk + pads)
     b = cfg.bn * (cfg.bk + pads) if trans_b else cfg.bk * (cfg.bn + pads)
-    fit = MAX_THREADGROUP_BYTES // (size * (a + b))
-    return max(1, min(3, fit))
+    fit = budget // (size * (a + b))
+    return max(1, min(most, fit))
 
 
 def _promote(a: mx.dtype, b: mx.dtype) -> mx.dtype:
