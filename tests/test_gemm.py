@@ -293,6 +293,82 @@ def test_every_shipped_preset_config(kernel_backend, spy, monkeypatch, op, dtype
 
 
 # =======================================================================================
+# Waves rule: families with compute_units split K when the output under-fills the GPU
+# =======================================================================================
+
+WAVES_CASES = [
+    # m, n, k, batch, bm, bn, most, units -> splits
+    (512, 1024, 4096, 1, 128, 128, 4, 132, 4),  # 32 tiles for 132 SMs
+    (512, 1024, 1024, 1, 128, 128, 4, 132, 2),  # K // 512 caps it
+    (512, 1024, 4096, 1, 128, 128, 8, 132, 4),  # units // tiles caps it
+    (512, 512, 4096, 4, 128, 128, 4, 132, 2),   # batch counts: 64 tiles
+    (2048, 2048, 2048, 1, 128, 128, 4, 132, 1),  # 256 tiles: a full wave and more
+    (1152, 1024, 4096, 1, 128, 128, 4, 132, 1),  # 72 tiles: more than half a wave
+    (512, 1024, 511, 1, 128, 128, 4, 132, 1),   # too little K
+    (100, 70, 3000, 1, 32, 32, 4, 48, 4),       # partial tiles count: 4 x 3 = 12
+    (0, 70, 3000, 1, 32, 32, 4, 48, 1),         # empty output
+]
+
+
+@pytest.mark.parametrize("case", WAVES_CASES, ids=[f"{c[0]}x{c[1]}x{c[2]}b{c[3]}_u{c[7]}" for c in WAVES_CASES])
+def test_waves_split_k_rule(case):
+    *args, want = case
+    assert resolve_mod.waves_split_k(*args) == want
+
+
+def test_waves_rule_on_the_hopper_family():
+    fam = "nvidia_hopper"
+    assert presets_mod.current_stack().compute_units(fam) == 132
+    assert presets_mod.current_stack().compute_units("generic_apple") is None
+    for dt in ("float16", "bfloat16"):
+        res = resolve_gemm_config("gemm_av", 512, 1024, 4096, dt, family=fam)
+        assert res.config.split_k == 4 and "waves rule: 32 output tiles of 128x128" in res.sources["split_k"]
+        assert resolve_gemm_config("gemm_at_b", 512, 1024, 1024, dt, family=fam).config.split_k == 2
+        assert resolve_gemm_config("gemm_av", 2048, 2048, 2048, dt, family=fam).config.split_k == 1
+        assert resolve_gemm_config("gemm_av", 4096, 4096, 1024, dt, family=fam).config.split_k == 1
+        # an explicit split_k wins; families without compute_units never use the rule
+        assert resolve_gemm_config("gemm_av", 512, 1024, 4096, dt, {"split_k": 1}, family=fam).config.split_k == 1
+        for other in ("generic_apple", "nvidia_generic", "m3_max"):
+            assert resolve_gemm_config("gemm_av", 512, 1024, 4096, dt, family=other).config.split_k == 1
+    # the split-K rule (tiny output, long K) still comes first
+    res = resolve_gemm_config("gemm_av", 64, 64, 4096, "float16", family=fam)
+    assert res.config.split_k == 4 and "split-K rule" in res.sources["split_k"]
+
+
+def test_compute_units_must_be_a_positive_integer(monkeypatch, tmp_path):
+    for bad in ("0", "-3", "1.5", "true", "many"):
+        path = tmp_path / f"bad_{bad.replace('.', '_')}.yaml"
+        path.write_text(f"version: 1\nfamilies:\n  cpu:\n    compute_units: {bad}\n")
+        monkeypatch.setenv("XLSTM_KERNELS_PRESETS", str(path))
+        _reset_tiles()
+        with pytest.raises(TileConfigError, match=r"compute_units.*expected a positive integer"):
+            resolve_gemm_config("gemm_av", 8, 8, 8, "float32")
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_waves_rule_runs_split_k(kernel_backend, spy, monkeypatch, tmp_path, op):
+    """A user family with compute_units: the op itself picks split-K for an output of few
+    tiles (>= 2 tiles along M and N, odd sizes) and the result matches NumPy."""
+    path = tmp_path / "waves.yaml"
+    path.write_text("version: 1\nfamilies:\n  wavy:\n    compute_units: 16\n    gemm:\n      default:\n"
+                    "        default: {path: simd, bm: 64, bn: 64, bk: 16, wm: 2, wn: 2, split_k: 3}\n")
+    monkeypatch.setenv("XLSTM_KERNELS_PRESETS", str(path))
+    monkeypatch.setenv("XLSTM_KERNELS_DEVICE", "wavy")
+    _reset_tiles()
+    # M*N > 16384 (no split-K rule); 3 x 2 tiles: min(3, 16 // 6, 1100 // 512) = 2 splits
+    m, n, k = 130, 127, 1100
+    dtype = DTYPES["float16"]
+    info = explain(op, ((m, k) if op != "gemm_at_b" else (k, m), (k, n) if op != "gemm_a_bt" else (n, k)), dtype)
+    assert info["family"] == "wavy" and info["config"]["split_k"] == 2, info
+    a, b = operands(op, m, n, k, dtype, seed_of("waves", op))
+    out = _run_op(op, a, b)
+    assert_close(out, np_reference(op, a, b), dtype, k, f"waves/{op}")
+    if _runs_kernels(kernel_backend):
+        assert spy.kernels() == ["gemm_simd", "gemm_split_k_reduce"]
+        assert spy.calls[0].template["SPLIT"] == 2
+
+
+# =======================================================================================
 # Rectangular tiles really run as rectangles
 # =======================================================================================
 

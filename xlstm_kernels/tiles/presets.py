@@ -72,7 +72,7 @@ ROOFLINE_KEYS = ("fp32_tflops", "fp16_tflops", "bf16_tflops", "bandwidth_gbs")
 SHIPPED_DISPLAY = "presets.yaml"
 
 _TOP_KEYS = ("version", "anchors", "families")
-_FAMILY_KEYS = ("match", "roofline", "gemm", "shapes", "kernels", "kernel_shapes")
+_FAMILY_KEYS = ("match", "roofline", "compute_units", "gemm", "shapes", "kernels", "kernel_shapes")
 _MATCH_KEYS = ("architecture", "device_name")
 _FAMILY_KEY = re.compile(r"[A-Za-z0-9_]+")
 _YAML_PATHS = ("simd", "scalar")  # gemv is chosen by shape (M == 1), not by a preset
@@ -99,6 +99,7 @@ class Family:
 
     match: dict[str, list[str]] | None = None
     roofline: dict[str, float] = field(default_factory=dict)
+    compute_units: int | None = None  # threadgroups the GPU runs at once per wave (SMs); GEMM split-K rule
     gemm: dict[str, dict[str, Entry]] = field(default_factory=dict)
     shapes: dict[str, dict[str, dict[str, Entry]]] = field(default_factory=dict)
     kernels: dict[str, dict[str, Entry]] = field(default_factory=dict)  # op -> dtype -> knobs
@@ -237,6 +238,11 @@ def _parse_family(chk: _Checker, node: Any, where: str) -> Family:
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
                 raise chk.fail(_join(w, k), f"expected a positive number, got {v!r}")
             fam.roofline[k] = float(v)
+    if "compute_units" in node:
+        v = node["compute_units"]
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise chk.fail(_join(where, "compute_units"), f"expected a positive integer, got {v!r}")
+        fam.compute_units = v
     if "gemm" in node:
         fam.gemm = _parse_gemm(chk, node["gemm"], _join(where, "gemm"))
     if "shapes" in node:
@@ -410,6 +416,15 @@ class PresetStack:
             fam = f.families.get(key)
             if fam is not None and fam.match is not None:
                 return fam.match
+        return None
+
+    def compute_units(self, key: str) -> int | None:
+        """The family's compute_units from the highest-precedence file that sets it (no
+        fallback family: None where no file does)."""
+        for f in self.files:
+            fam = f.families.get(key)
+            if fam is not None and fam.compute_units is not None:
+                return fam.compute_units
         return None
 
     def roofline(self, key: str) -> dict[str, float]:

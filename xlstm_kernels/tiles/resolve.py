@@ -19,6 +19,12 @@ Shape rules (M x N output, K reduction), applied unless levels 0-2 set the field
     split_k  simd path, M*N*batch <= 64*64*4 and K >= max(8*max(M, N), 256): the preset's
              split_k (default 4), at most K // (2*BK); otherwise 1. A split_k from levels
              0-2 is used for every shape on the simd path.
+             Waves rule, where the family sets compute_units (threadgroups one wave of
+             the GPU runs: SMs; the CUDA families): when the split-K rule does not fire
+             and the output has at most compute_units / 2 BMxBN tiles (times batch), K
+             is split into min(the preset's split_k, compute_units // tiles,
+             K // 512) parts when that is >= 2 (an under-filled GPU, e.g.
+             512x1024x4096 with 128x128 tiles: 32 tiles for 132 SMs -> 4 splits).
     vec4     a preset's vec4 is dropped when the final TK or TN is not a multiple of 4.
 """
 
@@ -42,6 +48,7 @@ __all__ = [
     "resolve_gemm_config",
     "set_gemm_tiles",
     "split_k_rule",
+    "waves_split_k",
 ]
 
 ARGUMENT = "tiles= argument"
@@ -50,6 +57,7 @@ SPLIT_K_MAX_MN = 64 * 64 * 4
 SPLIT_K_K_RATIO = 8
 SPLIT_K_MIN_K = 256
 SPLIT_K_DEFAULT = 4
+WAVES_MIN_K_PER_SPLIT = 512  # the waves rule keeps at least this much K per split
 
 _DEFAULTS = {f.name: f.default for f in dc_fields(GemmConfig)}
 _DEFAULTS["split_k"] = SPLIT_K_DEFAULT  # the count used when the split-K rule fires
@@ -71,6 +79,16 @@ class ResolvedGemmConfig:
 def split_k_rule(m: int, n: int, k: int, batch: int = 1) -> bool:
     """True when an M x N output is too small to fill the GPU and K is long."""
     return m * n * batch <= SPLIT_K_MAX_MN and k >= max(SPLIT_K_K_RATIO * max(m, n), SPLIT_K_MIN_K)
+
+
+def waves_split_k(m: int, n: int, k: int, batch: int, bm: int, bn: int, most: int, units: int) -> int:
+    """Splits of K for an output of few BM x BN tiles on a GPU running `units` threadgroups
+    per wave: 1 unless the tiles (times batch) fill at most half a wave; then
+    min(most, units // tiles, K // WAVES_MIN_K_PER_SPLIT), at least 1."""
+    tiles = -(-m // bm) * -(-n // bn) * batch
+    if tiles == 0 or 2 * tiles > units:
+        return 1
+    return max(1, min(most, units // tiles, k // WAVES_MIN_K_PER_SPLIT))
 
 
 # ---------------------------------------------------------------------------------------
@@ -270,9 +288,18 @@ def _resolve(op, m, n, k, dt, tiles, batch, family, stamps) -> ResolvedGemmConfi
             cfg = cfg.replace(split_k=1)
     else:
         fires = path == "simd" and split_k_rule(m, n, k, batch)
-        if fires and isinstance(cfg.split_k, int) and isinstance(cfg.bk, int) and cfg.bk > 0:
+        units = stack.compute_units(fam) if path == "simd" else None
+        ints = all(isinstance(v, int) and not isinstance(v, bool) and v > 0
+                   for v in (cfg.split_k, cfg.bk, cfg.bm, cfg.bn))
+        waves = waves_split_k(m, n, k, batch, cfg.bm, cfg.bn, cfg.split_k, units) if units and ints else 1
+        if fires and ints:
             split = max(1, min(cfg.split_k, k // (2 * cfg.bk)))
             sources["split_k"] = f"{sources['split_k']} (split-K rule: M*N={m * n}, K={k})"
+        elif waves > 1:
+            split = waves
+            tiles = -(-m // cfg.bm) * -(-n // cfg.bn) * batch
+            sources["split_k"] = (f"{sources['split_k']} (waves rule: {tiles} output tiles of {cfg.bm}x{cfg.bn} "
+                                  f"for {units} compute units, K={k})")
         else:
             split = 1
             sources["split_k"] = "shape rule: no split-K for this shape"
