@@ -1117,3 +1117,16 @@ def test_explain_matches_the_launch(kernel_backend, monkeypatch, device, lead_a,
     assert grid == tuple(info["grid"])
     if info["path"] == "simd":
         assert template["SPLIT"] == info["config"]["split_k"]
+
+
+def test_bench_gemm_rows_report_queued_throughput():
+    """GEMM bench rows on a timing backend carry the queued measurement (20 calls per
+    evaluation) of ours and of the MLX baseline in `extra`, next to the synchronised one."""
+    from xlstm_kernels.benchmarks import suite
+
+    row, = suite.gemm_rows(["gemm_av"], [(40, 24, 16)], ["float32"], "reference", warmup=1, repeats=4)
+    ex = row["extra"]
+    assert row["ok"] and row["ratio"] is not None
+    assert ex["ours_queued_ms"] > 0 and ex["mlx_queued_ms"] > 0
+    assert ex["ratio_queued"] == pytest.approx(ex["mlx_queued_ms"] / ex["ours_queued_ms"])
+    assert ex["gflops_queued"] == pytest.approx(2 * 40 * 24 * 16 / (ex["ours_queued_ms"] * 1e-3) / 1e9)
