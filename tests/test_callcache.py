@@ -141,3 +141,38 @@ def test_rope_and_norm_calls_are_memoised_per_signature():
         assert len(nm._CALLS) == 1
         with pytest.raises(ValueError, match="eps"):
             nm.rms_norm(mx.array(xv), None, -1.0)
+
+
+def test_env_snapshot_memo_sees_every_change(monkeypatch):
+    """make_snapshot memoises its tuple against a copy of the whole environment: any
+    os.environ change (relevant or not, set, changed, deleted) must show at the next read."""
+    from xlstm_kernels.tiles import env as env_mod
+
+    monkeypatch.delenv("XLSTM_TEST_SNAP_A", raising=False)
+    monkeypatch.delenv("XLSTM_TEST_SNAP_UNRELATED", raising=False)
+    snap = env_mod.make_snapshot(("XLSTM_TEST_SNAP_A", "HOME"))
+    first = snap()
+    assert first[0] is None and snap() is first  # unchanged environment: the memoised tuple
+    monkeypatch.setenv("XLSTM_TEST_SNAP_UNRELATED", "1")  # another variable: re-read, same values
+    assert snap() == first
+    monkeypatch.setenv("XLSTM_TEST_SNAP_A", "x")
+    assert snap()[0] in (b"x", "x")
+    monkeypatch.setenv("XLSTM_TEST_SNAP_A", "y")
+    assert snap()[0] in (b"y", "y")
+    monkeypatch.delenv("XLSTM_TEST_SNAP_A")
+    assert snap()[0] is None
+
+
+def test_token_follows_a_knob_variable_set_and_reset_between_calls(monkeypatch):
+    from xlstm_kernels.tiles import knobs as knobs_mod
+
+    var = knobs_mod._ALL_VARS[0]
+    monkeypatch.delenv(var, raising=False)
+    t0 = config_token()
+    monkeypatch.setenv(var, "4")
+    t1 = config_token()
+    assert t1 != t0
+    monkeypatch.setenv(var, "8")
+    assert config_token() not in (t0, t1)
+    monkeypatch.delenv(var)
+    assert config_token() == t0

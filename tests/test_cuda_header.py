@@ -24,7 +24,7 @@ class _Recorder:
         self.launches: list[dict] = []
 
     def __call__(self, name, input_names, output_names, source, header, ensure_row_contiguous=True, **kw):
-        self.built.append({"name": name, "source": source, "header": header})
+        self.built.append({"name": name, "source": source, "header": header, "input_names": list(input_names)})
 
         def run(inputs, output_shapes, output_dtypes, grid, threadgroup, **kwargs):
             self.launches.append({"grid": grid, "threadgroup": threadgroup, "inputs": inputs})
@@ -161,3 +161,10 @@ def test_exact_grids_skip_the_bounds_check_and_the_grid_load(recorder):
     assert "return;" not in exact and "xk_grid[" not in exact
     assert "gridDim.x * blockDim.x" in exact and "uint3(gridDim.x, gridDim.y, gridDim.z)" in exact
     assert "return;" in ragged and "xk_grid[0]" in ragged
+    # the exact grid's object takes no xk_grid input and its launches pass none
+    assert recorder.built[0]["input_names"] == ["x"] and len(recorder.launches[0]["inputs"]) == 1
+    assert recorder.built[1]["input_names"] == ["x", "xk_grid"] and len(recorder.launches[1]["inputs"]) == 2
+    run = k.prepare(zero_d=[False], output_shapes=[(4096,)], output_dtypes=[mx.float32], grid=(256, 16, 1),
+                    threadgroup=(64, 4, 1))
+    run([x])
+    assert len(recorder.launches[-1]["inputs"]) == 1 and len(recorder.built) == 2

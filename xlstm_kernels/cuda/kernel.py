@@ -286,9 +286,13 @@ class CudaKernel:
         self._lock = threading.Lock()
 
     # -- generated text ------------------------------------------------------------
-    def cuda_names(self, zero_d: Sequence[bool]) -> tuple[list[str], list[str]]:
-        """Buffer names handed to cuda_kernel (0-d inputs and atomic outputs renamed)."""
-        ins = [f"xk_s_{n}" if z else n for n, z in zip(self.input_names, zero_d)] + ["xk_grid"]
+    def cuda_names(self, zero_d: Sequence[bool], exact_grid: bool = False) -> tuple[list[str], list[str]]:
+        """Buffer names handed to cuda_kernel (0-d inputs and atomic outputs renamed).
+        `exact_grid`: an exact native grid, whose prologue reads only CUDA's registers,
+        takes no ``xk_grid`` input (one array less to make and hand over per launch)."""
+        ins = [f"xk_s_{n}" if z else n for n, z in zip(self.input_names, zero_d)]
+        if not exact_grid:
+            ins.append("xk_grid")
         outs = [f"xk_a_{n}" if self.atomic_outputs else n for n in self.output_names]
         return ins, outs
 
@@ -337,7 +341,7 @@ class CudaKernel:
             obj = self._objects.get(key)
         if obj is not None:
             return obj
-        ins, outs = self.cuda_names(zero_d)
+        ins, outs = self.cuda_names(zero_d, exact_grid and native_grid)
         obj = mx.fast.cuda_kernel(
             name=self.name,
             input_names=ins,
@@ -394,7 +398,7 @@ class CudaKernel:
         if stream is not None:
             kwargs["stream"] = stream
         return obj(
-            inputs=[*arrays, grid_arg],
+            inputs=arrays if grid_arg is None else [*arrays, grid_arg],
             output_shapes=shapes,
             output_dtypes=dtypes,
             grid=launch_grid,
@@ -426,13 +430,17 @@ class CudaKernel:
         if init_value is not None:
             kwargs["init_value"] = init_value
 
-        def run(inputs: Sequence[mx.array]) -> list[mx.array]:
-            return obj(inputs=[*inputs, grid_arg], **kwargs)
+        if grid_arg is None:  # an exact grid: the inputs as they are
+            def run(inputs: Sequence[mx.array]) -> list[mx.array]:
+                return obj(inputs=inputs, **kwargs)
+        else:
+            def run(inputs: Sequence[mx.array]) -> list[mx.array]:
+                return obj(inputs=[*inputs, grid_arg], **kwargs)
 
         return run
 
     def _plan(self, grid: Sequence[int], threadgroup: Sequence[int], template, zero_d: tuple[bool, ...]):
-        """(cuda_kernel object, xk_grid input, CUDA grid in threads, block) of one launch
+        """(cuda_kernel object, xk_grid input (None for an exact grid), CUDA grid in threads, block) of one launch
         signature, or _EMPTY for an empty grid; checks the arguments as Metal's wrapper does."""
         g, t, n_threads = launch_shape(grid, threadgroup)
         template_key = _template_key(template)
@@ -447,7 +455,8 @@ class CudaKernel:
         exact = native and all(gg % bb == 0 for gg, bb in zip(g, block))
         obj = self._object(zero_d, n_threads, template_key, native, exact)
         launch_grid = tuple(c * b for c, b in zip(counts, block)) if native else (total * block[0], block[1], block[2])
-        return obj, mx.array([*g, *counts], dtype=mx.int32), launch_grid, block
+        grid_arg = None if exact else mx.array([*g, *counts], dtype=mx.int32)
+        return obj, grid_arg, launch_grid, block
 
 
 _EMPTY = object()  # the plan of a launch with an empty grid

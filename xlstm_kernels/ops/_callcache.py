@@ -40,28 +40,35 @@ __all__ = ["CallCache", "config_token"]
 
 _all_env = env_mod.make_snapshot((backends_mod.ENV_VAR, *env_mod.GEMM_ENV_VARS, *knobs_mod._ALL_VARS))
 _epochs: dict[tuple, int] = {}
-_memo: list = [None, None, None, None, -1e9, 0]  # env, override, gemm version, reloads, time, token
+# (env, override, gemm version, reloads, time, token) of the last configuration seen
+_memo: list = [(None, None, None, None, -1e9, 0)]
+_override = backends_mod._override
+_version = resolve_mod._PROCESS_VERSION
+_reloads = presets_mod.RELOADS
+_monotonic = time.monotonic
 
 
 def config_token() -> int:
     """A small int that changes whenever any tile / knob / backend resolve could.
 
-    The environment (one read of every variable involved), the use_backend override and
-    set_gemm_tiles' version are compared on every call; the preset files' stamps are
-    re-read when those change, after reload_presets() or every STAMP_TTL_S. Equal
-    configurations get equal tokens."""
+    The environment, the use_backend override and set_gemm_tiles' version are compared
+    on every call; the preset files' stamps are re-read when those change, after
+    reload_presets() or every STAMP_TTL_S. Equal configurations get equal tokens.
+
+    The environment check is exact and cheap: :func:`tiles.env.make_snapshot` returns
+    its previous tuple (the same object) while ``os.environ`` compares equal to its copy
+    (one C-level dict comparison), so the usual call costs an identity test here; any
+    change made through ``os.environ`` shows at the next call."""
     env = _all_env()
-    override = backends_mod._override.get()
-    version = resolve_mod._PROCESS_VERSION[0]
-    reloads = presets_mod.RELOADS[0]
-    now = time.monotonic()
-    m = _memo
-    if (env == m[0] and override == m[1] and version == m[2] and reloads == m[3]
-            and now - m[4] < presets_mod.STAMP_TTL_S):
-        return m[5]
+    override = _override.get()
+    m_env, m_override, m_version, m_reloads, m_time, m_token = _memo[0]
+    if (env is m_env or env == m_env) and override == m_override and _version[0] == m_version \
+            and _reloads[0] == m_reloads and _monotonic() - m_time < presets_mod.STAMP_TTL_S:
+        return m_token
+    version, reloads, now = _version[0], _reloads[0], _monotonic()
     stamps = presets_mod.stack_stamps(env_mod.snapshot())
     token = _epochs.setdefault((override, version, env, stamps), len(_epochs))
-    m[:] = [env, override, version, reloads, now, token]
+    _memo[0] = (env, override, version, reloads, now, token)
     return token
 
 

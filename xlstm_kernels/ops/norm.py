@@ -379,27 +379,42 @@ def _validate(op: str, x, weight, bias, eps, num_heads: int = 1) -> tuple[mx.arr
 def _differentiable_fn(kind: str, x, weight, bias, eps: float, num_heads: int, backend: str,
                        knobs: dict | None = None):
     """fn(x, weight, bias) -> y for calls with the signature of these (validated, cast)
-    arrays: the forward launch planned once, the backward through the *_vjp kernels."""
+    arrays: the forward launch planned once, the backward through the *_vjp kernels.
+
+    The per-call host path is kept short (a memoised call costs the memo lookup, one
+    ``mx.custom_function`` call over exactly the arrays given, one kernel call): the
+    custom function takes only the arrays present (x, then weight, then bias), x is
+    reshaped only when it is not already (rows, n), and the constant inputs (eps,
+    params, a stand-in for an absent weight / bias) are made once here."""
     has_w, has_b = weight is not None, bias is not None
     spec, kwargs = _plan(kind, x, weight, bias, eps, num_heads, knobs)
     run = prepare_launch(spec, **kwargs, backend=backend)
     rows, n = kwargs["output_shapes"][0]
-    tail = kwargs["inputs"][-2:]  # the eps and params constants
+    flat = (rows, n)
+    tail = list(kwargs["inputs"][-2:])  # the eps and params constants
     dummy = _dummy(x.dtype)
+    n_args = 1 + has_w + has_b
 
-    def unpack(args):
-        return args[0], (args[1] if has_w else None), (args[1 + has_w] if has_b else None)
-
-    def forward(xa, wa, ba):
-        ins = [xa.reshape(rows, n), wa if has_w else dummy]
-        if kind == "ln":
-            ins.append(ba if has_b else dummy)
-        (y,) = run(ins + tail)
-        return y.reshape(xa.shape)
+    if kind == "ln":
+        def forward(args):
+            xa = args[0]
+            shape = xa.shape
+            x2 = xa if shape == flat else xa.reshape(flat)
+            w = args[1] if has_w else dummy
+            b = args[1 + has_w] if has_b else dummy
+            (y,) = run([x2, w, b, *tail])
+            return y if shape == flat else y.reshape(shape)
+    else:
+        def forward(args):
+            xa = args[0]
+            shape = xa.shape
+            x2 = xa if shape == flat else xa.reshape(flat)
+            (y,) = run([x2, args[1] if has_w else dummy, *tail])
+            return y if shape == flat else y.reshape(shape)
 
     @mx.custom_function
     def f(*args):
-        return forward(*unpack(args))
+        return forward(args)
 
     @f.vjp
     def f_vjp(primals, cotangent, output):
@@ -407,15 +422,19 @@ def _differentiable_fn(kind: str, x, weight, bias, eps: float, num_heads: int, b
             primals = (primals,)
         if isinstance(cotangent, (list, tuple)):
             cotangent = cotangent[0]
-        xa, wa, _ = unpack(primals)
+        xa = primals[0]
+        wa = primals[1] if has_w else None
         dx, dw, db = _backward(kind, xa, wa, has_b, cotangent, eps, num_heads, backend)
         grads = [dx] + ([dw] if has_w else []) + ([db] if has_b else [])
         return tuple(grads) if len(grads) > 1 else grads[0]
 
-    def call(xa, wa, ba):
-        return f(*([xa] + ([wa] if has_w else []) + ([ba] if has_b else [])))
-
-    return call
+    if n_args == 1:
+        return lambda xa, wa, ba: f(xa)
+    if n_args == 3:
+        return f  # f(x, weight, bias)
+    if has_w:
+        return lambda xa, wa, ba: f(xa, wa)
+    return lambda xa, wa, ba: f(xa, ba)
 
 
 # ---------------------------------------------------------------------------------------
@@ -430,20 +449,27 @@ _REFERENCES = {"rms_norm": lambda x, w, b, eps, nh: rms_norm_reference(x, w, eps
 
 def _call(op: str, x, weight, bias, eps, num_heads: int, knobs: dict | None) -> mx.array:
     """Run `op` ("rms_norm", "layer_norm", "multihead_layer_norm"): the first call of a
-    signature validates and builds its function, later ones reuse it."""
+    signature validates and builds its function, later ones reuse it (one key tuple, one
+    memo lookup, then the stored function)."""
     key = None
-    if knobs is None and isinstance(x, mx.array) and eps.__class__ in (float, int) and num_heads.__class__ is int:
+    if knobs is None and x.__class__ is _ARRAY and eps.__class__ in _NUMBER and num_heads.__class__ is int:
         try:
             key = (op, x.shape, x.dtype, None if weight is None else (weight.shape, weight.dtype),
                    None if bias is None else (bias.shape, bias.dtype), eps, num_heads)
         except AttributeError:  # weight / bias not arrays: validation says so
             key = None
-    fn = _CALLS.get(key) if key is not None else None
-    if fn is None:
-        fn = _build_call(op, x, weight, bias, eps, num_heads, knobs)
-        if key is not None:
-            _CALLS.put(key, fn)
+        else:
+            fn = _CALLS.get(key)
+            if fn is not None:
+                return fn(x, weight, bias)
+    fn = _build_call(op, x, weight, bias, eps, num_heads, knobs)
+    if key is not None:
+        _CALLS.put(key, fn)
     return fn(x, weight, bias)
+
+
+_ARRAY = mx.array
+_NUMBER = (float, int)
 
 
 def _build_call(op: str, x, weight, bias, eps, num_heads: int, knobs: dict | None):
@@ -459,6 +485,8 @@ def _build_call(op: str, x, weight, bias, eps, num_heads: int, knobs: dict | Non
         ref = _REFERENCES[op]
         return lambda x, w, b: ref(cast(x), cast(w), cast(b), eps, num_heads)
     fn = _differentiable_fn(kind, xv, wv, bv, eps, num_heads, backend, knobs)
+    if all(a is None or getattr(a, "dtype", None) == dtype for a in (x, weight, bias)):
+        return fn  # nothing to cast: the memo hands out the differentiable function itself
     return lambda x, w, b: fn(cast(x), cast(w), cast(b))
 
 

@@ -325,9 +325,12 @@ def _build_call(x, dims, traditional, base, scale, offset, freqs):
                                                             backward), backend=backend)
             for backward in (False, True)}
 
+    flat = (rows, seq_len, d)
+
     def rotate(inp: mx.array, offs: mx.array, fr: mx.array, backward: bool) -> mx.array:
-        (y,) = runs[backward]([inp.reshape(rows, seq_len, d), offs, fr, params, scale_arr])
-        return y.reshape(inp.shape)
+        shape = inp.shape  # reshaped only when not already (rows, L, D)
+        (y,) = runs[backward]([inp if shape == flat else inp.reshape(flat), offs, fr, params, scale_arr])
+        return y if shape == flat else y.reshape(shape)
 
     @mx.custom_function
     def f(x, offs, fr):
@@ -337,6 +340,16 @@ def _build_call(x, dims, traditional, base, scale, offset, freqs):
     def f_vjp(primals, cotangent, output):  # offset and freqs get no gradient
         x, offs, fr = primals
         return rotate(cotangent.astype(x.dtype), offs, fr, True), mx.zeros_like(offs), mx.zeros_like(fr)
+
+    if offset.__class__ is int and not given_freqs:
+        # The common call (an int offset, default frequencies; the memo key fixes both):
+        # a range check, the memoised offset array, the custom function.
+        def call_int(x, offset, freqs):
+            if not -(2**31) <= offset < 2**31:
+                raise ValueError(f"offset must fit in int32, got {offset}")
+            return f(x, _offset_array(offset), freqs32)
+
+        return call_int
 
     def call(x, offset, freqs):
         offs, fr = inputs(offset, freqs)
