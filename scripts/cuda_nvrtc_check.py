@@ -100,11 +100,12 @@ def mlx_source(rec: dict) -> tuple[str, str]:
     k = CudaKernel(rec["name"], rec["input_names"], rec["output_names"], rec["source"], rec["header"],
                    rec["ensure_row_contiguous"], rec["atomic_outputs"])
     zero_d = [nd == 0 for _, nd in rec["inputs"]]
-    ins, outs = k.cuda_names(zero_d)
+    exact = bool(rec.get("exact", False))
+    ins, outs = k.cuda_names(zero_d, exact_grid=exact)
     source = k.cuda_source(zero_d, tuple(tuple(t) for t in rec["template"]), native_grid=True,
-                           exact_grid=bool(rec.get("exact", False)))
+                           exact_grid=exact)
     header = k.cuda_header(rec["threads"])
-    in_info = [*rec["inputs"], ["int32", 1]]
+    in_info = [*rec["inputs"]] + ([] if exact else [["int32", 1]])  # + xk_grid on ragged grids
     func = "custom_kernel_" + rec["name"]  # the factory passes no template= (see template_lines)
     text = _DEFAULT_HEADER + header + "namespace mlx::core::cu {\n\nnamespace cg = cooperative_groups;\n\n"
     text += f"__global__ void {func}(\n"
