@@ -176,3 +176,139 @@ def test_token_follows_a_knob_variable_set_and_reset_between_calls(monkeypatch):
     assert config_token() not in (t0, t1)
     monkeypatch.delenv(var)
     assert config_token() == t0
+
+
+# ----------------------------------------------------------------------------- graph replay
+def _counted_custom_function():
+    """A differentiable f(x, w) = x * w (VJP by hand) that counts how often its Python runs."""
+    import mlx.core as mx
+
+    calls = {"forward": 0, "vjp": 0}
+
+    @mx.custom_function
+    def f(x, w):
+        calls["forward"] += 1
+        return x * w
+
+    @f.vjp
+    def f_vjp(primals, cotangent, output):
+        calls["vjp"] += 1
+        x, w = primals
+        return cotangent * w, (cotangent * x).sum(axis=0)
+
+    return f, calls
+
+
+@pytest.mark.parametrize("backend", ["emulate", "reference"])
+def test_replayable_leaves_eager_backends_alone(backend):
+    from xlstm_kernels.ops._callcache import replayable
+
+    f, _ = _counted_custom_function()
+    assert replayable(f, backend) is f
+
+
+def test_replayable_records_once_and_replays_with_fresh_values():
+    import mlx.core as mx
+    import numpy as np
+
+    from xlstm_kernels.ops._callcache import replayable
+
+    f, calls = _counted_custom_function()
+    g = replayable(f, "cuda")
+    assert g is not f
+    rng = np.random.default_rng(7)
+    w = mx.array(rng.standard_normal(5).astype(np.float32))
+    for i in range(4):  # fresh values each call: the replay must not bake in the first inputs
+        xn = rng.standard_normal((3, 5)).astype(np.float32)
+        y = g(mx.array(xn), w)
+        np.testing.assert_allclose(np.array(y), xn * np.array(w), rtol=1e-6)
+    assert calls["forward"] == 1  # recorded once, replayed three times
+    # A new shape records again.
+    g(mx.array(rng.standard_normal((2, 5)).astype(np.float32)), w)
+    assert calls["forward"] == 2
+    # Gradients through the replayed function use the custom VJP.
+    x = mx.array(rng.standard_normal((3, 5)).astype(np.float32))
+    dx, dw = mx.grad(lambda x, w: g(x, w).sum(), argnums=(0, 1))(x, w)
+    np.testing.assert_allclose(np.array(dx), np.broadcast_to(np.array(w), (3, 5)), rtol=1e-6)
+    np.testing.assert_allclose(np.array(dw), np.array(x).sum(axis=0), rtol=1e-6)
+    assert calls["vjp"] >= 1
+
+
+def test_replay_switch(monkeypatch):
+    from xlstm_kernels.ops._callcache import REPLAY_ENV_VAR, replayable
+
+    f, _ = _counted_custom_function()
+    base = config_token()
+    monkeypatch.setenv(REPLAY_ENV_VAR, "0")
+    assert config_token() != base  # memoised calls are rebuilt with the new setting
+    assert replayable(f, "cuda") is f
+    monkeypatch.setenv(REPLAY_ENV_VAR, "1")
+    assert replayable(f, "cuda") is not f
+    monkeypatch.setenv(REPLAY_ENV_VAR, "maybe")
+    with pytest.raises(ValueError, match=REPLAY_ENV_VAR):
+        replayable(f, "cuda")
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    """Backend 'cuda' on a machine without it: mx.fast.cuda_kernel replaced by a fake whose
+    launches are counted (outputs: zeros). Kernel objects and memos made here are dropped."""
+    import mlx.core as mx
+
+    from xlstm_kernels.ops import attention as attention_mod
+    from xlstm_kernels.ops import mlstm as mlstm_mod
+    from xlstm_kernels.ops import norm as norm_mod
+    from xlstm_kernels.ops import rope as rope_mod
+    from xlstm_kernels.runtime import backends as backends_mod
+    from xlstm_kernels.runtime import kernels as kernels_mod
+
+    if backends_mod._cuda_available():
+        pytest.skip("a real CUDA device: the GPU runs of the op tests cover replay")
+    launches = []
+
+    class FakeKernel:
+        def __call__(self, *, inputs, output_shapes, output_dtypes, **kwargs):
+            launches.append(len(inputs))
+            return [mx.zeros(s, d) for s, d in zip(output_shapes, output_dtypes)]
+
+    monkeypatch.setattr(mx.fast, "cuda_kernel", lambda **kwargs: FakeKernel(), raising=False)
+    monkeypatch.setattr(backends_mod, "_cuda_available", lambda: True)
+
+    def drop():
+        for key in [k for k in kernels_mod._cache if k[0] == "cuda"]:
+            kernels_mod._cache.pop(key, None)
+        for memo in (norm_mod._CALLS, rope_mod._CALLS, attention_mod._CALLS, mlstm_mod._STEP_CALLS):
+            memo.clear()
+
+    drop()
+    yield launches
+    drop()
+
+
+def test_memoised_ops_replay_their_launches_on_cuda(fake_cuda):
+    import mlx.core as mx
+
+    import xlstm_kernels as xk
+
+    w = mx.random.normal((64,))
+    with runtime.use_backend("cuda"):
+        fake_cuda.append("rms_norm: not replayed yet")  # (norm.py joins in the next commit)
+        for offset in (0, 5, 9):  # an int offset is an input array of the replayed graph
+            mx.eval(xk.rope(mx.random.normal((2, 3, 16, 32)), 32, offset=offset))
+        assert len(fake_cuda) == 2  # launched (recorded) once, then replayed by MLX
+        k = mx.random.normal((1, 2, 300, 16))
+        for _ in range(3):  # split-KV decode: two launches recorded once
+            mx.eval(xk.scaled_dot_product_attention(mx.random.normal((1, 4, 1, 16)), k, k, scale=0.25))
+        assert len(fake_cuda) == 4
+        for _ in range(3):
+            q = mx.random.normal((2, 3, 8))
+            mx.eval(xk.mlstm_step(q, q, q, mx.random.normal((2, 3)), mx.random.normal((2, 3)), None)[0])
+        assert len(fake_cuda) == 5
+    with runtime.use_backend("cuda"):
+        os.environ["XLSTM_KERNELS_REPLAY"] = "0"
+        try:
+            for _ in range(2):
+                mx.eval(xk.rope(mx.random.normal((2, 3, 16, 32)), 32, offset=1))
+        finally:
+            del os.environ["XLSTM_KERNELS_REPLAY"]
+        assert len(fake_cuda) == 7  # no replay: every call launches from Python

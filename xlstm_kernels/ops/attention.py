@@ -83,7 +83,7 @@ import mlx.core as mx
 from ..runtime import KernelSpec, current_backend, launch
 from ..tiles.gemm import dtype_name
 from ..tiles.knobs import ALIAS_SPLIT_MIN_KEYS, attention_block_k_bytes, attention_fits, resolve_knobs
-from ._callcache import CallCache
+from ._callcache import CallCache, replayable
 from ._validate import check_array, check_int32, check_same_dtype
 
 __all__ = [
@@ -573,14 +573,15 @@ def _attention(q, k, v, scale, mask, path: str, cfg: dict) -> mx.array:
             key = None
     fn = _CALLS.get(key) if key is not None else None
     if fn is None:
-        fn = _build_attention(q, k, v, scale, mask, path, cfg)
+        fn = _build_attention(q, k, v, scale, mask, path, cfg, replay=key is not None)
         if key is not None:
             _CALLS.put(key, fn)
     return fn(q, k, v, mask)
 
 
-def _build_attention(q, k, v, scale, mask, path: str, cfg: dict):
-    """Validate one call and build fn(q, k, v, mask) -> o for its signature."""
+def _build_attention(q, k, v, scale, mask, path: str, cfg: dict, replay: bool = False):
+    """Validate one call and build fn(q, k, v, mask) -> o for its signature (`replay`: a
+    memoised signature, whose launches cuda / metal record once and replay)."""
     m = _check_inputs(q, k, v, scale, mask)
     scale = float(scale)
     b, hq, lq, d = q.shape
@@ -625,6 +626,9 @@ def _build_attention(q, k, v, scale, mask, path: str, cfg: dict):
         q, k, v, extra = primals
         dq, dk, dv_, dm = _reference_vjp(q, k, v, scale, m, extra if additive else None, cotangent)
         return dq, dk, dv_, dm if additive else mx.zeros_like(extra)
+
+    if replay:
+        f = replayable(f, backend)
 
     def call(q, k, v, mask):
         # an array mask is checked per call (its values are this call's); memoised calls have none

@@ -49,7 +49,7 @@ import mlx.core as mx
 
 from ..runtime import KernelSpec, current_backend, launch, prepare_launch
 from ..tiles.knobs import resolve_knobs
-from ._callcache import CallCache
+from ._callcache import CallCache, replayable
 from ._validate import check_array, check_int32, check_same_dtype
 
 __all__ = [
@@ -572,7 +572,7 @@ def mlstm_step(
     key = _step_key(q, k, v, i_pre, f_pre, state, eps)
     fn = _STEP_CALLS.get(key) if key is not None else None
     if fn is None:
-        fn = _step_function(q, k, v, i_pre, f_pre, state, eps)
+        fn = _step_function(q, k, v, i_pre, f_pre, state, eps, replay=key is not None)
         if key is not None:
             _STEP_CALLS.put(key, fn)
     bsz, nh, dk = q.shape
@@ -599,7 +599,7 @@ def _step_key(q, k, v, i_pre, f_pre, state, eps) -> tuple | None:
     return (*[(a.shape, a.dtype) for a in arrays], state is None, eps)
 
 
-def _step_function(q, k, v, i_pre, f_pre, state, eps):
+def _step_function(q, k, v, i_pre, f_pre, state, eps, replay: bool = False):
     """Validate one step call and build f(q, k, v, i_pre, f_pre, C, n, m) -> (h, C, n, m),
     differentiable, for every later call with the same signature."""
     bsz, nh, _, dk, dv = _check_inputs(q, k, v, i_pre, f_pre, state, seq=False)
@@ -623,4 +623,4 @@ def _step_function(q, k, v, i_pre, f_pre, state, eps):
     def f_vjp(p, cotangents, outputs):
         return _vjp_via(ref, p, cotangents)
 
-    return f
+    return replayable(f, backend) if replay else f  # cuda / metal: record once, replay

@@ -25,7 +25,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..runtime import KernelSpec, current_backend, prepare_launch
-from ._callcache import CallCache
+from ._callcache import CallCache, replayable
 from ._validate import check_array, check_int32
 
 __all__ = ["rope", "rope_reference"]
@@ -261,7 +261,7 @@ def rope(
     key = _call_key(x, dims, traditional, base, scale, offset, freqs)
     fn = _CALLS.get(key) if key is not None else None
     if fn is None:
-        fn = _build_call(x, dims, traditional, base, scale, offset, freqs)
+        fn = _build_call(x, dims, traditional, base, scale, offset, freqs, replay=key is not None)
         if key is not None:
             _CALLS.put(key, fn)
     return fn(x, offset, freqs)
@@ -275,7 +275,7 @@ def _call_key(x, dims, traditional, base, scale, offset, freqs) -> tuple | None:
     input of the kernel), or None when an argument's type is unusual (checked every call)."""
     if not isinstance(x, mx.array) or dims.__class__ is not int or traditional.__class__ is not bool:
         return None
-    if scale.__class__ not in (float, int) or base.__class__ not in (float, int, type(None)):
+    if scale.__class__ not in (float, int) or base.__class__ not in (float, int, _DefaultBase, type(None)):
         return None
     if offset.__class__ is int:
         off = int
@@ -294,8 +294,9 @@ def _offset_array(offset: int) -> mx.array:
     return mx.array([offset], dtype=mx.int32)
 
 
-def _build_call(x, dims, traditional, base, scale, offset, freqs):
-    """Validate one call and build fn(x, offset, freqs) -> y for its signature."""
+def _build_call(x, dims, traditional, base, scale, offset, freqs, replay: bool = False):
+    """Validate one call and build fn(x, offset, freqs) -> y for its signature (`replay`:
+    a memoised signature, whose launch cuda / metal record once and replay)."""
     freqs32, offset_checked = _check_args(x, dims, traditional, base, scale, offset, freqs)
     dims, traditional, scale = int(dims), bool(traditional), float(scale)
     given_freqs = freqs is not None
@@ -340,6 +341,9 @@ def _build_call(x, dims, traditional, base, scale, offset, freqs):
     def f_vjp(primals, cotangent, output):  # offset and freqs get no gradient
         x, offs, fr = primals
         return rotate(cotangent.astype(x.dtype), offs, fr, True), mx.zeros_like(offs), mx.zeros_like(fr)
+
+    if replay:
+        f = replayable(f, backend)
 
     if offset.__class__ is int and not given_freqs:
         # The common call (an int offset, default frequencies; the memo key fixes both):
