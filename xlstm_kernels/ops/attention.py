@@ -410,8 +410,10 @@ def _prefill_launch(q, k, v, m: _Mask, scale: float, block_q=None, block_k=None)
 #: Register estimate (32-bit registers per lane) of the split-KV pass 1 that R, the query
 #: rows per threadgroup, must stay within: about 60 + R x (KC partial scores + q and
 #: accumulator elements per lane) + the KC K-row runs in flight (fitted to ptxas -v of
-#: the CUDA kernels, sm_90; above it they spill to local memory).
-_PARTIAL_REG_BUDGET = 200
+#: the CUDA kernels, sm_90; above it they spill to local memory). 150 rather than the
+#: spill limit: fewer rows per threadgroup, more threadgroups per SM (H100, fp16 decode
+#: 8x32x8x8192x128: R = 2 at 823 GB/s vs R = 4 at 644 GB/s; scripts/probe_attention.py).
+_PARTIAL_REG_BUDGET = 150
 #: Threadgroup bytes the pass 1 may use for merging its simdgroups' states.
 _PARTIAL_TG_BYTES = 28 * 1024
 #: Threadgroups the automatic split-KV block size aims for (about 4 per SM on a 132-SM
