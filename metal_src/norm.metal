@@ -85,7 +85,9 @@ inline T xk_affine(float nrm, float w, float b) {
 // y[r, i] = w[h*n + i] * T(x[r, i] * rsqrt(mean(x[r, :]^2) + eps)), h = r % nh.
 // inputs:  x (rows, n) T; w (nh * n) T (a 1-element dummy if !HAS_W); eps () float;
 //          params (3) int = [rows, n, nh]
-// outputs: y (rows, n) T.  template: T, HAS_W, N_READS, ONE_SIMD
+// outputs: y (rows, n) T.  template: T, HAS_W, N_READS, ONE_SIMD, FULL
+// FULL: 0 any n; 1 n == tpr * N_READS (no bounds code: wide runs when x, y, w are
+// aligned, else element accesses); 2 as 1 but always element accesses (tests).
 constexpr int W = XK_RUN(T, N_READS);  // elements per run
 constexpr int NR = N_READS / W;        // runs per thread
 const uint nrows = uint(params[0]);
@@ -99,7 +101,67 @@ const uint sg = simdgroup_index_in_threadgroup;
 const uint nsg = simdgroups_per_threadgroup;
 threadgroup float red_a[32];
 
-if (row < nrows) {  // uniform per row: every thread of a row takes the same branch
+if (FULL != 0) {  // rows of exactly tpr * N_READS elements (a compile-time branch)
+  // No bounds code. Aligned rows (al, uniform; checked once): every run one wide access,
+  // x kept in registers as T (16-bit: packed). Otherwise (an offset slice on CUDA, or
+  // FULL == 2): element accesses, x read twice (sum of squares, then the write) so that
+  // this rare path holds no row in registers and adds none to the kernel's count.
+  if (row < nrows) {
+    const device T* xr = x + size_t(row) * n;
+    device T* yr = y + size_t(row) * n;
+    const device T* wr = w + (HAS_W ? (row % nh) * n : 0);
+    const bool al = FULL == 1 && xk_run_aligned<W>(xr) && xk_run_aligned<W>(yr) &&
+                    (!HAS_W || xk_run_aligned<W>(wr));
+    T t[N_READS];  // run j: elements (tid + j * tpr) * W + [0, W)
+    float acc = 0.0f;
+    if (al) {
+      for (int j = 0; j < NR; j++) {
+        xk_load_w<W>(xr + (tid + j * tpr) * W, t + j * W);
+      }
+      for (int k = 0; k < N_READS; k++) {
+        acc += float(t[k]) * float(t[k]);
+      }
+    } else {
+      for (int j = 0; j < NR; j++) {
+        for (int k = 0; k < W; k++) {
+          const float e = float(xr[(tid + j * tpr) * W + k]);
+          acc += e * e;
+        }
+      }
+    }
+    acc = xk_row_sum<ONE_SIMD>(acc, red_a, lane, sg, nsg);
+    const float r = metal::precise::rsqrt(acc / float(n) + eps);
+    if (al) {
+      // weight run j + 1 is read before run j's output is computed and stored
+      T wt[W];
+      T wn[W];
+      if (HAS_W) {
+        xk_load_w<W>(wr + tid * W, wn);
+      }
+      for (int j = 0; j < NR; j++) {
+        const uint i = (tid + j * tpr) * W;
+        for (int k = 0; k < W; k++) {
+          wt[k] = HAS_W ? wn[k] : T(0.0f);
+        }
+        if (HAS_W && j + 1 < NR) {
+          xk_load_w<W>(wr + i + tpr * W, wn);
+        }
+        T o[W];
+        for (int k = 0; k < W; k++) {
+          o[k] = xk_affine<T, HAS_W, false>(float(t[j * W + k]) * r, float(wt[k]), 0.0f);
+        }
+        xk_store_w<W>(yr + i, o);
+      }
+    } else {
+      for (int j = 0; j < NR; j++) {
+        for (int k = 0; k < W; k++) {
+          const uint i = (tid + j * tpr) * W + k;
+          yr[i] = xk_affine<T, HAS_W, false>(float(xr[i]) * r, HAS_W ? float(wr[i]) : 0.0f, 0.0f);
+        }
+      }
+    }
+  }
+} else if (row < nrows) {  // uniform per row: every thread of a row takes the same branch
   const device T* xr = x + size_t(row) * n;
   device T* yr = y + size_t(row) * n;
   const device T* wr = w + (HAS_W ? (row % nh) * n : 0);

@@ -514,3 +514,32 @@ def test_check_bounds_odd_shape():
     assert rel_err(outs[0][0].reshape(x.shape), ln_ref64(x, w, b, num_heads=2)) < 1e-2
     assert rel_err(outs[2][0], rms_ref64(xl, wl)) < 1e-2
     assert rel_err(outs[4][0], ln_ref64(xm, wm, bm)) < 1e-5
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("n", [128, 512, 2048])
+@pytest.mark.parametrize("has_w", [True, False])
+def test_rms_norm_full_rows(kernel_backend, dtype, n, has_w):
+    """RMSNorm rows of exactly tpr * n_reads elements (FULL = 1: no bounds code), on
+    aligned and offset views (off 1: the element path on CUDA), and the kernel with
+    FULL = 0 (general path) and FULL = 2 (always element accesses) against the reference."""
+    from xlstm_kernels.runtime import launch
+
+    dt = DTYPES[dtype]
+    n = n * 4 // dt.size  # 16-bit: twice as long (runs of 8 elements)
+    rng = np.random.default_rng(seed_of("full", dtype, n, has_w))
+    x, w, _ = make(rng, (3, n), dt, has_w, False)
+    spec, kw = norm_mod._plan("rms", x, w, None, EPS)
+    assert dict(kw["template"])["FULL"] == 1
+    assert kw["threadgroup"][0] * dict(kw["template"])["N_READS"] == n
+    want = rms_ref64(x, w)
+    for off in (0, 1):
+        xv = offset_view(x, off)
+        wv = None if w is None else offset_view(w, off)
+        assert rel_err(rms_norm(xv, wv, EPS), want) < tol(dt), off
+    for full in (0, 2):
+        kw2 = dict(kw, template=[(k, full if k == "FULL" else v) for k, v in kw["template"]])
+        assert rel_err(launch(spec, **kw2)[0], want) < tol(dt), full
+    # a row one run short is not FULL
+    _, kw3 = norm_mod._plan("rms", x[:, : n - 8], None, None, EPS)
+    assert dict(kw3["template"])["FULL"] == 0
