@@ -174,3 +174,39 @@ METAL_FUNC void xk_store_rows(device T* p, size_t rs, uint i, uint lim, uint nr,
 // Elements per run for a thread that moves NR elements of T per step: NR capped at 16
 // bytes (float: 4, half / bfloat: 8) and at 8 elements.
 #define XK_RUN(T, NR) ((NR) * int(sizeof(T)) <= 16 ? ((NR) < 8 ? (NR) : 8) : 16 / int(sizeof(T)))
+
+// Runs known to lie inside the row (no bounds code), for kernels whose rows are exactly
+// their threads' runs long, NR runs at i0 + j * stride as in xk_load_runs: `al` (uniform;
+// the caller tested xk_run_aligned of every row it passes): each run one wide access
+// (xk_load_w / xk_store_w); else element accesses. xk_full_load_f converts to float.
+template <int W, int NR, typename T>
+METAL_FUNC void xk_full_load_f(const device T* p, uint i0, uint stride, bool al, thread float* v) {
+  if (al) {
+    T t[W * NR];
+    for (int j = 0; j < NR; j++) {
+      xk_load_w<W>(p + i0 + j * stride, t + j * W);
+    }
+    for (int k = 0; k < W * NR; k++) {
+      v[k] = float(t[k]);
+    }
+  } else {
+    for (int j = 0; j < NR; j++) {
+      for (int k = 0; k < W; k++) {
+        v[j * W + k] = float(p[i0 + j * stride + k]);
+      }
+    }
+  }
+}
+
+template <int W, int NR, typename T>
+METAL_FUNC void xk_full_store(device T* p, uint i0, uint stride, bool al, const thread T* t) {
+  for (int j = 0; j < NR; j++) {
+    if (al) {
+      xk_store_w<W>(p + i0 + j * stride, t + j * W);
+    } else {
+      for (int k = 0; k < W; k++) {
+        p[i0 + j * stride + k] = t[j * W + k];
+      }
+    }
+  }
+}

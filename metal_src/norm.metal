@@ -68,6 +68,28 @@ inline V xk_row_sum(V v, threadgroup V* scratch, uint lane, uint sg, uint nsg) {
   return simd_sum(p);
 }
 
+// Two sums of the row at once (xk_row_sum of a and of b) with one barrier: scratch holds
+// 2 * 32 entries (a's partials, then b's). The same rule as xk_row_sum: consecutive calls
+// must use different scratch arrays (e.g. alternate two by row parity).
+template <bool ONE_SIMD>
+inline void xk_row_sum2(thread float& a, thread float& b, threadgroup float* scratch, uint lane, uint sg,
+                        uint nsg) {
+  a = simd_sum(a);
+  b = simd_sum(b);
+  if (ONE_SIMD) {
+    return;
+  }
+  if (lane == 0) {
+    scratch[sg] = a;
+    scratch[32 + sg] = b;
+  }
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  const float pa = lane < nsg ? scratch[lane] : 0.0f;
+  const float pb = lane < nsg ? scratch[32 + lane] : 0.0f;
+  a = simd_sum(pa);
+  b = simd_sum(pb);
+}
+
 // y = T(b + T(w * T(nrm))), each step rounded to T like mx.fast; w, b skipped when absent.
 template <typename T, bool HAS_W, bool HAS_B>
 inline T xk_affine(float nrm, float w, float b) {
@@ -345,7 +367,9 @@ for (uint c = tid * W; c < n; c += step) {
 // inputs:  x (M*nh, n) T; w (nh*n) T (dummy if !HAS_W); g (M*nh, n) T; eps () float;
 //          params (5) int = [M, n, nh, rpg, units]
 // outputs: dx (M*nh, n) T; dwp (groups, nh*n) float ((1,) if !HAS_W: set to 0).
-// template: T, HAS_W, N_READS, ONE_SIMD
+// template: T, HAS_W, N_READS, ONE_SIMD, FULL (as rms_norm's: 1 rows of exactly
+// tpr * N_READS elements, wide runs when x, g, dx, w are aligned, else element accesses,
+// no bounds code; 2 always element accesses; 0 any n)
 constexpr int W = XK_RUN(T, N_READS);
 constexpr int NR = N_READS / W;
 const uint m_rows = uint(params[0]);
@@ -359,8 +383,7 @@ const uint tpr = threads_per_threadgroup.x;
 const uint lane = thread_index_in_simdgroup;
 const uint sg = simdgroup_index_in_threadgroup;
 const uint nsg = simdgroups_per_threadgroup;
-threadgroup float red_a[32];
-threadgroup float red_b[32];
+threadgroup float red[2][64];  // xk_row_sum2 scratch, alternating by row
 
 if (unit < nunits) {  // uniform per unit
   const uint head = unit % nh;
@@ -370,7 +393,13 @@ if (unit < nunits) {  // uniform per unit
   const uint woff = head * n;
   float wv[N_READS];
   float dwa[N_READS];
-  xk_load_runs_f_or<HAS_W, W, NR>(w + woff, tid * W, tpr * W, n, wv, 1.0f);
+  const bool al = FULL == 1 && xk_run_aligned<W>(x) && xk_run_aligned<W>(g) && xk_run_aligned<W>(dx) &&
+                  (!HAS_W || xk_run_aligned<W>(w + woff));
+  if (FULL != 0 && HAS_W) {
+    xk_full_load_f<W, NR>(w + woff, tid * W, tpr * W, al, wv);
+  } else {
+    xk_load_runs_f_or<HAS_W, W, NR>(w + woff, tid * W, tpr * W, n, wv, 1.0f);
+  }
   for (int k = 0; k < N_READS; k++) {
     dwa[k] = 0.0f;
   }
@@ -378,26 +407,36 @@ if (unit < nunits) {  // uniform per unit
     const size_t base = (size_t(bi) * nh + head) * n;
     float xv[N_READS];
     float gv[N_READS];
-    xk_load_runs_f<W, NR>(x + base, tid * W, tpr * W, n, xv);
-    xk_load_runs_f<W, NR>(g + base, tid * W, tpr * W, n, gv);
-    float ss = 0.0f;
-    for (int k = 0; k < N_READS; k++) {
-      ss += xv[k] * xv[k];
+    if (FULL != 0) {
+      xk_full_load_f<W, NR>(x + base, tid * W, tpr * W, al, xv);
+      xk_full_load_f<W, NR>(g + base, tid * W, tpr * W, al, gv);
+    } else {
+      xk_load_runs_f<W, NR>(x + base, tid * W, tpr * W, n, xv);
+      xk_load_runs_f<W, NR>(g + base, tid * W, tpr * W, n, gv);
     }
-    ss = xk_row_sum<ONE_SIMD>(ss, red_a, lane, sg, nsg);
-    const float r = metal::precise::rsqrt(ss / float(n) + eps);
+    // one reduction per row: sum x^2 and sum gw * x (mean(gw * xhat) = r * that / n)
+    float ss = 0.0f;
     float p = 0.0f;
     for (int k = 0; k < N_READS; k++) {
-      xv[k] *= r;  // xhat (0 past the end, where g is 0 too)
+      ss += xv[k] * xv[k];
       p += gv[k] * wv[k] * xv[k];
     }
-    const float mp = xk_row_sum<ONE_SIMD>(p, red_b, lane, sg, nsg) / float(n);
+    xk_row_sum2<ONE_SIMD>(ss, p, red[bi & 1u], lane, sg, nsg);
+    const float r = metal::precise::rsqrt(ss / float(n) + eps);
+    const float mp = r * p / float(n);
+    for (int k = 0; k < N_READS; k++) {
+      xv[k] *= r;  // xhat (0 past the end, where g is 0 too)
+    }
     T o[N_READS];
     for (int k = 0; k < N_READS; k++) {
       o[k] = T(r * (gv[k] * wv[k] - xv[k] * mp));
       dwa[k] += gv[k] * xv[k];
     }
-    xk_store_runs<W, NR>(dx + base, tid * W, tpr * W, n, o);
+    if (FULL != 0) {
+      xk_full_store<W, NR>(dx + base, tid * W, tpr * W, al, o);
+    } else {
+      xk_store_runs<W, NR>(dx + base, tid * W, tpr * W, n, o);
+    }
   }
   if (HAS_W) {
     xk_store_runs<W, NR>(dwp + size_t(grp) * nh * n + woff, tid * W, tpr * W, n, dwa);

@@ -543,3 +543,38 @@ def test_rms_norm_full_rows(kernel_backend, dtype, n, has_w):
     # a row one run short is not FULL
     _, kw3 = norm_mod._plan("rms", x[:, : n - 8], None, None, EPS)
     assert dict(kw3["template"])["FULL"] == 0
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("n", [128, 512, 2048])
+@pytest.mark.parametrize("has_w", [True, False])
+def test_rms_norm_vjp_full_rows(kernel_backend, monkeypatch, dtype, n, has_w):
+    """The RMSNorm backward on rows of exactly tpr * n_reads elements: FULL = 1 through the
+    op (aligned and offset views; with a weight a unit sums several of the 5 rows, alternating its
+    reduction scratch), FULL = 0 and 2 launched directly, against float32 reference grads."""
+    from xlstm_kernels.runtime import launch
+
+    monkeypatch.setattr(norm_mod, "VJP_TARGET_THREADS", 64)
+
+    dt = DTYPES[dtype]
+    n = n * 4 // dt.size
+    rng = np.random.default_rng(seed_of("vjpfull", dtype, n, has_w))
+    x, w, _ = make(rng, (5, n), dt, has_w, False)
+    cot = rand(rng, (5, n), dt)
+    args = [x] + ([w] if has_w else [])
+    fn = (lambda a, c: rms_norm(a, c, EPS)) if has_w else (lambda a: rms_norm(a, None, EPS))
+    with runtime.use_backend("reference"):
+        want = _grads(fn, [a.astype(mx.float32) for a in args], cot.astype(mx.float32))
+    limit = 2e-5 if dt == mx.float32 else 1.5e-2
+    for off in (0, 1):
+        got = _grads(fn, [offset_view(a, off) for a in args], offset_view(cot, off))
+        for g_, r_ in zip(got, want):
+            assert rel_err(g_, r_) < limit, off
+    spec, kw, groups = norm_mod._vjp_plan("rms", x, w, False, cot, EPS)
+    assert dict(kw["template"])["FULL"] == 1 and (groups < 5 if has_w else groups == 5)
+    for full in (0, 2):
+        kw2 = dict(kw, template=[(k, full if k == "FULL" else v) for k, v in kw["template"]])
+        outs = launch(spec, **kw2)
+        assert rel_err(outs[0], want[0]) < limit, full
+        if has_w:
+            assert rel_err(outs[1].sum(axis=0), want[1]) < limit, full

@@ -94,7 +94,7 @@ CACHED_MAX = 4096  # longest float32 row kept in registers (16-bit: twice as lon
 LOOPED_THREADS = 1024
 LOOPED_RUNS = 1
 SIMD_ROWS = 8  # rows (simdgroups) per threadgroup in the simdgroup-per-row layout
-# RMSNorm forward: rows of exactly tpr * n_reads elements run the kernel's FULL path (no
+# RMSNorm forward and backward: rows of exactly tpr * n_reads elements run the kernel's FULL path (no
 # bounds code: wide accesses when x, y and w are 16-byte aligned, checked in the kernel,
 # else element accesses). False: always the general path (for comparisons; clear the
 # call memo, _CALLS.clear(), after changing it).
@@ -314,6 +314,8 @@ def _vjp_plan(
     template.append(("N_READS", lay.n_reads))
     if not lay.looped:
         template.append(("ONE_SIMD", lay.one_simd))
+        if kind == "rms":
+            template.append(("FULL", int(FULL_ROWS and lay.tpr * lay.n_reads == n)))
     r = lay.rows_per_tg
     kwargs = dict(
         inputs=[
