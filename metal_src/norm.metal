@@ -22,6 +22,9 @@
 // compiler does not merge element accesses (CUDA). A thread issues the loads of all its
 // runs of a step back to back; a run crossing the end of the row (or of a misaligned
 // row, on CUDA) is read element by element (0 past the end) and written element by element.
+// RMSNorm rows of exactly tpr * N_READS elements (template FULL = 1, rms_norm and
+// rms_norm_vjp) skip all bounds code: one aligned check per row, then only wide runs (or,
+// misaligned, plain element accesses), which keeps the register count (occupancy) down.
 //
 // Two variants per norm:
 // * cached (`rms_norm`, `layer_norm`, n <= tpr * N_READS): each thread loads its N_READS
