@@ -292,7 +292,9 @@ def test_memoised_ops_replay_their_launches_on_cuda(fake_cuda):
 
     w = mx.random.normal((64,))
     with runtime.use_backend("cuda"):
-        fake_cuda.append("rms_norm: not replayed yet")  # (norm.py joins in the next commit)
+        for _ in range(3):
+            mx.eval(xk.rms_norm(mx.random.normal((8, 64)), w, 1e-5))
+        assert len(fake_cuda) == 1  # launched (recorded) once, then replayed by MLX
         for offset in (0, 5, 9):  # an int offset is an input array of the replayed graph
             mx.eval(xk.rope(mx.random.normal((2, 3, 16, 32)), 32, offset=offset))
         assert len(fake_cuda) == 2  # launched (recorded) once, then replayed by MLX

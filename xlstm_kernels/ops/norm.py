@@ -46,7 +46,7 @@ import mlx.core as mx
 
 from ..runtime import KernelSpec, current_backend, launch, prepare_launch
 from ..tiles.knobs import resolve_knobs
-from ._callcache import CallCache
+from ._callcache import CallCache, replayable
 from ._validate import check_array, check_int32
 
 __all__ = [
@@ -386,7 +386,7 @@ def _validate(op: str, x, weight, bias, eps, num_heads: int = 1) -> tuple[mx.arr
 
 
 def _differentiable_fn(kind: str, x, weight, bias, eps: float, num_heads: int, backend: str,
-                       knobs: dict | None = None):
+                       knobs: dict | None = None, replay: bool = False):
     """fn(x, weight, bias) -> y for calls with the signature of these (validated, cast)
     arrays: the forward launch planned once, the backward through the *_vjp kernels.
 
@@ -394,7 +394,9 @@ def _differentiable_fn(kind: str, x, weight, bias, eps: float, num_heads: int, b
     ``mx.custom_function`` call over exactly the arrays given, one kernel call): the
     custom function takes only the arrays present (x, then weight, then bias), x is
     reshaped only when it is not already (rows, n), and the constant inputs (eps,
-    params, a stand-in for an absent weight / bias) are made once here."""
+    params, a stand-in for an absent weight / bias) are made once here. `replay` (a memoised
+    signature): on cuda / metal the custom function is recorded once and replayed
+    (ops/_callcache.replayable)."""
     has_w, has_b = weight is not None, bias is not None
     spec, kwargs = _plan(kind, x, weight, bias, eps, num_heads, knobs)
     run = prepare_launch(spec, **kwargs, backend=backend)
@@ -437,6 +439,9 @@ def _differentiable_fn(kind: str, x, weight, bias, eps: float, num_heads: int, b
         grads = [dx] + ([dw] if has_w else []) + ([db] if has_b else [])
         return tuple(grads) if len(grads) > 1 else grads[0]
 
+    if replay:
+        f = replayable(f, backend)
+
     if n_args == 1:
         return lambda xa, wa, ba: f(xa)
     if n_args == 3:
@@ -471,7 +476,7 @@ def _call(op: str, x, weight, bias, eps, num_heads: int, knobs: dict | None) -> 
             fn = _CALLS.get(key)
             if fn is not None:
                 return fn(x, weight, bias)
-    fn = _build_call(op, x, weight, bias, eps, num_heads, knobs)
+    fn = _build_call(op, x, weight, bias, eps, num_heads, knobs, replay=key is not None)
     if key is not None:
         _CALLS.put(key, fn)
     return fn(x, weight, bias)
@@ -481,7 +486,7 @@ _ARRAY = mx.array
 _NUMBER = (float, int)
 
 
-def _build_call(op: str, x, weight, bias, eps, num_heads: int, knobs: dict | None):
+def _build_call(op: str, x, weight, bias, eps, num_heads: int, knobs: dict | None, replay: bool = False):
     """Validate one call and build fn(x, weight, bias) -> y for its signature."""
     kind = "rms" if op == "rms_norm" else "ln"
     xv, wv, bv = _validate(op, x, weight, bias, eps, num_heads)
@@ -493,7 +498,7 @@ def _build_call(op: str, x, weight, bias, eps, num_heads: int, knobs: dict | Non
             _forward_knobs(kind, xv.shape[-1] // num_heads, dtype, knobs)
         ref = _REFERENCES[op]
         return lambda x, w, b: ref(cast(x), cast(w), cast(b), eps, num_heads)
-    fn = _differentiable_fn(kind, xv, wv, bv, eps, num_heads, backend, knobs)
+    fn = _differentiable_fn(kind, xv, wv, bv, eps, num_heads, backend, knobs, replay)
     if all(a is None or getattr(a, "dtype", None) == dtype for a in (x, weight, bias)):
         return fn  # nothing to cast: the memo hands out the differentiable function itself
     return lambda x, w, b: fn(cast(x), cast(w), cast(b))
