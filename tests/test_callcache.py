@@ -256,6 +256,7 @@ def fake_cuda(monkeypatch):
     import mlx.core as mx
 
     from xlstm_kernels.ops import attention as attention_mod
+    from xlstm_kernels.ops import gemm as gemm_mod
     from xlstm_kernels.ops import mlstm as mlstm_mod
     from xlstm_kernels.ops import norm as norm_mod
     from xlstm_kernels.ops import rope as rope_mod
@@ -277,7 +278,8 @@ def fake_cuda(monkeypatch):
     def drop():
         for key in [k for k in kernels_mod._cache if k[0] == "cuda"]:
             kernels_mod._cache.pop(key, None)
-        for memo in (norm_mod._CALLS, rope_mod._CALLS, attention_mod._CALLS, mlstm_mod._STEP_CALLS):
+        for memo in (norm_mod._CALLS, rope_mod._CALLS, attention_mod._CALLS, mlstm_mod._STEP_CALLS,
+                     gemm_mod._CALLS, gemm_mod._LAUNCHERS):
             memo.clear()
 
     drop()
@@ -308,6 +310,9 @@ def test_memoised_ops_replay_their_launches_on_cuda(fake_cuda):
             q = mx.random.normal((2, 3, 8))
             mx.eval(xk.mlstm_step(q, q, q, mx.random.normal((2, 3)), mx.random.normal((2, 3)), None)[0])
         assert len(fake_cuda) == 5
+        for _ in range(3):
+            mx.eval(xk.gemm_av(mx.random.normal((40, 24)), mx.random.normal((24, 33))))
+        assert len(fake_cuda) == 6
     with runtime.use_backend("cuda"):
         os.environ["XLSTM_KERNELS_REPLAY"] = "0"
         try:
@@ -315,4 +320,4 @@ def test_memoised_ops_replay_their_launches_on_cuda(fake_cuda):
                 mx.eval(xk.rope(mx.random.normal((2, 3, 16, 32)), 32, offset=1))
         finally:
             del os.environ["XLSTM_KERNELS_REPLAY"]
-        assert len(fake_cuda) == 7  # no replay: every call launches from Python
+        assert len(fake_cuda) == 8  # no replay: every call launches from Python

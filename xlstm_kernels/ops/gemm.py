@@ -26,7 +26,7 @@ import mlx.core as mx
 from .. import tiles as tiles_mod
 from ..tiles.gemm import MAX_THREADGROUP_BYTES
 from ..runtime import KernelSpec, current_backend, prepare_launch
-from ._callcache import CallCache
+from ._callcache import CallCache, replayable
 from ._validate import INT32_MAX, check_array, check_int32
 
 __all__ = ["ACTIVATIONS", "gemm_a_bt", "gemm_at_b", "gemm_av", "linear", "gemm_reference", "simd_stages"]
@@ -311,7 +311,7 @@ def _run(
     key = _call_key(op, a, b, bias, activation, residual, tiles)
     fn = _CALLS.get(key) if key is not None else None
     if fn is None:
-        fn = _build_call(op, a, b, bias, activation, residual, tiles)
+        fn = _build_call(op, a, b, bias, activation, residual, tiles, replay=key is not None)
         if key is not None:
             _CALLS.put(key, fn)
     return fn(a, b, bias, residual)
@@ -333,8 +333,9 @@ def _call_key(op, a, b, bias, activation, residual, tiles) -> tuple | None:
     return (op, *sig, activation, tiles)
 
 
-def _build_call(op, a, b, bias, activation, residual, tiles):
-    """Validate one call and build fn(a, b, bias, residual) -> output for its signature."""
+def _build_call(op, a, b, bias, activation, residual, tiles, replay: bool = False):
+    """Validate one call and build fn(a, b, bias, residual) -> output for its signature
+    (`replay`: a memoised signature, whose launches cuda / metal record once and replay)."""
     layout = _LAYOUTS[op]
     check_array(a, "a", min_ndim=2)
     check_array(b, "b" if op != "gemm_av" else "v", min_ndim=2)
@@ -401,6 +402,9 @@ def _build_call(op, a, b, bias, activation, residual, tiles):
         dbias = dz.reshape(-1, n).astype(mx.float32).sum(axis=0).astype(dtype) if has_bias else mx.zeros_like(bias_p)
         dres = cotangent if has_res else mx.zeros_like(residual_p)
         return _sum_to_shape(da, tuple(a.shape)), _sum_to_shape(db, tuple(b.shape)), dbias, dres
+
+    if replay:
+        f = replayable(f, backend)
 
     placeholder = mx.zeros((1,), dtype=dtype)
 
