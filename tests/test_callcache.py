@@ -321,3 +321,23 @@ def test_memoised_ops_replay_their_launches_on_cuda(fake_cuda):
         finally:
             del os.environ["XLSTM_KERNELS_REPLAY"]
         assert len(fake_cuda) == 8  # no replay: every call launches from Python
+
+
+def test_replay_records_once_per_stream():
+    """A recorded graph runs on the stream it was recorded on (MLX's GPU streams belong to
+    their thread): another default stream records its own."""
+    import mlx.core as mx
+
+    from xlstm_kernels.ops._callcache import replayable
+
+    f, calls = _counted_custom_function()
+    g = replayable(f, "cuda")
+    x, w = mx.ones((2, 3)), mx.ones((3,))
+    mx.eval(g(x, w), g(x, w))
+    assert calls["forward"] == 1
+    other = mx.new_stream(mx.default_device())
+    with mx.stream(other):
+        mx.eval(g(x, w), g(x, w))
+    assert calls["forward"] == 2
+    mx.eval(g(x, w))
+    assert calls["forward"] == 2

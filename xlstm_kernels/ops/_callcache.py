@@ -62,6 +62,8 @@ _override = backends_mod._override
 _version = resolve_mod._PROCESS_VERSION
 _reloads = presets_mod.RELOADS
 _monotonic = time.monotonic
+_default_stream = mx.default_stream
+_default_device = mx.default_device
 
 
 def config_token() -> int:
@@ -108,7 +110,30 @@ def replayable(fn: Callable, backend: str) -> Callable:
     it. Gradients and vmap go through the compiled function as through `fn`."""
     if backend not in REPLAY_BACKENDS or not replay_enabled():
         return fn
-    return mx.compile(fn)
+    # A recorded graph keeps the stream it was recorded on, and MLX's GPU streams belong to
+    # the thread that made them: one recording per stream (per thread, per mx.stream(...)).
+    # MLX keys compiled graphs on the Python function, so each recording gets its own.
+    # (Streams compare by value but hash by identity: a short list, scanned.)
+    compiled: list[tuple[Any, Callable]] = []
+    lock = threading.Lock()
+
+    def replay(*arrays):
+        stream = _default_stream(_default_device())
+        for known, run in compiled:
+            if known == stream:
+                return run(*arrays)
+
+        def record(*a):
+            return fn(*a)
+
+        with lock:
+            run = next((r for k, r in compiled if k == stream), None)
+            if run is None:
+                run = mx.compile(record)
+                compiled.append((stream, run))
+        return run(*arrays)
+
+    return replay
 
 
 class CallCache:
