@@ -499,51 +499,60 @@ if (fast) {
   const long ga_t = TRANS_A ? BK * lda : BK, gb_t = TRANS_B ? BK : BK * ldb;  // between K tiles
   threadgroup T* sa = As + (a_r * A_LD + a_c);
   threadgroup T* sb = Bs + (b_r * B_LD + b_c);
-  int sw = 0, sr = 0;  // the stages written and read next
+  // Tile t is read from stage t % STAGES and tile t + STAGES - 1 copied into stage
+  // (t + STAGES - 1) % STAGES; the loop runs STAGES tiles per trip with the stage as the
+  // unrolled counter, so every stage offset is a constant. The simdgroup's own rows /
+  // columns of each tile (wa, wb) are fixed for the whole loop.
   for (int t = 0; t < STAGES - 1; ++t) {
     if (t < ntiles) {
       XK_UNROLL
       for (int q = 0; q < A_RUNS; ++q) {
-        xk_async_copy_aligned<V16>(sa + sw * A_TILE + q * A_RSTEP * A_LD, ga + q * ga_q);
+        xk_async_copy_aligned<V16>(sa + t * A_TILE + q * A_RSTEP * A_LD, ga + q * ga_q);
       }
       XK_UNROLL
       for (int q = 0; q < B_RUNS; ++q) {
-        xk_async_copy_aligned<V16>(sb + sw * B_TILE + q * B_RSTEP * B_LD, gb + q * gb_q);
+        xk_async_copy_aligned<V16>(sb + t * B_TILE + q * B_RSTEP * B_LD, gb + q * gb_q);
       }
       ga += ga_t;
       gb += gb_t;
-      sw = sw + 1 == STAGES ? 0 : sw + 1;
     }
     xk_async_commit();
   }
-  for (int t = 0; t < ntiles; ++t) {
-    if (STAGES > 1) {
-      xk_async_wait<STAGES - 2>();  // this thread's copies of tile t are done
-      threadgroup_barrier(mem_flags::mem_threadgroup);  // everyone's tile t is in; stage sw is free
-    }
-    if (STAGES == 1 || t + STAGES - 1 < ntiles) {
-      XK_UNROLL
-      for (int q = 0; q < A_RUNS; ++q) {
-        xk_async_copy_aligned<V16>(sa + sw * A_TILE + q * A_RSTEP * A_LD, ga + q * ga_q);
+  const threadgroup T* wa = As + (TRANS_A ? ra : ra * A_LD);
+  const threadgroup T* wb = Bs + (TRANS_B ? cb * B_LD : cb);
+  for (int t0 = 0; t0 < ntiles; t0 += STAGES) {
+    XK_UNROLL
+    for (int s = 0; s < STAGES; ++s) {
+      const int t = t0 + s;
+      const int sw = (s + STAGES - 1) % STAGES;  // the stage of tile t - 1, refilled with tile t + STAGES - 1
+      if (t < ntiles) {  // the same for the whole threadgroup
+        if (STAGES > 1) {
+          xk_async_wait<STAGES - 2>();  // this thread's copies of tile t are done
+          threadgroup_barrier(mem_flags::mem_threadgroup);  // everyone's tile t is in; stage sw is free
+        }
+        if (STAGES == 1 || t + STAGES - 1 < ntiles) {
+          XK_UNROLL
+          for (int q = 0; q < A_RUNS; ++q) {
+            xk_async_copy_aligned<V16>(sa + sw * A_TILE + q * A_RSTEP * A_LD, ga + q * ga_q);
+          }
+          XK_UNROLL
+          for (int q = 0; q < B_RUNS; ++q) {
+            xk_async_copy_aligned<V16>(sb + sw * B_TILE + q * B_RSTEP * B_LD, gb + q * gb_q);
+          }
+          ga += ga_t;
+          gb += gb_t;
+        }
+        xk_async_commit();
+        if (STAGES == 1) {
+          xk_async_wait<0>();
+          threadgroup_barrier(mem_flags::mem_threadgroup);  // tile t complete before the MMAs read it
+        }
+        xk_simd_tile_mma<T, BK, FM, FN, A_LD, B_LD, TRANS_A, TRANS_B>(&acc[0][0], wa + s * A_TILE, wb + s * B_TILE,
+                                                                      0, 0);
+        if (STAGES == 1) {
+          threadgroup_barrier(mem_flags::mem_threadgroup);  // MMAs done before the tile is refilled
+        }
       }
-      XK_UNROLL
-      for (int q = 0; q < B_RUNS; ++q) {
-        xk_async_copy_aligned<V16>(sb + sw * B_TILE + q * B_RSTEP * B_LD, gb + q * gb_q);
-      }
-      ga += ga_t;
-      gb += gb_t;
-      sw = sw + 1 == STAGES ? 0 : sw + 1;
-    }
-    xk_async_commit();
-    if (STAGES == 1) {
-      xk_async_wait<0>();
-      threadgroup_barrier(mem_flags::mem_threadgroup);  // tile t complete before the MMAs read it
-    }
-    xk_simd_tile_mma<T, BK, FM, FN, A_LD, B_LD, TRANS_A, TRANS_B>(&acc[0][0], As + sr * A_TILE, Bs + sr * B_TILE,
-                                                                  ra, cb);
-    sr = sr + 1 == STAGES ? 0 : sr + 1;
-    if (STAGES == 1) {
-      threadgroup_barrier(mem_flags::mem_threadgroup);  // MMAs done before the tile is refilled
     }
   }
 } else {
@@ -596,14 +605,25 @@ for (int i = 0; i < FM; ++i) {
   const long row = row0 + wm * (BM / WM) + i * 8 + fr;
   for (int j = 0; j < FN; ++j) {
     const vec<float, 2> v = acc[i][j].thread_elements();
+    const long col = col0 + wn * (BN / WN) + j * 8 + fc;
+    if (row < M && col + 1 < N) {  // both elements: one store of 2 (xk_store: any alignment)
+      const long idx = (batch * M + row) * N + col;
+      if (SPLIT > 1) {
+        xk_store<2>(P + split * params[7] * M * N + idx, v);
+      } else {
+        xk_store<2>(C + idx, vec<T, 2>(T(xk_epilogue<T, HAS_BIAS, ACT, HAS_RES>(v[0], bias, residual, idx, col)),
+                                       T(xk_epilogue<T, HAS_BIAS, ACT, HAS_RES>(v[1], bias, residual, idx + 1,
+                                                                                col + 1))));
+      }
+      continue;
+    }
     for (int e = 0; e < 2; ++e) {
-      const long col = col0 + wn * (BN / WN) + j * 8 + fc + e;
-      if (row < M && col < N) {
-        const long idx = (batch * M + row) * N + col;
+      if (row < M && col + e < N) {
+        const long idx = (batch * M + row) * N + col + e;
         if (SPLIT > 1) {
           P[split * params[7] * M * N + idx] = v[e];
         } else {
-          C[idx] = T(xk_epilogue<T, HAS_BIAS, ACT, HAS_RES>(v[e], bias, residual, idx, col));
+          C[idx] = T(xk_epilogue<T, HAS_BIAS, ACT, HAS_RES>(v[e], bias, residual, idx, col + e));
         }
       }
     }

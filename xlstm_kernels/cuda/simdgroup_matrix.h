@@ -277,6 +277,14 @@ template <class T> inline void mma_m16n8k8_full(float (&d)[4], unsigned a0, unsi
 template <class T> inline unsigned word_of(const simdgroup_matrix<T, 8, 8>& m) {
   return *reinterpret_cast<const unsigned*>(&m.elements_);
 }
+// %laneid read as a pure value (no `volatile`): one read per thread that the compiler may
+// hoist out of loops and share between fragment loads (compat.h's lane_id() is volatile,
+// so every call would re-read it and redo the address arithmetic around it).
+inline uint lane_id_pure() {
+  uint r;
+  asm("mov.u32 %0, %%laneid;" : "=r"(r));
+  return r;
+}
 // ldmatrix .x1 (.trans): lanes 0-7 give the addresses of the 8 rows of an 8x8 b16 matrix.
 template <bool TRANS> inline unsigned ldsm_x1(const void* row) {
   const unsigned a = unsigned(__cvta_generic_to_shared(row));
@@ -342,7 +350,7 @@ template <typename T, int C, int R, typename U>
 inline void xk_frag_load_a(simdgroup_matrix<T, C, R>& m, const U* src, unsigned long elements_per_row,
                            bool transpose) {
   if (msl_detail::ldsm_ok<T, U>(src, elements_per_row)) {
-    const U* row = src + long(msl_detail::lane_id() & 7u) * long(elements_per_row);
+    const U* row = src + long(msl_detail::lane_id_pure() & 7u) * long(elements_per_row);
     const unsigned w = transpose ? msl_detail::ldsm_x1<true>(row) : msl_detail::ldsm_x1<false>(row);
     *reinterpret_cast<unsigned*>(&m.elements_) = w;
   } else {
@@ -356,7 +364,7 @@ inline void xk_frag_load_b(simdgroup_matrix<T, C, R>& m, const U* src, unsigned 
                            bool transpose) {
   if constexpr (sizeof(T) == 2) {
     if (msl_detail::ldsm_ok<T, U>(src, elements_per_row)) {
-      const U* row = src + long(msl_detail::lane_id() & 7u) * long(elements_per_row);
+      const U* row = src + long(msl_detail::lane_id_pure() & 7u) * long(elements_per_row);
       m.xk_b_ = transpose ? msl_detail::ldsm_x1<false>(row) : msl_detail::ldsm_x1<true>(row);
       return;
     }
@@ -369,8 +377,7 @@ inline void xk_frag_load_b(simdgroup_matrix<T, C, R>& m, const U* src, unsigned 
 // address the rows of fragment f = m00, m10, m01, m11. The caller guarantees threadgroup
 // memory with 16-byte aligned rows (no checks). Other types: four simdgroup_loads.
 namespace msl_detail {
-template <bool TRANS> inline void ldsm_x4(unsigned (&r)[4], const void* row) {
-  const unsigned a = unsigned(__cvta_generic_to_shared(row));
+template <bool TRANS> inline void ldsm_x4(unsigned (&r)[4], unsigned a) {
   if constexpr (TRANS) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -381,11 +388,18 @@ template <bool TRANS> inline void ldsm_x4(unsigned (&r)[4], const void* row) {
                  : "r"(a));
   }
 }
-// This lane's row address for an x4 load of the 16 x 16 block at src.
-template <class U> inline const U* ldsm_x4_row(const U* src, unsigned long ld, bool transpose) {
-  const int l = int(lane_id());
+// This lane's row address for an x4 load of the 16 x 16 block at src, as a 32-bit shared
+// address: src's shared address plus a per-lane element offset (int arithmetic; the
+// offset depends only on the lane and ld, so it is computed once per loop).
+template <class U> inline unsigned ldsm_x4_row(const U* src, unsigned long ld, bool transpose) {
+  const int l = int(lane_id_pure());
   const int rr = l & 7, ro = (l & 8), co = (l & 16) >> 1;  // row in fragment, its block's row / column offset
-  return transpose ? src + (co + rr) * int(ld) + ro : src + (ro + rr) * int(ld) + co;
+  const unsigned off = unsigned(transpose ? (co + rr) * int(ld) + ro : (ro + rr) * int(ld) + co) * unsigned(sizeof(U));
+  // The add is kept opaque so that the lane's offset stays one value shared by every load
+  // with this ld (instead of being folded into each load's own base).
+  unsigned a;
+  asm("add.u32 %0, %1, %2;" : "=r"(a) : "r"(unsigned(__cvta_generic_to_shared(src))), "r"(off));
+  return a;
 }
 template <class T, class U> struct ldsm4_ok {
   static constexpr bool v = XK_SM80_ && sizeof(T) == 2 && same<T, U>::v;
@@ -407,7 +421,7 @@ inline void xk_frag_load_a4(simdgroup_matrix<T, 8, 8>& m00, simdgroup_matrix<T, 
                             simdgroup_matrix<T, 8, 8>& m01, simdgroup_matrix<T, 8, 8>& m11, const U* src,
                             unsigned long elements_per_row, bool transpose) {
   if constexpr (msl_detail::ldsm4_ok<T, U>::v) {
-    const U* row = msl_detail::ldsm_x4_row(src, elements_per_row, transpose);
+    const unsigned row = msl_detail::ldsm_x4_row(src, elements_per_row, transpose);
     unsigned r[4];
     if (transpose) {
       msl_detail::ldsm_x4<true>(r, row);
@@ -428,7 +442,7 @@ inline void xk_frag_load_b4(simdgroup_matrix<T, 8, 8>& m00, simdgroup_matrix<T, 
                             simdgroup_matrix<T, 8, 8>& m01, simdgroup_matrix<T, 8, 8>& m11, const U* src,
                             unsigned long elements_per_row, bool transpose) {
   if constexpr (msl_detail::ldsm4_ok<T, U>::v) {
-    const U* row = msl_detail::ldsm_x4_row(src, elements_per_row, transpose);
+    const unsigned row = msl_detail::ldsm_x4_row(src, elements_per_row, transpose);
     unsigned r[4];
     if (transpose) {
       msl_detail::ldsm_x4<false>(r, row);
