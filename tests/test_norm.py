@@ -530,14 +530,14 @@ def test_rms_norm_full_rows(kernel_backend, dtype, n, has_w):
     rng = np.random.default_rng(seed_of("full", dtype, n, has_w))
     x, w, _ = make(rng, (3, n), dt, has_w, False)
     spec, kw = norm_mod._plan("rms", x, w, None, EPS)
-    assert dict(kw["template"])["FULL"] == 1
+    assert dict(kw["template"])["FULL"] == int(dt in norm_mod.FULL_FORWARD_DTYPES)
     assert kw["threadgroup"][0] * dict(kw["template"])["N_READS"] == n
     want = rms_ref64(x, w)
     for off in (0, 1):
         xv = offset_view(x, off)
         wv = None if w is None else offset_view(w, off)
         assert rel_err(rms_norm(xv, wv, EPS), want) < tol(dt), off
-    for full in (0, 2):
+    for full in (0, 1, 2):
         kw2 = dict(kw, template=[(k, full if k == "FULL" else v) for k, v in kw["template"]])
         assert rel_err(launch(spec, **kw2)[0], want) < tol(dt), full
     # a row one run short is not FULL
