@@ -133,7 +133,7 @@ run_bench() {
     local extra=()
     [ "$ops" = gemm ] && extra=(--shapes "${BENCH_GEMM_SHAPES:-1x4096x4096,512x1024x4096,2048x2048x2048,4096x4096x1024}")
     timeout -k 5 "$left" python3 -c "$py" --backend cuda bench --ops "$ops" --dtypes "$dts" "${extra[@]}" \
-      --repeats "${BENCH_REPEATS:-10}" --out "$dir/$ops" 2>&1 | tee -a "$OUT/bench.log"
+      --repeats "${BENCH_REPEATS:-10}" --out "$dir/${ops}_${dts//,/_}" 2>&1 | tee -a "$OUT/bench.log"
   done
   tar czf "$OUT/bench.tgz" -C "$OUT" bench && rm -rf "$dir"
 }
