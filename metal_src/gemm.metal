@@ -475,16 +475,16 @@ const int ntiles = k_hi > k_lo ? int((k_hi - k_lo + BK - 1) / BK) : 0;
 // Fast path (interior threadgroup, K range a multiple of BK, operands aligned for 16-byte
 // runs): each thread copies the same runs of every tile: run q of A at tile row
 // a_r + q * A_RSTEP, column a_c (B likewise), from a source pointer advanced by a constant
-// per K tile, with no bounds checks.
+// per K tile, with no bounds checks. When the threads do not divide a tile's runs evenly,
+// the last run is copied only by the threads whose row lies inside the tile (a_last).
 constexpr int V16 = 16 / int(sizeof(T));
 constexpr int A_ROWS = TRANS_A ? BK : BM, A_COLS = TRANS_A ? BM : BK;
 constexpr int B_ROWS = TRANS_B ? BN : BK, B_COLS = TRANS_B ? BK : BN;
 constexpr int A_CPR = A_COLS / V16 > 0 ? A_COLS / V16 : 1;  // 16-byte runs per row
 constexpr int B_CPR = B_COLS / V16 > 0 ? B_COLS / V16 : 1;
-constexpr bool FAST = A_COLS % V16 == 0 && B_COLS % V16 == 0 && NT % A_CPR == 0 && NT % B_CPR == 0 &&
-                      (A_ROWS * A_CPR) % NT == 0 && (B_ROWS * B_CPR) % NT == 0;
-constexpr int A_RUNS = A_ROWS * A_CPR / NT, A_RSTEP = NT / A_CPR;
-constexpr int B_RUNS = B_ROWS * B_CPR / NT, B_RSTEP = NT / B_CPR;
+constexpr bool FAST = A_COLS % V16 == 0 && B_COLS % V16 == 0 && NT % A_CPR == 0 && NT % B_CPR == 0;
+constexpr int A_RSTEP = NT / A_CPR, A_RUNS = (A_ROWS + A_RSTEP - 1) / A_RSTEP;
+constexpr int B_RSTEP = NT / B_CPR, B_RUNS = (B_ROWS + B_RSTEP - 1) / B_RSTEP;
 const long lda = TRANS_A ? M : K, ldb = TRANS_B ? K : N;
 const device T* a_org = a + a_r0 * lda + a_c0 + (TRANS_A ? k_lo * lda : k_lo);  // tile 0 of this split
 const device T* b_org = b + b_r0 * ldb + b_c0 + (TRANS_B ? k_lo : k_lo * ldb);
@@ -499,6 +499,8 @@ if (fast) {
   const long ga_t = TRANS_A ? BK * lda : BK, gb_t = TRANS_B ? BK : BK * ldb;  // between K tiles
   threadgroup T* sa = As + (a_r * A_LD + a_c);
   threadgroup T* sb = Bs + (b_r * B_LD + b_c);
+  const bool a_last = A_ROWS % A_RSTEP == 0 || a_r + (A_RUNS - 1) * A_RSTEP < A_ROWS;
+  const bool b_last = B_ROWS % B_RSTEP == 0 || b_r + (B_RUNS - 1) * B_RSTEP < B_ROWS;
   // Tile t is read from stage t % STAGES and tile t + STAGES - 1 copied into stage
   // (t + STAGES - 1) % STAGES; the loop runs STAGES tiles per trip with the stage as the
   // unrolled counter, so every stage offset is a constant. The simdgroup's own rows /
@@ -507,11 +509,15 @@ if (fast) {
     if (t < ntiles) {
       XK_UNROLL
       for (int q = 0; q < A_RUNS; ++q) {
-        xk_async_copy_aligned<V16>(sa + t * A_TILE + q * A_RSTEP * A_LD, ga + q * ga_q);
+        if (q + 1 < A_RUNS || a_last) {
+          xk_async_copy_aligned<V16>(sa + t * A_TILE + q * A_RSTEP * A_LD, ga + q * ga_q);
+        }
       }
       XK_UNROLL
       for (int q = 0; q < B_RUNS; ++q) {
-        xk_async_copy_aligned<V16>(sb + t * B_TILE + q * B_RSTEP * B_LD, gb + q * gb_q);
+        if (q + 1 < B_RUNS || b_last) {
+          xk_async_copy_aligned<V16>(sb + t * B_TILE + q * B_RSTEP * B_LD, gb + q * gb_q);
+        }
       }
       ga += ga_t;
       gb += gb_t;
@@ -533,11 +539,15 @@ if (fast) {
         if (STAGES == 1 || t + STAGES - 1 < ntiles) {
           XK_UNROLL
           for (int q = 0; q < A_RUNS; ++q) {
-            xk_async_copy_aligned<V16>(sa + sw * A_TILE + q * A_RSTEP * A_LD, ga + q * ga_q);
+            if (q + 1 < A_RUNS || a_last) {
+              xk_async_copy_aligned<V16>(sa + sw * A_TILE + q * A_RSTEP * A_LD, ga + q * ga_q);
+            }
           }
           XK_UNROLL
           for (int q = 0; q < B_RUNS; ++q) {
-            xk_async_copy_aligned<V16>(sb + sw * B_TILE + q * B_RSTEP * B_LD, gb + q * gb_q);
+            if (q + 1 < B_RUNS || b_last) {
+              xk_async_copy_aligned<V16>(sb + sw * B_TILE + q * B_RSTEP * B_LD, gb + q * gb_q);
+            }
           }
           ga += ga_t;
           gb += gb_t;

@@ -764,21 +764,27 @@ def test_simd_four_stage_pipeline(name, op, aligned):
 # counter): every stage count the budgets allow (1..4: XK_GEMM_MAX_STAGES set before the
 # family header) with K tile counts that end a trip early, fill it, and run one tile past
 # it, all tiles interior (the fast path), with the fused epilogue stored in pairs; an odd N
-# adds an edge tile and misaligned pair stores.
-FAST_LOOP_CASES = [(st, nt, odd) for st in (1, 2, 3, 4) for nt in (1, st + 1, 2 * st + 1) for odd in (False, True)
-                   if not (odd and nt != st + 1)]
+# adds an edge tile and misaligned pair stores. "uneven": 64 threads and tiles whose 16-byte
+# runs they do not divide evenly (A of gemm_av / gemm_a_bt: 96 runs, 2 per thread for
+# rows < 16 only; B of gemm_av / gemm_a_bt: 32 runs): the fast copies' last-run guard.
+FAST_LOOP_CONFIGS = {
+    "even": GemmConfig(path="simd", bm=32, bn=32, bk=16, wm=2, wn=1),  # whole runs in every layout
+    "uneven": GemmConfig(path="simd", bm=48, bn=16, bk=16, wm=2, wn=1),
+}
+FAST_LOOP_CASES = [("even", st, nt, odd) for st in (1, 2, 3, 4) for nt in (1, st + 1, 2 * st + 1)
+                   for odd in (False, True) if not (odd and nt != st + 1)]
+FAST_LOOP_CASES += [("uneven", st, st + 1, False) for st in (1, 3, 4)]
 
 
 @pytest.mark.emulator_only
 @pytest.mark.parametrize("op", OPS)
-@pytest.mark.parametrize("stages, ntiles, odd_n", FAST_LOOP_CASES,
-                         ids=[f"st{c[0]}_t{c[1]}{'_oddn' if c[2] else ''}" for c in FAST_LOOP_CASES])
-def test_simd_fast_loop_trips(op, stages, ntiles, odd_n):
+@pytest.mark.parametrize("tile, stages, ntiles, odd_n", FAST_LOOP_CASES,
+                         ids=[f"{c[0]}_st{c[1]}_t{c[2]}{'_oddn' if c[3] else ''}" for c in FAST_LOOP_CASES])
+def test_simd_fast_loop_trips(op, tile, stages, ntiles, odd_n):
     from xlstm_kernels.emulate import check_schedules
     from xlstm_kernels.emulate import metal_kernel
 
-    # 64 threads copy whole 16-byte runs of both tiles in every layout (the body's FAST)
-    cfg, dtype = GemmConfig(path="simd", bm=32, bn=32, bk=16, wm=2, wn=1), DTYPES["float16"]
+    cfg, dtype = FAST_LOOP_CONFIGS[tile], DTYPES["float16"]
     spec = gemm_mod.SIMD
     kernel = metal_kernel(
         name=spec.kernel, input_names=list(spec.input_names), output_names=list(spec.output_names),
@@ -786,14 +792,14 @@ def test_simd_fast_loop_trips(op, stages, ntiles, odd_n):
         ensure_row_contiguous=spec.ensure_row_contiguous, atomic_outputs=spec.atomic_outputs,
     )
     m, n, k = 2 * cfg.bm, 2 * cfg.bn + (1 if odd_n else 0), ntiles * cfg.bk
-    a, b = operands(op, m, n, k, dtype, seed_of("fast-loop", op, stages, ntiles, odd_n))
-    rng = np.random.default_rng(seed_of("fast-loop-epi", op, stages, ntiles, odd_n))
+    a, b = operands(op, m, n, k, dtype, seed_of("fast-loop-trips", op, tile, stages, ntiles, odd_n))
+    rng = np.random.default_rng(seed_of("fast-loop-epi", op, tile, stages, ntiles, odd_n))
     bias, res = rand(rng, (n,), dtype), rand(rng, (m, n), dtype)
     (_, kwargs), = raw_calls(op, a, b, cfg, bias, ACT_CODE["silu"], res)
     with use_backend("emulate"):
         out = check_schedules(kernel, **kwargs, seeds=(1,))[0]
     assert_close(out.reshape(m, n), np_reference(op, a, b, bias, "silu", res), dtype, k,
-                 f"{op} stages={stages} tiles={ntiles}")
+                 f"{op} {tile} stages={stages} tiles={ntiles}")
 
 
 @pytest.mark.parametrize("op", OPS)
