@@ -802,6 +802,31 @@ def test_simd_fast_loop_trips(op, tile, stages, ntiles, odd_n):
                  f"{op} {tile} stages={stages} tiles={ntiles}")
 
 
+# The large simd tiles scripts/probe_gemm.py compares on the H100 (16 warps of 32x64 or 64x32,
+# 96-row tiles with uneven copy runs, 4 warps of 48x64): each through the emulator on 2 x 2
+# tiles of aligned operands (the fast loop) and on ragged sizes (the guarded one), every layout.
+LARGE_TILES = {
+    "128x256x16_w4x4": GemmConfig(path="simd", bm=128, bn=256, bk=16, wm=4, wn=4),
+    "256x128x16_w4x4": GemmConfig(path="simd", bm=256, bn=128, bk=16, wm=4, wn=4),
+    "96x128x32_w2x4": GemmConfig(path="simd", bm=96, bn=128, bk=32, wm=2, wn=4),
+    "96x128x32_w2x2": GemmConfig(path="simd", bm=96, bn=128, bk=32, wm=2, wn=2),
+}
+
+
+@pytest.mark.parametrize("ragged", [False, True], ids=["aligned", "ragged"])
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("name", LARGE_TILES)
+def test_large_simd_tiles(kernel_backend, spy, name, op, ragged):
+    cfg, dtype = LARGE_TILES[name], DTYPES["bfloat16" if ragged else "float16"]
+    m, n, k = (2 * cfg.bm + 5, cfg.bn + 3, 3 * cfg.bk + 7) if ragged else (2 * cfg.bm, 2 * cfg.bn, 3 * cfg.bk)
+    a, b = operands(op, m, n, k, dtype, seed_of("large-tiles", name, op, ragged))
+    out = _run_op(op, a, b, tiles=cfg.to_dict())
+    assert_close(out, np_reference(op, a, b), dtype, k, f"{name}/{op}")
+    if _runs_kernels(kernel_backend):
+        t = spy.only("gemm_simd").template
+        assert [t[f] for f in ("BM", "BN", "BK", "WM", "WN", "SPLIT")] == [cfg.bm, cfg.bn, cfg.bk, cfg.wm, cfg.wn, 1]
+
+
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("dtype_name", DTYPE_NAMES)
 def test_simd_operands_at_odd_offsets(kernel_backend, op, dtype_name):
