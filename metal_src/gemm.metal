@@ -176,6 +176,10 @@ inline void xk_frag_load_b4(thread M& m00, thread M& m10, thread M& m01, thread 
 // 48 KiB of static shared memory, 4 stages). A tile whose one stage exceeds the budget is
 // refused on the host (xlstm_kernels.tiles); the stage count changes only the schedule,
 // never the results.
+// Tile rows per band of gemm_simd's threadgroup order (1: row-major, the grid's own order).
+#ifndef XK_GEMM_GROUP_M
+#define XK_GEMM_GROUP_M 1
+#endif
 #ifndef XK_GEMM_STAGE_BYTES
 #define XK_GEMM_STAGE_BYTES 32768
 #endif
@@ -441,8 +445,21 @@ constexpr int STAGE_FIT = XK_GEMM_STAGE_BYTES / STAGE_BYTES;
 constexpr int STAGES = STAGE_FIT >= XK_GEMM_MAX_STAGES ? XK_GEMM_MAX_STAGES : (STAGE_FIT >= 1 ? STAGE_FIT : 1);
 const int wm = int(sg) / WN;
 const int wn = int(sg) % WN;
-const long row0 = long(threadgroup_position_in_grid.y) * BM;
-const long col0 = long(threadgroup_position_in_grid.x) * BN;
+// Threadgroup -> output tile: with XK_GEMM_GROUP_M = G > 1, the threadgroups (in launch
+// order, x fastest) walk bands of G tile rows column by column, so that the threadgroups
+// running at the same time share rows of A and columns of B (cache reuse); every tile is
+// still computed by exactly one threadgroup, so results do not depend on G.
+int tile_m = int(threadgroup_position_in_grid.y), tile_n = int(threadgroup_position_in_grid.x);
+if (XK_GEMM_GROUP_M > 1) {
+  const int gx = int((N + BN - 1) / BN), gy = int((M + BM - 1) / BM);
+  const int id = tile_m * gx + tile_n, band = XK_GEMM_GROUP_M * gx;
+  const int first = (id / band) * XK_GEMM_GROUP_M;
+  const int rows = metal::min(gy - first, int(XK_GEMM_GROUP_M));
+  tile_m = first + (id % band) % rows;
+  tile_n = (id % band) / rows;
+}
+const long row0 = long(tile_m) * BM;
+const long col0 = long(tile_n) * BN;
 const long z = threadgroup_position_in_grid.z;
 const long batch = z / SPLIT;
 const long split = z % SPLIT;

@@ -802,6 +802,34 @@ def test_simd_fast_loop_trips(op, tile, stages, ntiles, odd_n):
                  f"{op} {tile} stages={stages} tiles={ntiles}")
 
 
+# XK_GEMM_GROUP_M (threadgroups walk bands of G tile rows column by column): on a ragged
+# 5 x 5 grid of tiles, bands that divide it, do not (a last band of fewer rows), and one
+# band taller than the grid; split-K's grid z and the epilogue unchanged.
+@pytest.mark.emulator_only
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("group", [2, 3, 8])
+def test_simd_grouped_tile_order(op, group):
+    from xlstm_kernels.emulate import metal_kernel
+
+    cfg, dtype = GemmConfig(path="simd", bm=32, bn=16, bk=16, wm=2, wn=1, split_k=2), DTYPES["bfloat16"]
+    spec = gemm_mod.SIMD
+    kernel = metal_kernel(
+        name=spec.kernel, input_names=list(spec.input_names), output_names=list(spec.output_names),
+        source=spec.source(), header=f"#define XK_GEMM_GROUP_M {group}\n" + spec.full_header(),
+        ensure_row_contiguous=spec.ensure_row_contiguous, atomic_outputs=spec.atomic_outputs,
+    )
+    m, n, k = 5 * cfg.bm - 3, 4 * cfg.bn + 5, 3 * cfg.bk + 5
+    a, b = operands(op, m, n, k, dtype, seed_of("group-m", op, group))
+    rng = np.random.default_rng(seed_of("group-m-epi", op, group))
+    bias, res = rand(rng, (n,), dtype), rand(rng, (m, n), dtype)
+    (main, main_kw), (red_spec, red_kw) = raw_calls(op, a, b, cfg, bias, ACT_CODE["relu"], res)
+    with use_backend("emulate"):
+        partial = kernel(**main_kw)[1]
+        red_kw["inputs"][0] = partial
+        out = get_kernel(red_spec, "emulate")(**red_kw)[0]
+    assert_close(out.reshape(m, n), np_reference(op, a, b, bias, "relu", res), dtype, k, f"{op} G={group}")
+
+
 # The large simd tiles scripts/probe_gemm.py compares on the H100 (16 warps of 32x64 or 64x32,
 # 96-row tiles with uneven copy runs, 4 warps of 48x64): each through the emulator on 2 x 2
 # tiles of aligned operands (the fast loop) and on ragged sizes (the guarded one), every layout.
