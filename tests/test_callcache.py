@@ -341,3 +341,30 @@ def test_replay_records_once_per_stream():
     assert calls["forward"] == 2
     mx.eval(g(x, w))
     assert calls["forward"] == 2
+
+
+def test_replay_records_once_per_thread():
+    """MLX's GPU streams belong to their thread: each thread records its own graph."""
+    import threading
+
+    import mlx.core as mx
+
+    from xlstm_kernels.ops._callcache import replayable
+
+    f, calls = _counted_custom_function()
+    g = replayable(f, "cuda")
+    x, w = mx.ones((2, 3)), mx.ones((3,))
+    mx.eval(g(x, w))
+    errors = []
+
+    def work():
+        try:
+            for _ in range(3):
+                mx.eval(g(mx.ones((2, 3)), mx.ones((3,))))
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+    assert not errors and calls["forward"] == 2

@@ -63,6 +63,7 @@ _version = resolve_mod._PROCESS_VERSION
 _reloads = presets_mod.RELOADS
 _monotonic = time.monotonic
 _default_stream = mx.default_stream
+_get_ident = threading.get_ident
 _default_device = mx.default_device
 
 
@@ -110,15 +111,16 @@ def replayable(fn: Callable, backend: str) -> Callable:
     it. Gradients and vmap go through the compiled function as through `fn`."""
     if backend not in REPLAY_BACKENDS or not replay_enabled():
         return fn
-    # A recorded graph keeps the stream it was recorded on, and MLX's GPU streams belong to
-    # the thread that made them: one recording per stream (per thread, per mx.stream(...)).
+    # A recorded graph keeps the streams it was recorded on, and MLX's GPU streams belong
+    # to the thread that made them (a replay on another thread fails on the H100: "There
+    # is no Stream(gpu, 0) in current thread"): one recording per (thread, default stream).
     # MLX keys compiled graphs on the Python function, so each recording gets its own.
     # (Streams compare by value but hash by identity: a short list, scanned.)
     compiled: list[tuple[Any, Callable]] = []
     lock = threading.Lock()
 
     def replay(*arrays):
-        stream = _default_stream(_default_device())
+        stream = (_get_ident(), _default_stream(_default_device()))
         for known, run in compiled:
             if known == stream:
                 return run(*arrays)
