@@ -64,6 +64,7 @@ _reloads = presets_mod.RELOADS
 _monotonic = time.monotonic
 _default_stream = mx.default_stream
 _get_ident = threading.get_ident
+_main_ident = threading.main_thread().ident
 _default_device = mx.default_device
 
 
@@ -111,16 +112,19 @@ def replayable(fn: Callable, backend: str) -> Callable:
     it. Gradients and vmap go through the compiled function as through `fn`."""
     if backend not in REPLAY_BACKENDS or not replay_enabled():
         return fn
-    # A recorded graph keeps the streams it was recorded on, and MLX's GPU streams belong
-    # to the thread that made them (a replay on another thread fails on the H100: "There
-    # is no Stream(gpu, 0) in current thread"): one recording per (thread, default stream).
-    # MLX keys compiled graphs on the Python function, so each recording gets its own.
+    # Only the main thread replays: MLX's GPU streams belong to their thread, and compiled
+    # graphs run from other threads failed on the H100 ("There is no Stream(gpu, 0) in
+    # current thread", tests/test_concurrency.py), even recorded per thread; other threads
+    # run `fn` itself. One recording per default stream (mx.stream(...) contexts); MLX keys
+    # compiled graphs on the Python function, so each recording gets its own.
     # (Streams compare by value but hash by identity: a short list, scanned.)
     compiled: list[tuple[Any, Callable]] = []
     lock = threading.Lock()
 
     def replay(*arrays):
-        stream = (_get_ident(), _default_stream(_default_device()))
+        if _get_ident() != _main_ident:
+            return fn(*arrays)
+        stream = _default_stream(_default_device())
         for known, run in compiled:
             if known == stream:
                 return run(*arrays)
