@@ -179,6 +179,19 @@ def test_token_follows_a_knob_variable_set_and_reset_between_calls(monkeypatch):
 
 
 # ----------------------------------------------------------------------------- graph replay
+@pytest.fixture
+def replay_on(monkeypatch):
+    monkeypatch.setenv("XLSTM_KERNELS_REPLAY", "1")
+
+
+def test_replay_is_off_by_default(monkeypatch):
+    from xlstm_kernels.ops._callcache import replayable
+
+    monkeypatch.delenv("XLSTM_KERNELS_REPLAY", raising=False)
+    f, _ = _counted_custom_function()
+    assert replayable(f, "cuda") is f
+
+
 def _counted_custom_function():
     """A differentiable f(x, w) = x * w (VJP by hand) that counts how often its Python runs."""
     import mlx.core as mx
@@ -207,7 +220,7 @@ def test_replayable_leaves_eager_backends_alone(backend):
     assert replayable(f, backend) is f
 
 
-def test_replayable_records_once_and_replays_with_fresh_values():
+def test_replayable_records_once_and_replays_with_fresh_values(replay_on):
     import mlx.core as mx
     import numpy as np
 
@@ -287,7 +300,7 @@ def fake_cuda(monkeypatch):
     drop()
 
 
-def test_memoised_ops_replay_their_launches_on_cuda(fake_cuda):
+def test_memoised_ops_replay_their_launches_on_cuda(fake_cuda, replay_on):
     import mlx.core as mx
 
     import xlstm_kernels as xk
@@ -323,7 +336,7 @@ def test_memoised_ops_replay_their_launches_on_cuda(fake_cuda):
         assert len(fake_cuda) == 8  # no replay: every call launches from Python
 
 
-def test_replay_records_once_per_stream():
+def test_replay_records_once_per_stream(replay_on):
     """A recorded graph runs on the stream it was recorded on (MLX's GPU streams belong to
     their thread): another default stream records its own."""
     import mlx.core as mx
@@ -343,7 +356,7 @@ def test_replay_records_once_per_stream():
     assert calls["forward"] == 2
 
 
-def test_replay_only_on_the_main_thread():
+def test_replay_only_on_the_main_thread(replay_on):
     """MLX's GPU streams belong to their thread (replays from other threads failed on the
     H100): other threads run the function itself."""
     import threading
