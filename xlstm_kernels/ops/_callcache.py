@@ -46,7 +46,7 @@ from ..tiles import knobs as knobs_mod
 from ..tiles import presets as presets_mod
 from ..tiles import resolve as resolve_mod
 
-__all__ = ["CallCache", "REPLAY_BACKENDS", "REPLAY_ENV_VAR", "config_token", "replayable"]
+__all__ = ["CallCache", "REPLAY_BACKENDS", "REPLAY_ENV_VAR", "config_token", "constant", "replayable"]
 
 REPLAY_ENV_VAR = "XLSTM_KERNELS_REPLAY"
 # Backends whose kernels are MLX primitives (mx.fast.metal_kernel / cuda_kernel), which a
@@ -91,6 +91,18 @@ def config_token() -> int:
     token = _epochs.setdefault((override, version, env, stamps), len(_epochs))
     _memo[0] = (env, override, version, reloads, now, token)
     return token
+
+
+def constant(array: mx.array) -> mx.array:
+    """`array`, evaluated now: for the constant inputs a memoised call keeps (placeholders).
+
+    A lazily built constant (``mx.zeros``) held by the memo would be evaluated by whichever
+    thread first evaluates a graph that uses it, on the stream of the thread that built it;
+    and a compiled (replayed) call records its own copy and never evaluates the original.
+    MLX's GPU streams belong to their thread ("There is no Stream(gpu, 0) in current
+    thread"), so every constant a memo entry shares is materialised when it is made."""
+    mx.eval(array)
+    return array
 
 
 def replay_enabled() -> bool:

@@ -83,7 +83,7 @@ import mlx.core as mx
 from ..runtime import KernelSpec, current_backend, launch
 from ..tiles.gemm import dtype_name
 from ..tiles.knobs import ALIAS_SPLIT_MIN_KEYS, attention_block_k_bytes, attention_fits, resolve_knobs
-from ._callcache import CallCache, replayable
+from ._callcache import CallCache, constant, replayable
 from ._validate import check_array, check_int32, check_same_dtype
 
 __all__ = [
@@ -116,6 +116,7 @@ MAX_KERNEL_HEAD_DIM = 256
 BACKWARD_CHUNK_ELEMENTS = 1 << 24
 
 _MASK_NONE, _MASK_CAUSAL, _MASK_BOOL, _MASK_ADD = 0, 1, 2, 3
+_NO_MASK = mx.array([False])  # the mask buffer of calls without a mask array (made with its data: no kernel)
 _TG_MEMORY = 32 * 1024
 
 _INPUTS = ("q", "k", "v", "mask", "params", "scale")
@@ -138,7 +139,7 @@ class _Mask:
     strides: tuple[int, int, int, int] = (0, 0, 0, 0)
 
     def buffer(self) -> mx.array:
-        return self.array if self.array is not None else mx.zeros((1,), dtype=mx.bool_)
+        return self.array if self.array is not None else _NO_MASK
 
     def reference_mask(self) -> Any:
         return {_MASK_NONE: None, _MASK_CAUSAL: "causal"}.get(self.kind, self.array)
@@ -617,7 +618,7 @@ def _build_attention(q, k, v, scale, mask, path: str, cfg: dict, replay: bool = 
         return o
 
     additive = m.kind == _MASK_ADD
-    placeholder = mx.zeros((1,), dtype=q.dtype)
+    placeholder = constant(mx.zeros((1,), dtype=q.dtype))
 
     @mx.custom_function
     def f(q, k, v, extra):

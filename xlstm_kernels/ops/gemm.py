@@ -26,7 +26,7 @@ import mlx.core as mx
 from .. import tiles as tiles_mod
 from ..tiles.gemm import MAX_THREADGROUP_BYTES
 from ..runtime import KernelSpec, current_backend, prepare_launch
-from ._callcache import CallCache, replayable
+from ._callcache import CallCache, constant, replayable
 from ._validate import INT32_MAX, check_array, check_int32
 
 __all__ = ["ACTIVATIONS", "gemm_a_bt", "gemm_at_b", "gemm_av", "linear", "gemm_reference", "simd_stages"]
@@ -199,7 +199,7 @@ def _build_launcher(layout, a_shape, b_shape, dtype, has_bias, act, has_res, til
     sb = 0 if len(b_shape) == 2 and batch_shape else b_rows * b_cols
 
     cfg = tiles_mod.resolve_gemm_config(layout.op, m, n, k, dtype, tiles, batch=nbatch).config
-    placeholder = mx.zeros((1,), dtype=dtype)
+    placeholder = constant(mx.zeros((1,), dtype=dtype))
     epilogue = [("HAS_BIAS", has_bias), ("ACT", act), ("HAS_RES", has_res)]
     split = cfg.split_k if cfg.path == "simd" else 1
     shapes = f"operands of shapes {a_shape} and {b_shape}"
@@ -406,7 +406,7 @@ def _build_call(op, a, b, bias, activation, residual, tiles, replay: bool = Fals
     if replay:
         f = replayable(f, backend)
 
-    placeholder = mx.zeros((1,), dtype=dtype)
+    placeholder = constant(mx.zeros((1,), dtype=dtype))
 
     def call(a, b, bias, residual):
         a, b, residual = prepare(a, b, residual)
