@@ -184,12 +184,15 @@ def replay_on(monkeypatch):
     monkeypatch.setenv("XLSTM_KERNELS_REPLAY", "1")
 
 
-def test_replay_is_off_by_default(monkeypatch):
+def test_replay_is_on_by_default_on_gpu_backends_only(monkeypatch):
     from xlstm_kernels.ops._callcache import replayable
 
     monkeypatch.delenv("XLSTM_KERNELS_REPLAY", raising=False)
     f, _ = _counted_custom_function()
-    assert replayable(f, "cuda") is f
+    assert replayable(f, "cuda") is not f
+    assert replayable(f, "metal") is not f
+    assert replayable(f, "emulate") is f
+    assert replayable(f, "reference") is f
 
 
 def _counted_custom_function():
