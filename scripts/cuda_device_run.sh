@@ -8,7 +8,7 @@
 #                                            #   measurements ignore uncommitted edits; then call 2 is
 #                                            #   run(carry=[".whl2", ".clean"], command="bash .clean/scripts/cuda_device_run.sh stage2 ...")
 #   scripts/cuda_device_run.sh stage2 [what...] # DEVICE, call 2 (carry .whl2): install, then run
-#                                            #   what = tests | bench | overhead | probe | probes | host | none | all
+#                                            #   what = tests | bench | overhead | probe | probes | host | ncu | none | all
 #                                            #   (default all = tests bench; probes = every scripts/probe_*.py)
 #   scripts/cuda_device_run.sh env           # DEVICE: print the exports stage2 uses (eval it)
 #
@@ -161,6 +161,22 @@ run_probes() {  # every scripts/probe_*.py (experiments, usually untracked): one
   done
 }
 
+run_ncu() {  # Nsight Compute reports of scripts/profile_ncu.py's cases (ours and MLX's op side by side)
+  unset MLX_ENABLE_TF32
+  local line name regex warm
+  local cases="${NCU_CASES:-}"
+  python3 scripts/profile_ncu.py list >"$OUT/ncu-cases.txt" || return 1
+  while read -r name regex warm; do
+    [ -z "$cases" ] || [[ " $cases " == *" $name "* ]] || continue
+    echo "== ncu $name ($regex)" | tee -a "$OUT/ncu.txt"
+    timeout -k 5 "${NCU_TIMEOUT:-150}" ncu --set "${NCU_SET:-full}" --clock-control none --import-source no \
+      --kernel-name "regex:$regex" --launch-skip "$warm" --launch-count 1 \
+      python3 scripts/profile_ncu.py run "$name" >>"$OUT/ncu.txt" 2>&1
+    echo "exit $?" >>"$OUT/ncu.txt"
+  done <"$OUT/ncu-cases.txt"
+  grep -E "^== ncu|Duration|DRAM Throughput|Memory Throughput|Registers Per|Achieved Occupancy|Theoretical Occupancy|Compute \(SM\) Throughput|Block Size|Grid Size" "$OUT/ncu.txt" | head -150
+}
+
 run_host() {
   unset MLX_ENABLE_TF32
   timeout -k 5 "${HOST_TIMEOUT:-120}" python3 scripts/cuda_host_cost.py --out "$OUT/host.json" 2>&1 | tee "$OUT/host.log"
@@ -190,6 +206,7 @@ stage2() {
       probe) run_probe ;;
       host) run_host ;;
       probes) run_probes ;;
+      ncu) run_ncu ;;
       none) ;;
       all) run_tests; run_bench ;;
       *) echo "unknown: $w"; return 2 ;;

@@ -1,0 +1,93 @@
+#!/usr/bin/env python3
+"""One op call per process, for Nsight Compute (`ncu`) on the GPU machine.
+
+    python3 scripts/profile_ncu.py list                 # the cases and their kernel regexes
+    python3 scripts/profile_ncu.py run CASE             # warm-up calls, then the profiled ones
+    bash scripts/cuda_device_run.sh stage2 ncu          # every case under ncu (NCU_CASES to pick)
+
+A case is (what runs, the regex of the kernel(s) to profile): ours and MLX's op at the same
+shape, so the two reports sit side by side (duration, DRAM throughput, occupancy, registers,
+warp stall reasons). The op runs WARM times first (JIT compile, memo), then PROFILED times;
+`cuda_device_run.sh` passes ``--launch-skip`` so that ncu profiles the last calls only.
+"""
+
+from __future__ import annotations
+
+import sys
+
+WARM = 3
+PROFILED = 1
+
+
+def _cases():
+    import mlx.core as mx
+
+    import xlstm_kernels as xk
+
+    def rnd(shape, dtype):
+        x = mx.random.normal(shape).astype(dtype)
+        mx.eval(x)
+        return x
+
+    def decode(ours: bool, b=8, hq=32, hkv=8, lk=8192, d=128, dtype=mx.float16):
+        q, k, v = rnd((b, hq, 1, d), dtype), rnd((b, hkv, lk, d), dtype), rnd((b, hkv, lk, d), dtype)
+        if ours:
+            return lambda: xk.scaled_dot_product_attention(q, k, v, scale=d**-0.5)
+        return lambda: mx.fast.scaled_dot_product_attention(q, k, v, scale=d**-0.5)
+
+    def rms(ours: bool, dtype, rows=16384, n=4096):
+        x, w = rnd((rows, n), dtype), rnd((n,), dtype)
+        if ours:
+            return lambda: xk.rms_norm(x, w, 1e-5)
+        return lambda: mx.fast.rms_norm(x, w, 1e-5)
+
+    def gemm(op: str, dtype=mx.float16, m=4096, n=4096, k=4096):
+        a = rnd((m, k), dtype)
+        if op == "gemm_at_b":
+            a = rnd((k, m), dtype)
+        bb = rnd((k, n), dtype)
+        if op == "mlx":
+            return lambda: a @ bb
+        fn = getattr(xk, op)
+        return lambda: fn(a, bb)
+
+    return {
+        # name: (factory, kernel regex)
+        "decode_ours": (lambda: decode(True), "attention_partial"),
+        "decode_mlx": (lambda: decode(False), "sdpav_2pass_1|sdpav_1pass"),
+        "rms_f32_ours": (lambda: rms(True, mx.float32), "custom_kernel_rms_norm"),
+        "rms_f32_mlx": (lambda: rms(False, mx.float32), "rms_norm"),
+        "rms_bf16_ours": (lambda: rms(True, mx.bfloat16), "custom_kernel_rms_norm"),
+        "rms_bf16_mlx": (lambda: rms(False, mx.bfloat16), "rms_norm"),
+        "gemm_av_ours": (lambda: gemm("gemm_av"), "gemm_simd"),
+        "gemm_at_b_ours": (lambda: gemm("gemm_at_b"), "gemm_simd"),
+        "gemm_mlx": (lambda: gemm("mlx"), "gemm|nvjet|xmma|cutlass|sm90"),
+    }
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] not in ("list", "run"):
+        print(__doc__)
+        return 2
+    if argv[0] == "list":
+        import os
+
+        os.environ.setdefault("XLSTM_KERNELS_BACKEND", "reference")
+        for name, (_, regex) in _cases().items():
+            print(f"{name} {regex} {WARM}")
+        return 0
+    import mlx.core as mx
+
+    cases = _cases()
+    if len(argv) < 2 or argv[1] not in cases:
+        print(f"unknown case; one of {', '.join(cases)}", file=sys.stderr)
+        return 2
+    fn = cases[argv[1]][0]()
+    for _ in range(WARM + PROFILED):
+        mx.eval(fn())
+    mx.synchronize()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
