@@ -2,6 +2,18 @@
 // xlstm_kernels/runtime/sources.py): vector access to device memory.
 
 // @header
+// XK_NO_UNROLL before a loop: keep it rolled (a rare path whose unrolled loads would raise
+// the kernel's register count, e.g. the element accesses of a misaligned row).
+#ifndef XK_NO_UNROLL
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+#define XK_NO_UNROLL _Pragma("unroll 1")
+#elif defined(__METAL_VERSION__)
+#define XK_NO_UNROLL _Pragma("clang loop unroll(disable)")
+#else
+#define XK_NO_UNROLL
+#endif
+#endif
+
 // Backend primitives. Here plain element loops (Apple's compiler merges neighbouring
 // accesses, as in MLX's Metal kernels); a backend whose compiler does not defines
 // XK_VECTOR_IO and its own versions (xlstm_kernels/cuda/vector_io.h: wide accesses).

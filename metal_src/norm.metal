@@ -110,14 +110,13 @@ inline T xk_affine(float nrm, float w, float b) {
 // y[r, i] = w[h*n + i] * T(x[r, i] * rsqrt(mean(x[r, :]^2) + eps)), h = r % nh.
 // inputs:  x (rows, n) T; w (nh * n) T (a 1-element dummy if !HAS_W); eps () float;
 //          params (3) int = [rows, n, nh]
-// outputs: y (rows, n) T.  template: T, HAS_W, N_READS, ONE_SIMD, FULL
+// outputs: y (rows, n) T.  template: T, HAS_W, N_READS, ONE_SIMD, FULL, NF
 // FULL: 0 any n; 1 n == tpr * N_READS (no bounds code: wide runs when x, y, w are
 // aligned, else element accesses); 2 as 1 but always element accesses (tests).
+// NF: the row length n when FULL != 0 (else 0), so that the row's addresses need no
+// load of params: its x loads are issued first (params and eps are read after them).
 constexpr int W = XK_RUN(T, N_READS);  // elements per run
 constexpr int NR = N_READS / W;        // runs per thread
-const uint nrows = uint(params[0]);
-const uint n = uint(params[1]);
-const uint nh = uint(params[2]);
 const uint row = thread_position_in_grid.y;
 const uint tid = thread_position_in_threadgroup.x;
 const uint tpr = threads_per_threadgroup.x;
@@ -126,67 +125,71 @@ const uint sg = simdgroup_index_in_threadgroup;
 const uint nsg = simdgroups_per_threadgroup;
 threadgroup float red_a[32];
 
-if (FULL != 0) {  // rows of exactly tpr * N_READS elements (a compile-time branch)
+if (FULL != 0) {  // rows of exactly tpr * N_READS = NF elements (a compile-time branch)
   // No bounds code. Aligned rows (al, uniform; checked once): every run one wide access,
   // x kept in registers as T (16-bit: packed). Otherwise (an offset slice on CUDA, or
   // FULL == 2): element accesses, x read twice (sum of squares, then the write) so that
   // this rare path holds no row in registers and adds none to the kernel's count.
-  if (row < nrows) {
+  // The grid has exactly one threadgroup row per x row except in the simdgroup-per-row
+  // layout (rows rounded up to the threadgroup's R rows): only there is the row checked.
+  constexpr uint n = uint(NF);
+  constexpr uint tpf = uint(NF) / uint(N_READS);  // = tpr, as a constant
+  if (!ONE_SIMD || row < uint(params[0])) {
     const device T* xr = x + size_t(row) * n;
     device T* yr = y + size_t(row) * n;
-    const device T* wr = w + (HAS_W ? (row % nh) * n : 0);
+    // every head's weight slice starts at a multiple of n (n * sizeof(T) a multiple of the
+    // run's bytes): aligned iff w is
     const bool al = FULL == 1 && xk_run_aligned<W>(xr) && xk_run_aligned<W>(yr) &&
-                    (!HAS_W || xk_run_aligned<W>(wr));
-    T t[N_READS];  // run j: elements (tid + j * tpr) * W + [0, W)
+                    (!HAS_W || xk_run_aligned<W>(w));
+    T t[N_READS];  // run j: elements (tid + j * tpf) * W + [0, W)
     float acc = 0.0f;
     if (al) {
       for (int j = 0; j < NR; j++) {
-        xk_load_w<W>(xr + (tid + j * tpr) * W, t + j * W);
+        xk_load_w<W>(xr + (tid + j * tpf) * W, t + j * W);
       }
       for (int k = 0; k < N_READS; k++) {
         acc += float(t[k]) * float(t[k]);
       }
     } else {
+      XK_NO_UNROLL
       for (int j = 0; j < NR; j++) {
         for (int k = 0; k < W; k++) {
-          const float e = float(xr[(tid + j * tpr) * W + k]);
+          const float e = float(xr[(tid + j * tpf) * W + k]);
           acc += e * e;
         }
       }
     }
+    // the weight row (params read here, its latency behind the x loads; not after the
+    // reduction's barrier, which no load crosses)
+    const device T* wr = w + (HAS_W ? (row % uint(params[2])) * n : 0);
     acc = xk_row_sum<ONE_SIMD>(acc, red_a, lane, sg, nsg);
     const float r = metal::precise::rsqrt(acc / float(n) + eps);
     if (al) {
-      // weight run j + 1 is read before run j's output is computed and stored
-      T wt[W];
-      T wn[W];
-      if (HAS_W) {
-        xk_load_w<W>(wr + tid * W, wn);
-      }
       for (int j = 0; j < NR; j++) {
-        const uint i = (tid + j * tpr) * W;
-        for (int k = 0; k < W; k++) {
-          wt[k] = HAS_W ? wn[k] : T(0.0f);
-        }
-        if (HAS_W && j + 1 < NR) {
-          xk_load_w<W>(wr + i + tpr * W, wn);
+        const uint i = (tid + j * tpf) * W;
+        T wt[W];
+        if (HAS_W) {
+          xk_load_w<W>(wr + i, wt);
         }
         T o[W];
         for (int k = 0; k < W; k++) {
-          o[k] = xk_affine<T, HAS_W, false>(float(t[j * W + k]) * r, float(wt[k]), 0.0f);
+          o[k] = xk_affine<T, HAS_W, false>(float(t[j * W + k]) * r, HAS_W ? float(wt[k]) : 0.0f, 0.0f);
         }
         xk_store_w<W>(yr + i, o);
       }
     } else {
+      XK_NO_UNROLL
       for (int j = 0; j < NR; j++) {
         for (int k = 0; k < W; k++) {
-          const uint i = (tid + j * tpr) * W + k;
+          const uint i = (tid + j * tpf) * W + k;
           yr[i] = xk_affine<T, HAS_W, false>(float(xr[i]) * r, HAS_W ? float(wr[i]) : 0.0f, 0.0f);
         }
       }
     }
   }
-} else if (row < nrows) {  // uniform per row: every thread of a row takes the same branch
+} else if (row < uint(params[0])) {  // uniform per row: every thread of a row takes the same branch
+  const uint n = uint(params[1]);
+  const uint nh = uint(params[2]);
   const device T* xr = x + size_t(row) * n;
   device T* yr = y + size_t(row) * n;
   const device T* wr = w + (HAS_W ? (row % nh) * n : 0);

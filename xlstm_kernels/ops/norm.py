@@ -273,7 +273,7 @@ def _plan(
         template.append(("ONE_SIMD", lay.one_simd))
         if kind == "rms":
             full = FULL_ROWS and dtype in FULL_FORWARD_DTYPES and lay.tpr * lay.n_reads == n
-            template.append(("FULL", int(full)))
+            template += [("FULL", int(full)), ("NF", n if full else 0)]
     inputs += [_eps(float(eps)), _ints(rows, n, num_heads)]
     r = lay.rows_per_tg
     kwargs = dict(
