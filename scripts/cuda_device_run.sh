@@ -150,12 +150,14 @@ run_overhead() {
     tee "$OUT/overhead.log"
 }
 
-run_probes() {  # every scripts/probe_*.py (experiments, usually untracked): one JSON each under $OUT
+run_probes() {  # every scripts/probe_*.py (or those named in PROBES): one JSON and log each under $OUT
   unset MLX_ENABLE_TF32
   local f name
   for f in scripts/probe_*.py; do
     [ -e "$f" ] || continue
     name="$(basename "$f" .py)"
+    # PROBES="rms decode": only scripts/probe_rms.py and probe_decode.py
+    [ -z "${PROBES:-}" ] || [[ " $PROBES " == *" ${name#probe_} "* ]] || continue
     echo "== $f"
     timeout -k 5 "${PROBES_TIMEOUT:-110}" python3 "$f" --out "$OUT/$name.json" 2>&1 | tee "$OUT/$name.log" | tail -80
   done

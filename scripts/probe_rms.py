@@ -1,0 +1,109 @@
+"""Probe: RMSNorm forward variants against mx.fast.rms_norm, measured interleaved.
+
+    python3 scripts/probe_rms.py --out $OUT/rms.json            # on the GPU (backend cuda)
+    XLSTM_KERNELS_BACKEND=emulate python3 scripts/probe_rms.py --tiny   # logic check here
+
+Each round times every variant once (Q calls per mx.eval, the queue's wall time / Q), and
+ROUNDS rounds alternate the variants, so that a drift of the clock or of the machine hits
+all of them alike; the table gives the median and the best round. Variants are module
+settings of ops.norm (the call memo is cleared between them):
+  full      rows of exactly tpr * n_reads elements take the FULL path for every dtype
+  general   FULL_ROWS off: the general path (bounds code in every run)
+  nr16      full with 16 elements per thread (256 threads on a 4096 row)
+  default   what the op does as shipped (FULL for the dtypes in FULL_FORWARD_DTYPES)
+ratio = MLX time / ours (> 1: ours faster); GB/s = (x read + y written) / time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+import mlx.core as mx
+import numpy as np
+
+import xlstm_kernels as xk
+from xlstm_kernels.ops import norm as norm_mod
+
+SHIPPED = norm_mod.FULL_FORWARD_DTYPES
+
+
+def configure(name: str) -> None:
+    norm_mod.FULL_ROWS = name != "general"
+    norm_mod.FULL_FORWARD_DTYPES = SHIPPED if name == "default" else (mx.float32, mx.float16, mx.bfloat16)
+    os.environ.pop("XLSTM_RMS_NORM_N_READS", None)
+    if name == "nr16":
+        os.environ["XLSTM_RMS_NORM_N_READS"] = "16"
+    norm_mod._CALLS.clear()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out")
+    ap.add_argument("--tiny", action="store_true")
+    args = ap.parse_args()
+    shapes = [(16384, 4096), (4096, 4096), (8192, 8192)]
+    rounds, q = 7, 30
+    if args.tiny:
+        shapes, rounds, q = [(8, 256)], 2, 2
+    variants = ["default", "full", "general", "nr16"]
+    eps = 1e-5
+    rows = []
+    if not args.tiny:
+        c = mx.random.normal((64 * 1024 * 1024,))
+        mx.eval(c)
+        ts = []
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            mx.eval([c * 2 for _ in range(q)])
+            ts.append((time.perf_counter() - t0) / q)
+        print(f"copy x*2 256 MiB queued: {2 * c.nbytes / statistics.median(ts) / 1e9:.0f} GB/s (median), "
+              f"{2 * c.nbytes / min(ts) / 1e9:.0f} GB/s (best)")
+        rows.append({"op": "copy", "gbps_median": 2 * c.nbytes / statistics.median(ts) / 1e9})
+        del c
+    print(f"{'shape':12s} {'dtype':9s} {'variant':9s} {'ms med':>8s} {'ms best':>8s} {'GB/s':>6s} "
+          f"{'mlx med':>8s} {'ratio':>6s} {'relerr':>8s}")
+    for shape in shapes:
+        for dt in (mx.float32, mx.bfloat16):
+            rng = np.random.default_rng(1)
+            x = mx.array(rng.standard_normal(shape).astype(np.float32)).astype(dt)
+            w = mx.array(rng.standard_normal(shape[-1:]).astype(np.float32)).astype(dt)
+            mx.eval(x, w)
+            want = mx.fast.rms_norm(x, w, eps).astype(mx.float32)
+            times: dict[str, list[float]] = {v: [] for v in ["mlx", *variants]}
+            errs = {}
+            for r in range(rounds):
+                for v in ["mlx", *variants]:
+                    if v == "mlx":
+                        fn = lambda: mx.fast.rms_norm(x, w, eps)  # noqa: E731
+                    else:
+                        configure(v)
+                        fn = lambda: xk.rms_norm(x, w, eps)  # noqa: E731
+                        if r == 0:
+                            got = fn().astype(mx.float32)
+                            errs[v] = (mx.abs(got - want).max() / mx.abs(want).max()).item()
+                    mx.eval([fn() for _ in range(2)])
+                    t0 = time.perf_counter()
+                    mx.eval([fn() for _ in range(q)])
+                    times[v].append((time.perf_counter() - t0) / q)
+            mlx_med = statistics.median(times["mlx"])
+            nbytes = 2 * x.nbytes
+            for v in ["mlx", *variants]:
+                med, best = statistics.median(times[v]), min(times[v])
+                print(f"{'x'.join(map(str, shape)):12s} {str(dt).split('.')[-1]:9s} {v:9s} {med * 1e3:8.4f} "
+                      f"{best * 1e3:8.4f} {nbytes / med / 1e9:6.0f} {mlx_med * 1e3:8.4f} {mlx_med / med:6.3f} "
+                      f"{errs.get(v, 0.0):8.1e}")
+                rows.append({"shape": list(shape), "dtype": str(dt), "variant": v, "median_ms": med * 1e3,
+                             "best_ms": best * 1e3, "mlx_median_ms": mlx_med * 1e3, "ratio": mlx_med / med,
+                             "gbps": nbytes / med / 1e9, "relerr": errs.get(v)})
+    configure("default")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
