@@ -375,7 +375,8 @@ for (uint c = tid * W; c < n; c += step) {
 // outputs: dx (M*nh, n) T; dwp (groups, nh*n) float ((1,) if !HAS_W: set to 0).
 // template: T, HAS_W, N_READS, ONE_SIMD, FULL (as rms_norm's: 1 rows of exactly
 // tpr * N_READS elements, wide runs when x, g, dx, w are aligned, else element accesses,
-// no bounds code; 2 always element accesses; 0 any n)
+// no bounds code; 2 always element accesses; 0 any n), PF (FULL rows only: prefetch the
+// unit's next row)
 constexpr int W = XK_RUN(T, N_READS);
 constexpr int NR = N_READS / W;
 const uint m_rows = uint(params[0]);
@@ -409,11 +410,28 @@ if (unit < nunits) {  // uniform per unit
   for (int k = 0; k < N_READS; k++) {
     dwa[k] = 0.0f;
   }
+  // PF (FULL rows): row bi + 1's x and g are loaded (kept as T) before row bi is reduced
+  // and written, so that a unit always has loads in flight
+  T xn[PF ? N_READS : 1];
+  T gn[PF ? N_READS : 1];
+  if (PF && b0 < b1) {
+    xk_full_load<W, NR>(x + (size_t(b0) * nh + head) * n, tid * W, tpr * W, al, xn);
+    xk_full_load<W, NR>(g + (size_t(b0) * nh + head) * n, tid * W, tpr * W, al, gn);
+  }
   for (uint bi = b0; bi < b1; bi++) {
     const size_t base = (size_t(bi) * nh + head) * n;
     float xv[N_READS];
     float gv[N_READS];
-    if (FULL != 0) {
+    if (PF) {
+      for (int k = 0; k < N_READS; k++) {
+        xv[k] = float(xn[k]);
+        gv[k] = float(gn[k]);
+      }
+      if (bi + 1 < b1) {
+        xk_full_load<W, NR>(x + base + nh * n, tid * W, tpr * W, al, xn);
+        xk_full_load<W, NR>(g + base + nh * n, tid * W, tpr * W, al, gn);
+      }
+    } else if (FULL != 0) {
       xk_full_load_f<W, NR>(x + base, tid * W, tpr * W, al, xv);
       xk_full_load_f<W, NR>(g + base, tid * W, tpr * W, al, gv);
     } else {

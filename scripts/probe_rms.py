@@ -11,7 +11,13 @@ settings of ops.norm (the call memo is cleared between them):
   general   FULL_ROWS off: the general path (bounds code in every run)
   nr16      full with 16 elements per thread (256 threads on a 4096 row)
   default   what the op does as shipped (FULL for the dtypes in FULL_FORWARD_DTYPES)
-ratio = MLX time / ours (> 1: ours faster); GB/s = (x read + y written) / time.
+and of the backward (dx and dw of mx.vjp, against mx.vjp of mx.fast.rms_norm):
+  vjp         as shipped (VJP_PREFETCH, 256 threads x 16 elements on a 4096 row)
+  vjp_nopf    without the next-row prefetch
+  vjp_512     512 threads x 8 elements, prefetch
+  vjp_512nopf 512 threads x 8 elements, no prefetch
+ratio = MLX time / ours (> 1: ours faster); GB/s = bytes moved (forward: x read, y
+written; backward: x, g read, dx written) / time.
 """
 
 from __future__ import annotations
@@ -29,9 +35,13 @@ import xlstm_kernels as xk
 from xlstm_kernels.ops import norm as norm_mod
 
 SHIPPED = norm_mod.FULL_FORWARD_DTYPES
+SHIPPED_VJP = (norm_mod.VJP_PREFETCH, norm_mod.VJP_THREADS, norm_mod.VJP_MAX_READS)
+VJP_VARIANTS = {"vjp": SHIPPED_VJP, "vjp_nopf": (False, 256, 16), "vjp_512": (True, 512, 8),
+                "vjp_512nopf": (False, 512, 8)}
 
 
 def configure(name: str) -> None:
+    norm_mod.VJP_PREFETCH, norm_mod.VJP_THREADS, norm_mod.VJP_MAX_READS = VJP_VARIANTS.get(name, SHIPPED_VJP)
     norm_mod.FULL_ROWS = name != "general"
     norm_mod.FULL_FORWARD_DTYPES = SHIPPED if name == "default" else (mx.float32, mx.float16, mx.bfloat16)
     os.environ.pop("XLSTM_RMS_NORM_N_READS", None)
@@ -45,8 +55,8 @@ def main() -> None:
     ap.add_argument("--out")
     ap.add_argument("--tiny", action="store_true")
     args = ap.parse_args()
-    shapes = [(16384, 4096), (4096, 4096), (8192, 8192)]
-    rounds, q = 7, 30
+    shapes = [(16384, 4096), (4096, 4096)]
+    rounds, q = 5, 20
     if args.tiny:
         shapes, rounds, q = [(8, 256)], 2, 2
     variants = ["default", "full", "general", "nr16"]
@@ -64,7 +74,7 @@ def main() -> None:
               f"{2 * c.nbytes / min(ts) / 1e9:.0f} GB/s (best)")
         rows.append({"op": "copy", "gbps_median": 2 * c.nbytes / statistics.median(ts) / 1e9})
         del c
-    print(f"{'shape':12s} {'dtype':9s} {'variant':9s} {'ms med':>8s} {'ms best':>8s} {'GB/s':>6s} "
+    print(f"{'shape':12s} {'dtype':9s} {'variant':11s} {'ms med':>8s} {'ms best':>8s} {'GB/s':>6s} "
           f"{'mlx med':>8s} {'ratio':>6s} {'relerr':>8s}")
     for shape in shapes:
         for dt in (mx.float32, mx.bfloat16):
@@ -72,33 +82,47 @@ def main() -> None:
             x = mx.array(rng.standard_normal(shape).astype(np.float32)).astype(dt)
             w = mx.array(rng.standard_normal(shape[-1:]).astype(np.float32)).astype(dt)
             mx.eval(x, w)
-            want = mx.fast.rms_norm(x, w, eps).astype(mx.float32)
-            times: dict[str, list[float]] = {v: [] for v in ["mlx", *variants]}
-            errs = {}
-            for r in range(rounds):
-                for v in ["mlx", *variants]:
-                    if v == "mlx":
-                        fn = lambda: mx.fast.rms_norm(x, w, eps)  # noqa: E731
-                    else:
-                        configure(v)
-                        fn = lambda: xk.rms_norm(x, w, eps)  # noqa: E731
-                        if r == 0:
-                            got = fn().astype(mx.float32)
-                            errs[v] = (mx.abs(got - want).max() / mx.abs(want).max()).item()
-                    mx.eval([fn() for _ in range(2)])
-                    t0 = time.perf_counter()
-                    mx.eval([fn() for _ in range(q)])
-                    times[v].append((time.perf_counter() - t0) / q)
-            mlx_med = statistics.median(times["mlx"])
-            nbytes = 2 * x.nbytes
-            for v in ["mlx", *variants]:
-                med, best = statistics.median(times[v]), min(times[v])
-                print(f"{'x'.join(map(str, shape)):12s} {str(dt).split('.')[-1]:9s} {v:9s} {med * 1e3:8.4f} "
-                      f"{best * 1e3:8.4f} {nbytes / med / 1e9:6.0f} {mlx_med * 1e3:8.4f} {mlx_med / med:6.3f} "
-                      f"{errs.get(v, 0.0):8.1e}")
-                rows.append({"shape": list(shape), "dtype": str(dt), "variant": v, "median_ms": med * 1e3,
-                             "best_ms": best * 1e3, "mlx_median_ms": mlx_med * 1e3, "ratio": mlx_med / med,
-                             "gbps": nbytes / med / 1e9, "relerr": errs.get(v)})
+            g = mx.array(rng.standard_normal(shape).astype(np.float32)).astype(dt)
+            mx.eval(g)
+
+            def vjp_of(f):
+                return lambda: mx.vjp(lambda a, b: f(a, b, eps), [x, w], [g])[1]
+
+            for kind, names in (("fwd", variants), ("vjp", list(VJP_VARIANTS))):
+                if kind == "fwd":
+                    mlx_fn = lambda: mx.fast.rms_norm(x, w, eps)  # noqa: E731
+                    ours_fn = lambda: xk.rms_norm(x, w, eps)  # noqa: E731
+                    nbytes = 2 * x.nbytes
+                else:
+                    mlx_fn, ours_fn = vjp_of(mx.fast.rms_norm), vjp_of(xk.rms_norm)
+                    nbytes = 3 * x.nbytes
+                want = [a.astype(mx.float32) for a in (mlx_fn() if kind == "vjp" else [mlx_fn()])]
+                times: dict[str, list[float]] = {v: [] for v in ["mlx", *names]}
+                errs = {}
+                for r in range(rounds):
+                    for v in ["mlx", *names]:
+                        fn = mlx_fn
+                        if v != "mlx":
+                            configure(v)
+                            fn = ours_fn
+                            if r == 0:
+                                got = fn()
+                                got = got if kind == "vjp" else [got]
+                                errs[v] = max((mx.abs(a.astype(mx.float32) - b).max() / mx.abs(b).max()).item()
+                                              for a, b in zip(got, want))
+                        mx.eval([fn() for _ in range(2)])
+                        t0 = time.perf_counter()
+                        mx.eval([fn() for _ in range(q)])
+                        times[v].append((time.perf_counter() - t0) / q)
+                mlx_med = statistics.median(times["mlx"])
+                for v in ["mlx", *names]:
+                    med, best = statistics.median(times[v]), min(times[v])
+                    print(f"{'x'.join(map(str, shape)):12s} {str(dt).split('.')[-1]:9s} {v:11s} {med * 1e3:8.4f} "
+                          f"{best * 1e3:8.4f} {nbytes / med / 1e9:6.0f} {mlx_med * 1e3:8.4f} {mlx_med / med:6.3f} "
+                          f"{errs.get(v, 0.0):8.1e}")
+                    rows.append({"shape": list(shape), "dtype": str(dt), "variant": v, "kind": kind,
+                                 "median_ms": med * 1e3, "best_ms": best * 1e3, "mlx_median_ms": mlx_med * 1e3,
+                                 "ratio": mlx_med / med, "gbps": nbytes / med / 1e9, "relerr": errs.get(v)})
     configure("default")
     if args.out:
         with open(args.out, "w") as f:

@@ -574,9 +574,12 @@ def test_rms_norm_vjp_full_rows(kernel_backend, monkeypatch, dtype, n, has_w):
             assert rel_err(g_, r_) < limit, off
     spec, kw, groups = norm_mod._vjp_plan("rms", x, w, False, cot, EPS)
     assert dict(kw["template"])["FULL"] == 1 and (groups < 5 if has_w else groups == 5)
-    for full in (0, 2):
-        kw2 = dict(kw, template=[(k, full if k == "FULL" else v) for k, v in kw["template"]])
+    assert dict(kw["template"])["PF"] is norm_mod.VJP_PREFETCH
+    # FULL 0 / 2 directly; PF (the next row prefetched, FULL rows only) on and off
+    for full, pf in ((0, False), (1, False), (1, True), (2, False), (2, True)):
+        forced = {"FULL": full, "PF": pf}
+        kw2 = dict(kw, template=[(k, forced.get(k, v)) for k, v in kw["template"]])
         outs = launch(spec, **kw2)
-        assert rel_err(outs[0], want[0]) < limit, full
+        assert rel_err(outs[0], want[0]) < limit, (full, pf)
         if has_w:
-            assert rel_err(outs[1].sum(axis=0), want[1]) < limit, full
+            assert rel_err(outs[1].sum(axis=0), want[1]) < limit, (full, pf)

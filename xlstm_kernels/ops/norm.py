@@ -107,6 +107,9 @@ FULL_FORWARD_DTYPES = (mx.float16, mx.bfloat16)
 # elements per thread (the unit keeps x, g, w and the dw/db sums of its columns in
 # registers), longer rows the looped backward kernels.
 VJP_THREADS = 256
+# Backward on FULL rows: each unit loads its next row's x and g before it reduces and writes
+# the current one (template PF), so that loads stay in flight across its rows.
+VJP_PREFETCH = True
 VJP_MAX_READS = 16
 # Backward: enough (group, head) units to fill the GPU (about this many threads in
 # all); each unit sums dw/db over rows_per_group rows, so the float32 partials stay
@@ -320,7 +323,8 @@ def _vjp_plan(
     if not lay.looped:
         template.append(("ONE_SIMD", lay.one_simd))
         if kind == "rms":
-            template.append(("FULL", int(FULL_ROWS and lay.tpr * lay.n_reads == n)))
+            full = FULL_ROWS and lay.tpr * lay.n_reads == n
+            template += [("FULL", int(full)), ("PF", bool(full and VJP_PREFETCH))]
     r = lay.rows_per_tg
     kwargs = dict(
         inputs=[
