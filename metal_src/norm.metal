@@ -110,11 +110,13 @@ inline T xk_affine(float nrm, float w, float b) {
 // y[r, i] = w[h*n + i] * T(x[r, i] * rsqrt(mean(x[r, :]^2) + eps)), h = r % nh.
 // inputs:  x (rows, n) T; w (nh * n) T (a 1-element dummy if !HAS_W); eps () float;
 //          params (3) int = [rows, n, nh]
-// outputs: y (rows, n) T.  template: T, HAS_W, N_READS, ONE_SIMD, FULL, NF
+// outputs: y (rows, n) T.  template: T, HAS_W, N_READS, ONE_SIMD, FULL, NF, RR
 // FULL: 0 any n; 1 n == tpr * N_READS (no bounds code: wide runs when x, y, w are
 // aligned, else element accesses); 2 as 1 but always element accesses (tests).
 // NF: the row length n when FULL != 0 (else 0), so that the row's addresses need no
 // load of params: its x loads are issued first (params and eps are read after them).
+// RR (FULL, aligned rows): x is read again for the output (from cache) instead of being
+// kept in registers through the reduction: fewer registers, more rows in flight per SM.
 constexpr int W = XK_RUN(T, N_READS);  // elements per run
 constexpr int NR = N_READS / W;        // runs per thread
 const uint row = thread_position_in_grid.y;
@@ -167,6 +169,9 @@ if (FULL != 0) {  // rows of exactly tpr * N_READS = NF elements (a compile-time
     if (al) {
       for (int j = 0; j < NR; j++) {
         const uint i = (tid + j * tpf) * W;
+        if (RR) {
+          xk_load_w<W>(xr + i, t + j * W);  // again (cache): t was not kept through the reduction
+        }
         T wt[W];
         if (HAS_W) {
           xk_load_w<W>(wr + i, wt);

@@ -3,14 +3,18 @@
     python3 scripts/probe_rms.py --out $OUT/rms.json            # on the GPU (backend cuda)
     XLSTM_KERNELS_BACKEND=emulate python3 scripts/probe_rms.py --tiny   # logic check here
 
-Each round times every variant once (Q calls per mx.eval, the queue's wall time / Q), and
-ROUNDS rounds alternate the variants, so that a drift of the clock or of the machine hits
-all of them alike; the table gives the median and the best round. Variants are module
+Each round times every variant once: Q calls build the graph, then one mx.eval runs it;
+"ms med" is the eval time / Q (device time plus launches; the graph-building host time
+is apart, in "host us"). ROUNDS rounds alternate the variants, so that a drift of the
+clock or of the machine hits all of them alike; the table gives the median and the best
+round. Variants are module
 settings of ops.norm (the call memo is cleared between them):
   full      rows of exactly tpr * n_reads elements take the FULL path for every dtype
   general   FULL_ROWS off: the general path (bounds code in every run)
   nr16      full with 16 elements per thread (256 threads on a 4096 row)
-  default   what the op does as shipped (FULL for the dtypes in FULL_FORWARD_DTYPES)
+  full_rr   full, x read again for the output (REREAD_FORWARD_DTYPES: fewer registers)
+  nr16_rr   nr16 and full_rr
+  default   what the op does as shipped (FULL_FORWARD_DTYPES, REREAD_FORWARD_DTYPES)
 and of the backward (dx and dw of mx.vjp, against mx.vjp of mx.fast.rms_norm):
   vjp         as shipped (VJP_PREFETCH, 256 threads x 16 elements on a 4096 row)
   vjp_nopf    without the next-row prefetch
@@ -35,6 +39,7 @@ import xlstm_kernels as xk
 from xlstm_kernels.ops import norm as norm_mod
 
 SHIPPED = norm_mod.FULL_FORWARD_DTYPES
+SHIPPED_RR = norm_mod.REREAD_FORWARD_DTYPES
 SHIPPED_VJP = (norm_mod.VJP_PREFETCH, norm_mod.VJP_THREADS, norm_mod.VJP_MAX_READS)
 VJP_VARIANTS = {"vjp": SHIPPED_VJP, "vjp_nopf": (False, 256, 16), "vjp_512": (True, 512, 8),
                 "vjp_512nopf": (False, 512, 8)}
@@ -43,9 +48,11 @@ VJP_VARIANTS = {"vjp": SHIPPED_VJP, "vjp_nopf": (False, 256, 16), "vjp_512": (Tr
 def configure(name: str) -> None:
     norm_mod.VJP_PREFETCH, norm_mod.VJP_THREADS, norm_mod.VJP_MAX_READS = VJP_VARIANTS.get(name, SHIPPED_VJP)
     norm_mod.FULL_ROWS = name != "general"
-    norm_mod.FULL_FORWARD_DTYPES = SHIPPED if name == "default" else (mx.float32, mx.float16, mx.bfloat16)
+    every = (mx.float32, mx.float16, mx.bfloat16)
+    norm_mod.FULL_FORWARD_DTYPES = SHIPPED if name == "default" else every
+    norm_mod.REREAD_FORWARD_DTYPES = SHIPPED_RR if name == "default" else (every if name.endswith("_rr") else ())
     os.environ.pop("XLSTM_RMS_NORM_N_READS", None)
-    if name == "nr16":
+    if name.startswith("nr16"):
         os.environ["XLSTM_RMS_NORM_N_READS"] = "16"
     norm_mod._CALLS.clear()
 
@@ -59,7 +66,7 @@ def main() -> None:
     rounds, q = 5, 20
     if args.tiny:
         shapes, rounds, q = [(8, 256)], 2, 2
-    variants = ["default", "full", "general", "nr16"]
+    variants = ["default", "full", "general", "nr16", "full_rr", "nr16_rr"]
     eps = 1e-5
     rows = []
     if not args.tiny:
@@ -75,7 +82,7 @@ def main() -> None:
         rows.append({"op": "copy", "gbps_median": 2 * c.nbytes / statistics.median(ts) / 1e9})
         del c
     print(f"{'shape':12s} {'dtype':9s} {'variant':11s} {'ms med':>8s} {'ms best':>8s} {'GB/s':>6s} "
-          f"{'mlx med':>8s} {'ratio':>6s} {'relerr':>8s}")
+          f"{'mlx med':>8s} {'ratio':>6s} {'relerr':>8s} {'host us':>7s}")
     for shape in shapes:
         for dt in (mx.float32, mx.bfloat16):
             rng = np.random.default_rng(1)
@@ -98,6 +105,7 @@ def main() -> None:
                     nbytes = 3 * x.nbytes
                 want = [a.astype(mx.float32) for a in (mlx_fn() if kind == "vjp" else [mlx_fn()])]
                 times: dict[str, list[float]] = {v: [] for v in ["mlx", *names]}
+                host: dict[str, list[float]] = {v: [] for v in ["mlx", *names]}
                 errs = {}
                 for r in range(rounds):
                     for v in ["mlx", *names]:
@@ -112,17 +120,21 @@ def main() -> None:
                                               for a, b in zip(got, want))
                         mx.eval([fn() for _ in range(2)])
                         t0 = time.perf_counter()
-                        mx.eval([fn() for _ in range(q)])
-                        times[v].append((time.perf_counter() - t0) / q)
+                        outs = [fn() for _ in range(q)]
+                        t1 = time.perf_counter()
+                        mx.eval(outs)
+                        times[v].append((time.perf_counter() - t1) / q)
+                        host[v].append((t1 - t0) / q)
                 mlx_med = statistics.median(times["mlx"])
                 for v in ["mlx", *names]:
                     med, best = statistics.median(times[v]), min(times[v])
                     print(f"{'x'.join(map(str, shape)):12s} {str(dt).split('.')[-1]:9s} {v:11s} {med * 1e3:8.4f} "
                           f"{best * 1e3:8.4f} {nbytes / med / 1e9:6.0f} {mlx_med * 1e3:8.4f} {mlx_med / med:6.3f} "
-                          f"{errs.get(v, 0.0):8.1e}")
+                          f"{errs.get(v, 0.0):8.1e} {statistics.median(host[v]) * 1e6:7.1f}")
                     rows.append({"shape": list(shape), "dtype": str(dt), "variant": v, "kind": kind,
                                  "median_ms": med * 1e3, "best_ms": best * 1e3, "mlx_median_ms": mlx_med * 1e3,
-                                 "ratio": mlx_med / med, "gbps": nbytes / med / 1e9, "relerr": errs.get(v)})
+                                 "ratio": mlx_med / med, "gbps": nbytes / med / 1e9, "relerr": errs.get(v),
+                                 "host_us": statistics.median(host[v]) * 1e6})
     configure("default")
     if args.out:
         with open(args.out, "w") as f:

@@ -538,10 +538,10 @@ def test_rms_norm_full_rows(kernel_backend, dtype, n, has_w):
         wv = None if w is None else offset_view(w, off)
         assert rel_err(rms_norm(xv, wv, EPS), want) < tol(dt), off
     assert dict(kw["template"])["NF"] == (n if dict(kw["template"])["FULL"] else 0)
-    for full in (0, 1, 2):
-        forced = {"FULL": full, "NF": n if full else 0}
+    for full, rr in ((0, False), (1, False), (1, True), (2, False), (2, True)):
+        forced = {"FULL": full, "NF": n if full else 0, "RR": rr}
         kw2 = dict(kw, template=[(k, forced.get(k, v)) for k, v in kw["template"]])
-        assert rel_err(launch(spec, **kw2)[0], want) < tol(dt), full
+        assert rel_err(launch(spec, **kw2)[0], want) < tol(dt), (full, rr)
     # a row one run short is not FULL
     _, kw3 = norm_mod._plan("rms", x[:, : n - 8], None, None, EPS)
     assert dict(kw3["template"])["FULL"] == 0 and dict(kw3["template"])["NF"] == 0
