@@ -210,20 +210,6 @@ METAL_FUNC void xk_full_load_f(const device T* p, uint i0, uint stride, bool al,
   }
 }
 
-// xk_full_load_f without the conversion: t[j * W + k] = p[i0 + j * stride + k].
-template <int W, int NR, typename T>
-METAL_FUNC void xk_full_load(const device T* p, uint i0, uint stride, bool al, thread T* t) {
-  for (int j = 0; j < NR; j++) {
-    if (al) {
-      xk_load_w<W>(p + i0 + j * stride, t + j * W);
-    } else {
-      for (int k = 0; k < W; k++) {
-        t[j * W + k] = p[i0 + j * stride + k];
-      }
-    }
-  }
-}
-
 template <int W, int NR, typename T>
 METAL_FUNC void xk_full_store(device T* p, uint i0, uint stride, bool al, const thread T* t) {
   for (int j = 0; j < NR; j++) {

@@ -110,13 +110,11 @@ inline T xk_affine(float nrm, float w, float b) {
 // y[r, i] = w[h*n + i] * T(x[r, i] * rsqrt(mean(x[r, :]^2) + eps)), h = r % nh.
 // inputs:  x (rows, n) T; w (nh * n) T (a 1-element dummy if !HAS_W); eps () float;
 //          params (3) int = [rows, n, nh]
-// outputs: y (rows, n) T.  template: T, HAS_W, N_READS, ONE_SIMD, FULL, NF, RR
+// outputs: y (rows, n) T.  template: T, HAS_W, N_READS, ONE_SIMD, FULL, NF
 // FULL: 0 any n; 1 n == tpr * N_READS (no bounds code: wide runs when x, y, w are
 // aligned, else element accesses); 2 as 1 but always element accesses (tests).
 // NF: the row length n when FULL != 0 (else 0), so that the row's addresses need no
 // load of params: its x loads are issued first (params and eps are read after them).
-// RR (FULL, aligned rows): x is read again for the output (from cache) instead of being
-// kept in registers through the reduction: fewer registers, more rows in flight per SM.
 constexpr int W = XK_RUN(T, N_READS);  // elements per run
 constexpr int NR = N_READS / W;        // runs per thread
 const uint row = thread_position_in_grid.y;
@@ -169,9 +167,6 @@ if (FULL != 0) {  // rows of exactly tpr * N_READS = NF elements (a compile-time
     if (al) {
       for (int j = 0; j < NR; j++) {
         const uint i = (tid + j * tpf) * W;
-        if (RR) {
-          xk_load_w<W>(xr + i, t + j * W);  // again (cache): t was not kept through the reduction
-        }
         T wt[W];
         if (HAS_W) {
           xk_load_w<W>(wr + i, wt);
@@ -380,8 +375,7 @@ for (uint c = tid * W; c < n; c += step) {
 // outputs: dx (M*nh, n) T; dwp (groups, nh*n) float ((1,) if !HAS_W: set to 0).
 // template: T, HAS_W, N_READS, ONE_SIMD, FULL (as rms_norm's: 1 rows of exactly
 // tpr * N_READS elements, wide runs when x, g, dx, w are aligned, else element accesses,
-// no bounds code; 2 always element accesses; 0 any n), PF (FULL rows only: prefetch the
-// unit's next row)
+// no bounds code; 2 always element accesses; 0 any n)
 constexpr int W = XK_RUN(T, N_READS);
 constexpr int NR = N_READS / W;
 const uint m_rows = uint(params[0]);
@@ -415,28 +409,11 @@ if (unit < nunits) {  // uniform per unit
   for (int k = 0; k < N_READS; k++) {
     dwa[k] = 0.0f;
   }
-  // PF (FULL rows): row bi + 1's x and g are loaded (kept as T) before row bi is reduced
-  // and written, so that a unit always has loads in flight
-  T xn[PF ? N_READS : 1];
-  T gn[PF ? N_READS : 1];
-  if (PF && b0 < b1) {
-    xk_full_load<W, NR>(x + (size_t(b0) * nh + head) * n, tid * W, tpr * W, al, xn);
-    xk_full_load<W, NR>(g + (size_t(b0) * nh + head) * n, tid * W, tpr * W, al, gn);
-  }
   for (uint bi = b0; bi < b1; bi++) {
     const size_t base = (size_t(bi) * nh + head) * n;
     float xv[N_READS];
     float gv[N_READS];
-    if (PF) {
-      for (int k = 0; k < N_READS; k++) {
-        xv[k] = float(xn[k]);
-        gv[k] = float(gn[k]);
-      }
-      if (bi + 1 < b1) {
-        xk_full_load<W, NR>(x + base + nh * n, tid * W, tpr * W, al, xn);
-        xk_full_load<W, NR>(g + base + nh * n, tid * W, tpr * W, al, gn);
-      }
-    } else if (FULL != 0) {
+    if (FULL != 0) {
       xk_full_load_f<W, NR>(x + base, tid * W, tpr * W, al, xv);
       xk_full_load_f<W, NR>(g + base, tid * W, tpr * W, al, gv);
     } else {

@@ -12,14 +12,13 @@ settings of ops.norm (the call memo is cleared between them):
   full      rows of exactly tpr * n_reads elements take the FULL path for every dtype
   general   FULL_ROWS off: the general path (bounds code in every run)
   nr16      full with 16 elements per thread (256 threads on a 4096 row)
-  full_rr   full, x read again for the output (REREAD_FORWARD_DTYPES: fewer registers)
-  nr16_rr   nr16 and full_rr
-  default   what the op does as shipped (FULL_FORWARD_DTYPES, REREAD_FORWARD_DTYPES)
+  default   what the op does as shipped (FULL for the dtypes in FULL_FORWARD_DTYPES)
 and of the backward (dx and dw of mx.vjp, against mx.vjp of mx.fast.rms_norm):
-  vjp         as shipped (VJP_PREFETCH, 256 threads x 16 elements on a 4096 row)
-  vjp_nopf    without the next-row prefetch
-  vjp_512     512 threads x 8 elements, prefetch
-  vjp_512nopf 512 threads x 8 elements, no prefetch
+  vjp         as shipped (256 threads x 16 elements on a 4096 row)
+  vjp_512     512 threads x 8 elements
+Tried and dropped (H100, session 5): x read again for the output instead of kept in
+registers (30-34 registers, 0.67-0.85x of the kept version), and the backward prefetching
+a unit's next row (+1-2% float32, -25-40% bfloat16).
 ratio = MLX time / ours (> 1: ours faster); GB/s = bytes moved (forward: x read, y
 written; backward: x, g read, dx written) / time.
 """
@@ -39,20 +38,17 @@ import xlstm_kernels as xk
 from xlstm_kernels.ops import norm as norm_mod
 
 SHIPPED = norm_mod.FULL_FORWARD_DTYPES
-SHIPPED_RR = norm_mod.REREAD_FORWARD_DTYPES
-SHIPPED_VJP = (norm_mod.VJP_PREFETCH, norm_mod.VJP_THREADS, norm_mod.VJP_MAX_READS)
-VJP_VARIANTS = {"vjp": SHIPPED_VJP, "vjp_nopf": (False, 256, 16), "vjp_512": (True, 512, 8),
-                "vjp_512nopf": (False, 512, 8)}
+SHIPPED_VJP = (norm_mod.VJP_THREADS, norm_mod.VJP_MAX_READS)
+VJP_VARIANTS = {"vjp": SHIPPED_VJP, "vjp_512": (512, 8)}
 
 
 def configure(name: str) -> None:
-    norm_mod.VJP_PREFETCH, norm_mod.VJP_THREADS, norm_mod.VJP_MAX_READS = VJP_VARIANTS.get(name, SHIPPED_VJP)
+    norm_mod.VJP_THREADS, norm_mod.VJP_MAX_READS = VJP_VARIANTS.get(name, SHIPPED_VJP)
     norm_mod.FULL_ROWS = name != "general"
     every = (mx.float32, mx.float16, mx.bfloat16)
     norm_mod.FULL_FORWARD_DTYPES = SHIPPED if name == "default" else every
-    norm_mod.REREAD_FORWARD_DTYPES = SHIPPED_RR if name == "default" else (every if name.endswith("_rr") else ())
     os.environ.pop("XLSTM_RMS_NORM_N_READS", None)
-    if name.startswith("nr16"):
+    if name == "nr16":
         os.environ["XLSTM_RMS_NORM_N_READS"] = "16"
     norm_mod._CALLS.clear()
 
@@ -66,7 +62,7 @@ def main() -> None:
     rounds, q = 5, 20
     if args.tiny:
         shapes, rounds, q = [(8, 256)], 2, 2
-    variants = ["default", "full", "general", "nr16", "full_rr", "nr16_rr"]
+    variants = ["default", "full", "general", "nr16"]
     eps = 1e-5
     rows = []
     if not args.tiny:

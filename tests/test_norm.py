@@ -538,10 +538,10 @@ def test_rms_norm_full_rows(kernel_backend, dtype, n, has_w):
         wv = None if w is None else offset_view(w, off)
         assert rel_err(rms_norm(xv, wv, EPS), want) < tol(dt), off
     assert dict(kw["template"])["NF"] == (n if dict(kw["template"])["FULL"] else 0)
-    for full, rr in ((0, False), (1, False), (1, True), (2, False), (2, True)):
-        forced = {"FULL": full, "NF": n if full else 0, "RR": rr}
+    for full in (0, 1, 2):
+        forced = {"FULL": full, "NF": n if full else 0}
         kw2 = dict(kw, template=[(k, forced.get(k, v)) for k, v in kw["template"]])
-        assert rel_err(launch(spec, **kw2)[0], want) < tol(dt), (full, rr)
+        assert rel_err(launch(spec, **kw2)[0], want) < tol(dt), full
     # a row one run short is not FULL
     _, kw3 = norm_mod._plan("rms", x[:, : n - 8], None, None, EPS)
     assert dict(kw3["template"])["FULL"] == 0 and dict(kw3["template"])["NF"] == 0
@@ -574,12 +574,9 @@ def test_rms_norm_vjp_full_rows(kernel_backend, monkeypatch, dtype, n, has_w):
             assert rel_err(g_, r_) < limit, off
     spec, kw, groups = norm_mod._vjp_plan("rms", x, w, False, cot, EPS)
     assert dict(kw["template"])["FULL"] == 1 and (groups < 5 if has_w else groups == 5)
-    assert dict(kw["template"])["PF"] is norm_mod.VJP_PREFETCH
-    # FULL 0 / 2 directly; PF (the next row prefetched, FULL rows only) on and off
-    for full, pf in ((0, False), (1, False), (1, True), (2, False), (2, True)):
-        forced = {"FULL": full, "PF": pf}
-        kw2 = dict(kw, template=[(k, forced.get(k, v)) for k, v in kw["template"]])
+    for full in (0, 2):
+        kw2 = dict(kw, template=[(k, full if k == "FULL" else v) for k, v in kw["template"]])
         outs = launch(spec, **kw2)
-        assert rel_err(outs[0], want[0]) < limit, (full, pf)
+        assert rel_err(outs[0], want[0]) < limit, full
         if has_w:
-            assert rel_err(outs[1].sum(axis=0), want[1]) < limit, (full, pf)
+            assert rel_err(outs[1].sum(axis=0), want[1]) < limit, full

@@ -103,18 +103,10 @@ FULL_ROWS = True
 # (bf16 16384x4096: 2209 vs 2065 GB/s) but float32 rows slower (2348 vs 2629 GB/s) than the
 # general path (scripts/probe_norm.py, session 4). The backward takes it for every dtype.
 FULL_FORWARD_DTYPES = (mx.float16, mx.bfloat16)
-# FULL forward rows of these dtypes read x again for the output instead of keeping it in
-# registers through the reduction (template RR).
-REREAD_FORWARD_DTYPES = ()
 # Backward (automatic layout): about VJP_THREADS threads per row, at most VJP_MAX_READS
 # elements per thread (the unit keeps x, g, w and the dw/db sums of its columns in
 # registers), longer rows the looped backward kernels.
 VJP_THREADS = 256
-# Backward on FULL rows: each unit loads its next row's x and g before it reduces and writes
-# the current one (template PF), so that loads stay in flight across its rows. Off: on the
-# H100 it raises the registers (16384x4096 fp32 124 -> 159, one threadgroup per SM) and gains
-# at most 1-2% for float32, loses 25-40% for bfloat16 (scripts/probe_rms.py).
-VJP_PREFETCH = False
 VJP_MAX_READS = 16
 # Backward: enough (group, head) units to fill the GPU (about this many threads in
 # all); each unit sums dw/db over rows_per_group rows, so the float32 partials stay
@@ -281,8 +273,7 @@ def _plan(
         template.append(("ONE_SIMD", lay.one_simd))
         if kind == "rms":
             full = FULL_ROWS and dtype in FULL_FORWARD_DTYPES and lay.tpr * lay.n_reads == n
-            template += [("FULL", int(full)), ("NF", n if full else 0),
-                         ("RR", bool(full and dtype in REREAD_FORWARD_DTYPES))]
+            template += [("FULL", int(full)), ("NF", n if full else 0)]
     inputs += [_eps(float(eps)), _ints(rows, n, num_heads)]
     r = lay.rows_per_tg
     kwargs = dict(
@@ -329,8 +320,7 @@ def _vjp_plan(
     if not lay.looped:
         template.append(("ONE_SIMD", lay.one_simd))
         if kind == "rms":
-            full = FULL_ROWS and lay.tpr * lay.n_reads == n
-            template += [("FULL", int(full)), ("PF", bool(full and VJP_PREFETCH))]
+            template.append(("FULL", int(FULL_ROWS and lay.tpr * lay.n_reads == n)))
     r = lay.rows_per_tg
     kwargs = dict(
         inputs=[
