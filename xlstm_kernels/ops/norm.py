@@ -339,16 +339,6 @@ def _vjp_plan(
     return _SPECS[(kind, lay.looped, True)], kwargs, groups
 
 
-def _backward(kind, x, weight, has_bias, cotangent, eps, num_heads, backend):
-    """(dx, dweight or None, dbias or None) through the *_vjp kernels."""
-    spec, kwargs, _ = _vjp_plan(kind, x, weight, has_bias, cotangent, eps, num_heads)
-    outs = launch(spec, **kwargs, backend=backend)
-    dx = outs[0].reshape(x.shape)
-    dw = outs[1].sum(axis=0).astype(x.dtype) if weight is not None else None
-    db = outs[2].sum(axis=0).astype(x.dtype) if has_bias else None
-    return dx, dw, db
-
-
 # ---------------------------------------------------------------------------------------
 # Validation and the differentiable wrapper
 # ---------------------------------------------------------------------------------------
@@ -432,16 +422,34 @@ def _differentiable_fn(kind: str, x, weight, bias, eps: float, num_heads: int, b
     def f(*args):
         return forward(args)
 
+    # The backward launch, planned at the first backward of this signature (per cotangent
+    # dtype): later ones cost one kernel call and the partial sums.
+    plans: dict = {}
+
+    def backward(xa, wa, cot):
+        plan = plans.get(cot.dtype)
+        if plan is None:
+            bspec, bkw, _ = _vjp_plan(kind, xa, wa, has_b, cot, eps, num_heads)
+            plan = plans[cot.dtype] = (prepare_launch(bspec, **bkw, backend=backend), bkw["inputs"][3:])
+        brun, consts = plan
+        shape = xa.shape
+        c2 = cot if cot.dtype == xa.dtype else cot.astype(xa.dtype)
+        outs = brun([xa if shape == flat else xa.reshape(flat), wa if has_w else dummy,
+                     c2 if shape == flat else c2.reshape(flat), *consts])
+        grads = [outs[0] if shape == flat else outs[0].reshape(shape)]
+        if has_w:
+            grads.append(outs[1].sum(axis=0).astype(xa.dtype))
+        if has_b:
+            grads.append(outs[2].sum(axis=0).astype(xa.dtype))
+        return grads
+
     @f.vjp
     def f_vjp(primals, cotangent, output):
         if isinstance(primals, mx.array):  # a single primal comes unwrapped
             primals = (primals,)
         if isinstance(cotangent, (list, tuple)):
             cotangent = cotangent[0]
-        xa = primals[0]
-        wa = primals[1] if has_w else None
-        dx, dw, db = _backward(kind, xa, wa, has_b, cotangent, eps, num_heads, backend)
-        grads = [dx] + ([dw] if has_w else []) + ([db] if has_b else [])
+        grads = backward(primals[0], primals[1] if has_w else None, cotangent)
         return tuple(grads) if len(grads) > 1 else grads[0]
 
     if replay:
