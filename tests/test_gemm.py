@@ -701,19 +701,16 @@ def test_simd_stages_per_backend(case):
     assert gemm_mod.simd_stages(cfg, dtype, ta, tb, "cuda") == cuda
 
 
-def test_simd_stage_budget_matches_cuda_header():
-    from pathlib import Path
-
-    text = (Path(xlstm_kernels.__file__).parent / "cuda" / "simdgroup_matrix.h").read_text()
+def test_simd_auto_stage_budget():
     budget, most = gemm_mod.SIMD_STAGE_BUDGET["cuda"]
-    assert f"#define XK_GEMM_STAGE_BYTES {budget}" in text
-    assert f"#define XK_GEMM_MAX_STAGES {most}" in text
-    assert budget <= 48 * 1024  # CUDA's static __shared__ limit per block
+    assert (budget, most) == (48 * 1024, 4)  # CUDA's static shared memory: the presets' schedule
+    assert "metal" not in gemm_mod.SIMD_STAGE_BUDGET and "emulate" not in gemm_mod.SIMD_STAGE_BUDGET  # 32 KiB, 3
 
 
-# The body with the CUDA budget's 4 stages (its header's macros set before the family
-# header), run through the emulator on a tile small enough for 4 stages in 32 KiB: every
-# stage reused over > 4 K tiles, all thread orders bit-identical, results as NumPy's.
+# The 4 stages CUDA's automatic budget gives, run through the emulator on a tile small
+# enough for 4 stages in 32 KiB (the config's explicit stages=4 picks the body's STAGES
+# there): every stage reused over > 4 K tiles, all thread orders bit-identical, results as
+# NumPy's.
 FOUR_STAGE_CASES = {
     "k16_x4": (GemmConfig(path="simd", bm=64, bn=32, bk=16, wm=2, wn=1), "float16"),  # fast loop when aligned
     "k8_odd_fm": (GemmConfig(path="simd", bm=24, bn=16, bk=8, wm=1, wn=2), "bfloat16"),
@@ -726,29 +723,27 @@ FOUR_STAGE_CASES = {
 @pytest.mark.parametrize("aligned", [True, False])
 def test_simd_four_stage_pipeline(name, op, aligned):
     from xlstm_kernels.emulate import check_schedules
-    from xlstm_kernels.emulate import metal_kernel
 
     cfg, dtype_name = FOUR_STAGE_CASES[name]
     dtype = DTYPES[dtype_name]
-    spec = gemm_mod.SIMD
-    kernel = metal_kernel(
-        name=spec.kernel, input_names=list(spec.input_names), output_names=list(spec.output_names),
-        source=spec.source(), header="#define XK_GEMM_MAX_STAGES 4\n" + spec.full_header(),
-        ensure_row_contiguous=spec.ensure_row_contiguous, atomic_outputs=spec.atomic_outputs,
-    )
+    kernel = get_kernel(gemm_mod.SIMD, "emulate")
     # aligned: multiples of the tile (the unguarded fast loop); else partial tiles, odd sizes
     if aligned:
         m, n, k = 2 * cfg.bm, 3 * cfg.bn, 6 * cfg.bk
     else:
         m, n, k = 2 * cfg.bm + 5, 2 * cfg.bn + 3, 5 * cfg.bk + 3
     a, b = operands(op, m, n, k, dtype, seed_of("four-stage", name, op, aligned))
-    (_, kwargs), = raw_calls(op, a, b, cfg, None, 0, None)
+    ta, tb = op == "gemm_at_b", op == "gemm_a_bt"
+    assert gemm_mod.simd_stages(cfg, dtype, ta, tb, "cuda") == 4
+    assert gemm_mod.simd_stages(cfg, dtype, ta, tb, "emulate") == 3
+    (_, kwargs), = raw_calls(op, a, b, cfg.replace(stages=4), None, 0, None)
+    assert dict(kwargs["template"])["STAGES"] == 4
     # the kernel really holds 4 stages of tiles (what the 32 KiB budget alone allows: 3)
     size, p = dtype.size, 16 // dtype.size
-    ta, tb = op == "gemm_at_b", op == "gemm_a_bt"
     stage = size * ((cfg.bk * (cfg.bm + p) if ta else cfg.bm * (cfg.bk + p)) +
                     (cfg.bn * (cfg.bk + p) if tb else cfg.bk * (cfg.bn + p)))
-    assert gemm_mod.simd_stages(cfg, dtype, ta, tb, "cuda") == 4
+    assert cfg.simd_stage_bytes(dtype, ta, tb) == stage
+    assert cfg.replace(stages=4).simd_threadgroup_bytes(dtype, ta, tb, "emulate") == 4 * stage
     with pytest.MonkeyPatch.context() as mp:
         from xlstm_kernels.emulate import kernel as ek
 
@@ -761,8 +756,8 @@ def test_simd_four_stage_pipeline(name, op, aligned):
 
 
 # The unguarded fast K loop runs STAGES tiles per trip (the stage is its unrolled
-# counter): every stage count the budgets allow (1..4: XK_GEMM_MAX_STAGES set before the
-# family header) with K tile counts that end a trip early, fill it, and run one tile past
+# counter): every stage count the budgets allow (1..4: the config's explicit stages) with
+# K tile counts that end a trip early, fill it, and run one tile past
 # it, all tiles interior (the fast path), with the fused epilogue stored in pairs; an odd N
 # adds an edge tile and misaligned pair stores. "uneven": 64 threads and tiles whose 16-byte
 # runs they do not divide evenly (A of gemm_av / gemm_a_bt: 96 runs, 2 per thread for
@@ -782,15 +777,9 @@ FAST_LOOP_CASES += [("uneven", st, st + 1, False) for st in (1, 3, 4)]
                          ids=[f"{c[0]}_st{c[1]}_t{c[2]}{'_oddn' if c[3] else ''}" for c in FAST_LOOP_CASES])
 def test_simd_fast_loop_trips(op, tile, stages, ntiles, odd_n):
     from xlstm_kernels.emulate import check_schedules
-    from xlstm_kernels.emulate import metal_kernel
 
-    cfg, dtype = FAST_LOOP_CONFIGS[tile], DTYPES["float16"]
-    spec = gemm_mod.SIMD
-    kernel = metal_kernel(
-        name=spec.kernel, input_names=list(spec.input_names), output_names=list(spec.output_names),
-        source=spec.source(), header=f"#define XK_GEMM_MAX_STAGES {stages}\n" + spec.full_header(),
-        ensure_row_contiguous=spec.ensure_row_contiguous, atomic_outputs=spec.atomic_outputs,
-    )
+    cfg, dtype = FAST_LOOP_CONFIGS[tile].replace(stages=stages), DTYPES["float16"]
+    kernel = get_kernel(gemm_mod.SIMD, "emulate")
     m, n, k = 2 * cfg.bm, 2 * cfg.bn + (1 if odd_n else 0), ntiles * cfg.bk
     a, b = operands(op, m, n, k, dtype, seed_of("fast-loop-trips", op, tile, stages, ntiles, odd_n))
     rng = np.random.default_rng(seed_of("fast-loop-epi", op, tile, stages, ntiles, odd_n))
