@@ -791,6 +791,89 @@ def test_simd_fast_loop_trips(op, tile, stages, ntiles, odd_n):
                  f"{op} {tile} stages={stages} tiles={ntiles}")
 
 
+# The large tiles for CUDA's tensor cores (scripts/probe_gemm.py's candidates: 64x64 or
+# 32x64 simdgroup tiles, BK 32 / 64, explicit stages whose buffers need CUDA's dynamic
+# shared memory) with the exact template the cuda backend launches (its STAGES), run
+# through the emulator with its 32 KiB limit lifted: aligned multi-tile shapes (the
+# unguarded fast loop, with K tile counts that end a trip early and run past one) and
+# ragged odd shapes (the guarded path, partial tiles everywhere), every layout, 16-bit
+# dtypes (float32 on the fp32 CUDA path for one), fused epilogue; all thread orders
+# bit-identical.
+CUDA_TILE_CASES = {
+    # name: (config, dtype)
+    "128x256x32_w2x4_s3": (GemmConfig(path="simd", bm=128, bn=256, bk=32, wm=2, wn=4, stages=3), "float16"),
+    "128x256x32_w2x4_s4": (GemmConfig(path="simd", bm=128, bn=256, bk=32, wm=2, wn=4, stages=4), "bfloat16"),
+    "256x128x32_w4x2_s3": (GemmConfig(path="simd", bm=256, bn=128, bk=32, wm=4, wn=2, stages=3), "bfloat16"),
+    "128x256x64_w2x4_s3": (GemmConfig(path="simd", bm=128, bn=256, bk=64, wm=2, wn=4, stages=3), "float16"),
+    "128x128x32_w2x4_s4": (GemmConfig(path="simd", bm=128, bn=128, bk=32, wm=2, wn=4, stages=4), "float16"),
+    "128x128x32_w2x2_s4": (GemmConfig(path="simd", bm=128, bn=128, bk=32, wm=2, wn=2, stages=4), "bfloat16"),
+    "128x256x32_w4x4_s4": (GemmConfig(path="simd", bm=128, bn=256, bk=32, wm=4, wn=4, stages=4), "float16"),
+    "64x128x32_w2x2_s3_f32": (GemmConfig(path="simd", bm=64, bn=128, bk=32, wm=2, wn=2, stages=3), "float32"),
+}
+
+
+@pytest.mark.emulator_only
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("shape", ["aligned", "ragged"])
+@pytest.mark.parametrize("name", CUDA_TILE_CASES)
+def test_simd_cuda_tiles_through_the_emulator(name, shape, op, monkeypatch):
+    from xlstm_kernels.emulate import check_schedules
+    from xlstm_kernels.emulate import kernel as ek
+
+    cfg, dtype_name = CUDA_TILE_CASES[name]
+    dtype = DTYPES[dtype_name]
+    ta, tb = op == "gemm_at_b", op == "gemm_a_bt"
+    cfg.validate(dtype, backend="cuda")
+    need = cfg.simd_threadgroup_bytes(dtype, ta, tb, "cuda")
+    if need > ek.MAX_THREADGROUP_MEMORY:
+        with pytest.raises(TileConfigError, match=r"32 KiB.*backend 'emulate'"):
+            cfg.validate(dtype, backend="emulate")
+    monkeypatch.setattr(ek, "MAX_THREADGROUP_MEMORY", 1 << 20)
+    if shape == "aligned":  # 2 x 2 tiles, K tiles = STAGES + 2: a full trip of the fast loop and a partial one
+        m, n, k = 2 * cfg.bm, 2 * cfg.bn, (cfg.stages + 2) * cfg.bk
+    else:  # 3 x 2 tiles with partial ones, odd K
+        m, n, k = 2 * cfg.bm + 5, cfg.bn + 3, 3 * cfg.bk + 5
+    a, b = operands(op, m, n, k, dtype, seed_of("cuda-tiles", name, shape, op))
+    rng = np.random.default_rng(seed_of("cuda-tiles-epi", name, shape, op))
+    bias, res = rand(rng, (n,), dtype), rand(rng, (m, n), dtype)
+    (spec, kwargs), = raw_calls(op, a, b, cfg, bias, ACT_CODE["gelu_approx"], res, backend="cuda")
+    assert dict(kwargs["template"])["STAGES"] == cfg.stages
+    kernel = get_kernel(spec, "emulate")
+    with pytest.MonkeyPatch.context() as mp:  # the kernel really holds the cuda schedule's buffer
+        mp.setattr(ek, "MAX_THREADGROUP_MEMORY", 0)
+        with pytest.raises(ek.EmulatorError, match=f"threadgroup memory of {need} bytes"):
+            kernel(**kwargs)
+    with use_backend("emulate"):
+        out = check_schedules(kernel, **kwargs, schedules=("sequential", "random"), seeds=(1,))[0]
+    assert_close(out.reshape(m, n), np_reference(op, a, b, bias, "gelu_approx", res), dtype, k,
+                 f"{name} {shape} {op}")
+
+
+# The same tiles through the public ops on the selected backend: on cuda with their stages
+# (dynamic shared memory beyond 48 KiB; the GPU run of this file), elsewhere with as many
+# stages as the backend's 32 KiB allow (skipped when one stage does not fit).
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("name", CUDA_TILE_CASES)
+def test_simd_cuda_tiles_through_the_ops(kernel_backend, spy, name, op):
+    cfg, dtype_name = CUDA_TILE_CASES[name]
+    dtype = DTYPES[dtype_name]
+    if not _runs_kernels(kernel_backend):
+        pytest.skip("the reference backend runs no kernels")
+    if kernel_backend != "cuda":
+        cfg = cfg.replace(stages=0)
+        if cfg.problems(dtype, kernel_backend):
+            pytest.skip(f"one stage of {name} exceeds the 32 KiB of backend '{kernel_backend}'")
+    m, n, k = 2 * cfg.bm + 5, cfg.bn + 3, 5 * cfg.bk + 7
+    a, b = operands(op, m, n, k, dtype, seed_of("cuda-tiles-ops", name, op))
+    _check_op(op, a, b, dtype, k, f"{name} {op}", tiles=cfg)
+    (launched,) = spy.calls
+    ta, tb = op == "gemm_at_b", op == "gemm_a_bt"
+    assert launched.template["STAGES"] == cfg.simd_stages(dtype, ta, tb, kernel_backend)
+    aligned = (2 * cfg.bm, 2 * cfg.bn, 4 * cfg.bk)
+    a, b = operands(op, *aligned, dtype, seed_of("cuda-tiles-ops-aligned", name, op))
+    _check_op(op, a, b, dtype, aligned[2], f"{name} {op} aligned", tiles=cfg)
+
+
 # XK_GEMM_GROUP_M (threadgroups walk bands of G tile rows column by column): on a ragged
 # 5 x 5 grid of tiles, bands that divide it, do not (a last band of fewer rows), and one
 # band taller than the grid; split-K's grid z and the epilogue unchanged.
