@@ -157,7 +157,7 @@ run_probes() {  # every scripts/probe_*.py (experiments, usually untracked): one
     [ -e "$f" ] || continue
     name="$(basename "$f" .py)"
     echo "== $f"
-    timeout -k 5 "${PROBES_TIMEOUT:-110}" python3 "$f" --out "$OUT/$name.json" 2>&1 | tee "$OUT/$name.log" | tail -80
+    timeout -k 5 "${PROBES_TIMEOUT:-170}" python3 "$f" --out "$OUT/$name.json" 2>&1 | tee "$OUT/$name.log" | tail -80
   done
 }
 
