@@ -675,9 +675,8 @@ def test_simd_pipeline_stages_pairs_and_runs(name, op, spy):
     assert_close(out.reshape(m, n), np_reference(op, a, b, bias, "gelu", res), dtype, k, f"{name}/{op}")
 
 
-# The CUDA backend's budget (48 KiB of static shared memory, up to 4 stages;
-# XK_GEMM_STAGE_BYTES / XK_GEMM_MAX_STAGES in cuda/simdgroup_matrix.h) against Apple's
-# (32 KiB, 3): stages per (config, dtype, op) on each.
+# The CUDA backend's automatic budget (stages = 0: 48 KiB, up to 4 stages;
+# tiles.gemm.SIMD_AUTO_STAGES) against Apple's (32 KiB, 3): stages per (config, dtype, op).
 CUDA_STAGE_CASES = [
     # config, dtype, op, stages on metal / emulate, stages on cuda
     (GemmConfig(path="simd", bm=128, bn=128, bk=16, wm=2, wn=4), "float16", "gemm_av", 3, 4),
