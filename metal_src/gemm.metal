@@ -171,20 +171,9 @@ inline void xk_frag_load_b4(thread M& m00, thread M& m10, thread M& m01, thread 
 }
 #endif
 
-// Threadgroup memory that gemm_simd's pipeline stages may fill, and at most how many
-// stages: 32 KiB (every Apple GPU) and 3 unless a backend header defined them (CUDA:
-// 48 KiB of static shared memory, 4 stages). A tile whose one stage exceeds the budget is
-// refused on the host (xlstm_kernels.tiles); the stage count changes only the schedule,
-// never the results.
 // Tile rows per band of gemm_simd's threadgroup order (1: row-major, the grid's own order).
 #ifndef XK_GEMM_GROUP_M
 #define XK_GEMM_GROUP_M 1
-#endif
-#ifndef XK_GEMM_STAGE_BYTES
-#define XK_GEMM_STAGE_BYTES 32768
-#endif
-#ifndef XK_GEMM_MAX_STAGES
-#define XK_GEMM_MAX_STAGES 3
 #endif
 
 #ifndef XK_ASYNC_COPY
@@ -422,13 +411,19 @@ for (int r = 0; r < RM; ++r) {
 // Threadgroup tiles hold T in each operand's memory order (op(A) as As[i][p], or As[p][i]
 // when TRANS_A; op(B) as Bs[p][j], or Bs[j][p] when TRANS_B) with PADS extra columns (16
 // bytes), so rows are copied in 16-byte runs and fragments are loaded (transposed where
-// needed) from 16-byte aligned rows. STAGES tiles of K are in flight (as many as fit in
-// XK_GEMM_STAGE_BYTES, at most XK_GEMM_MAX_STAGES: 32 KiB and 3 on Apple GPUs, 48 KiB and 4
-// on CUDA): tile t + STAGES - 1 is copied while tile t is multiplied.
+// needed) from 16-byte aligned rows. STAGES (>= 1) tiles of K are in flight: tile
+// t + STAGES - 1 is copied while tile t is multiplied. The host picks STAGES
+// (xlstm_kernels.tiles.GemmConfig.simd_stages: the config's `stages`, or as many as fit the
+// backend's budget) and checks STAGES * (A tile + B tile) against the backend's threadgroup
+// memory (Apple: 32 KiB; CUDA: dynamic shared memory, up to 227 KiB); the stage count
+// changes only the schedule, never the results.
+// Threadgroup memory: one buffer of STAGES stages; a backend that defines
+// XK_THREADGROUP_DYNAMIC (CUDA) takes it from the launch's dynamic memory instead of a
+// static declaration.
 // Fragment pairs: row blocks 2r, 2r + 1 share each B fragment (xk_mma2, and xk_mma2_k16
 // over two k-steps when BK % 16 == 0); an odd last row block uses single products.
 // inputs: A, B, bias, residual, params.  outputs: C (T), P (float; SPLIT > 1 only, else 1 elem)
-// template: T, BM, BN, BK, WM, WN, TRANS_A, TRANS_B, HAS_BIAS, ACT, HAS_RES, SPLIT
+// template: T, BM, BN, BK, WM, WN, STAGES, TRANS_A, TRANS_B, HAS_BIAS, ACT, HAS_RES, SPLIT
 const long M = params[0], N = params[1], K = params[2];
 const uint sg = simdgroup_index_in_threadgroup;
 const uint tid = thread_index_in_threadgroup;
@@ -440,9 +435,7 @@ constexpr int A_LD = (TRANS_A ? BM : BK) + PADS;
 constexpr int B_LD = (TRANS_B ? BK : BN) + PADS;
 constexpr int A_TILE = (TRANS_A ? BK : BM) * A_LD;
 constexpr int B_TILE = (TRANS_B ? BN : BK) * B_LD;
-constexpr int STAGE_BYTES = (A_TILE + B_TILE) * int(sizeof(T));
-constexpr int STAGE_FIT = XK_GEMM_STAGE_BYTES / STAGE_BYTES;
-constexpr int STAGES = STAGE_FIT >= XK_GEMM_MAX_STAGES ? XK_GEMM_MAX_STAGES : (STAGE_FIT >= 1 ? STAGE_FIT : 1);
+constexpr int TG_WORDS = (STAGES * (A_TILE + B_TILE) * int(sizeof(T)) + 15) / 16;  // 16-byte words
 const int wm = int(sg) / WN;
 const int wn = int(sg) % WN;
 // Threadgroup -> output tile: with XK_GEMM_GROUP_M = G > 1, the threadgroups (in launch
@@ -475,12 +468,20 @@ const long b_rhi = TRANS_B ? N : k_hi, b_chi = TRANS_B ? k_hi : N;
 
 // One buffer of 16-byte words, so that both tiles (whose rows are multiples of 16 bytes
 // for 2-byte T) start 16-byte aligned.
-threadgroup vec<float, 4> tg_words[(STAGES * (A_TILE + B_TILE) * int(sizeof(T)) + 15) / 16];
+#ifdef XK_THREADGROUP_DYNAMIC
+threadgroup vec<float, 4>* tg_words = XK_THREADGROUP_DYNAMIC(TG_WORDS, vec<float, 4>);
+#else
+threadgroup vec<float, 4> tg_words[TG_WORDS];
+#endif
 threadgroup T* As = reinterpret_cast<threadgroup T*>(tg_words);
 threadgroup T* Bs = As + STAGES * A_TILE;
 
+// Fully unrolled wherever acc is indexed (init, products, epilogue), so that the FM x FN
+// fragments stay in registers (a loop left rolled indexes them through memory).
 simdgroup_matrix<float, 8, 8> acc[FM][FN];
+XK_UNROLL
 for (int i = 0; i < FM; ++i) {
+  XK_UNROLL
   for (int j = 0; j < FN; ++j) {
     acc[i][j] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
   }
@@ -628,8 +629,10 @@ if (fast) {
 const uint lane = thread_index_in_simdgroup;
 int fr, fc;
 xk_frag_coord(lane, fr, fc);
+XK_UNROLL
 for (int i = 0; i < FM; ++i) {
   const long row = row0 + wm * (BM / WM) + i * 8 + fr;
+  XK_UNROLL
   for (int j = 0; j < FN; ++j) {
     const vec<float, 2> v = acc[i][j].thread_elements();
     const long col = col0 + wn * (BN / WN) + j * 8 + fc;

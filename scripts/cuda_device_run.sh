@@ -159,7 +159,7 @@ run_probes() {  # every scripts/probe_*.py (or those named in PROBES): one JSON 
     # PROBES="rms decode": only scripts/probe_rms.py and probe_decode.py
     [ -z "${PROBES:-}" ] || [[ " $PROBES " == *" ${name#probe_} "* ]] || continue
     echo "== $f"
-    timeout -k 5 "${PROBES_TIMEOUT:-110}" python3 "$f" --out "$OUT/$name.json" 2>&1 | tee "$OUT/$name.log" | tail -80
+    timeout -k 5 "${PROBES_TIMEOUT:-170}" python3 "$f" --out "$OUT/$name.json" 2>&1 | tee "$OUT/$name.log" | tail -80
   done
 }
 

@@ -9,7 +9,10 @@ recorder (nothing is executed: each launch is recorded and answered with zero ou
 `xk`, `mx` and `rnd(*shape, dtype=mx.float32)` are in scope). For every distinct launch
 the text that ``mx.fast.cuda_kernel`` builds from our source and header is compiled with NVRTC to PTX, then with ptxas for
 sm_90a (registers, spills, shared memory: ``ptxas -v``) and disassembled (nvdisasm).
-Printed per kernel: resources, instruction counts by opcode (whole kernel), and the
+Printed per kernel: resources (registers, spills, static shared memory from ptxas; the
+dynamic shared memory the launch asks for), instruction counts by opcode (whole kernel),
+the loop with the most HMMA instructions (GEMM: the fast K loop, all its unrolled stages:
+HMMA, LDSM, LDGSTS, BAR, local memory accesses, other instructions per HMMA), and the
 paths of the .cu / .ptx / .sass files under --out.
 
 Tools (found on PATH or by flag / environment): libnvrtc.so.13 (``--nvrtc`` /
@@ -75,7 +78,8 @@ def record_launches(expr: str) -> list[dict]:
                 params.append(f"    {_CUDA_TYPES[_dtype_name(d)]}* {n}")
             text += ",\n".join(params) + ") {\n" + src + "\n}\n\n} // namespace mlx::core::cu\n"
             recs.append({"name": k["name"], "kernel": "mlx::core::cu::" + func, "text": text,
-                         "grid": [int(g) for g in grid], "threadgroup": [int(t) for t in threadgroup]})
+                         "grid": [int(g) for g in grid], "threadgroup": [int(t) for t in threadgroup],
+                         "shared_memory": int(k.get("shared_memory", 0))})
             return [mx.zeros(s, dtype=d) for s, d in zip(output_shapes, output_dtypes)]
 
     mx.fast.cuda_kernel = lambda **kw: Recorder(**kw)
@@ -87,6 +91,54 @@ def record_launches(expr: str) -> list[dict]:
     out = eval(expr, {"xk": xk, "mx": mx, "rnd": rnd})  # noqa: S307 - a developer's command line
     mx.eval(out)
     return recs
+
+
+_SASS_LINE = re.compile(r"\s*/\*([0-9a-f]+)\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)(\.[A-Z0-9_.]+)?(.*)")
+_LABEL = re.compile(r"^(\.L_x_\d+):")
+
+
+def hot_loop(sass: str) -> tuple[int, collections.Counter] | None:
+    """(instructions, opcode counts) of the loop with the most HMMA instructions: the code
+    from a label to the last backward branch to it (a loop's whole body, inner unrolled
+    trips included), or None if no loop holds an HMMA."""
+    labels: dict[str, int] = {}
+    insts: list[tuple[str, str]] = []  # (opcode with modifiers, rest of the line)
+    for line in sass.splitlines():
+        m = _LABEL.match(line.strip())
+        if m:
+            labels[m.group(1)] = len(insts)
+            continue
+        m = _SASS_LINE.match(line)
+        if m:
+            insts.append((m.group(2) + (m.group(3) or ""), m.group(4)))
+    best = None
+    for end, (op, rest) in enumerate(insts):
+        if not op.startswith("BRA"):
+            continue
+        t = re.search(r"\(?(\.L_x_\d+)\)?", rest)
+        start = labels.get(t.group(1)) if t else None
+        if start is None or start > end:
+            continue
+        ops = collections.Counter(o for o, _ in insts[start : end + 1])
+        hmma = sum(v for k, v in ops.items() if k.startswith("HMMA"))
+        if hmma and (best is None or hmma > best[2] or (hmma == best[2] and end - start < best[0])):
+            best = (end - start + 1, ops, hmma)
+    return None if best is None else (best[0], best[1])
+
+
+def loop_summary(sass: str) -> str:
+    """One line on the hottest loop: instructions, HMMA, the other kinds that matter, and
+    non-HMMA instructions per HMMA."""
+    found = hot_loop(sass)
+    if found is None:
+        return "no loop with HMMA"
+    n, ops = found
+    def count(prefix: str) -> int:
+        return sum(v for k, v in ops.items() if k.startswith(prefix))
+    hmma = count("HMMA")
+    parts = [f"HMMA {hmma}", f"LDSM {count('LDSM')}", f"LDGSTS {count('LDGSTS')}", f"BAR {count('BAR')}",
+             f"LDL/STL {count('LDL') + count('STL')}"]
+    return f"hot loop: {n} instructions ({', '.join(parts)}); {(n - hmma) / hmma:.2f} other instructions per HMMA"
 
 
 def _tool(flag: str | None, env: str, name: str) -> str:
@@ -135,7 +187,8 @@ def main(argv: list[str] | None = None) -> int:
         (out / f"{stem}.cu").write_text(text)
         ok, log = nvrtc.compile(text, stem, kernel, opts)
         tmpl = " ".join(re.findall(r"^\s*(?:constexpr \w+|using) (\w+ = [^;]+);", text, flags=re.M)[:16])
-        print(f"== {rec['name']} [{tmpl}] grid {rec['grid']} threadgroup {rec['threadgroup']}")
+        dyn = f" dynamic smem {rec['shared_memory']} bytes" if rec.get("shared_memory") else ""
+        print(f"== {rec['name']} [{tmpl}] grid {rec['grid']} threadgroup {rec['threadgroup']}{dyn}")
         if not ok:
             print(log[:4000])
             continue
@@ -156,6 +209,7 @@ def main(argv: list[str] | None = None) -> int:
                 ops[m.group(1) + (m.group(2) or "")] += 1
         total = sum(ops.values())
         print(f"  {total} instructions; " + ", ".join(f"{k} {v}" for k, v in ops.most_common(args.top)))
+        print("  " + loop_summary(sass))
         print(f"  files: {out / stem}.{{cu,sass}}, {ptx_dir / stem}.ptx")
     return 0
 

@@ -199,9 +199,12 @@ class LaunchSpy:
 # ---------------------------------------------------------------------------------------
 
 
-def raw_calls(op: str, a: mx.array, b: mx.array, cfg: GemmConfig, bias=None, act: int = 0, residual=None):
+def raw_calls(op: str, a: mx.array, b: mx.array, cfg: GemmConfig, bias=None, act: int = 0, residual=None,
+              backend: str = "emulate"):
     """[(spec, kwargs)] for the kernel launches gemm.<op>(a, b) makes with config `cfg`
-    (2-D operands, one batch), as ``xlstm_kernels.ops.gemm._kernel_gemm`` builds them.
+    (2-D operands, one batch), as ``xlstm_kernels.ops.gemm._kernel_gemm`` builds them on
+    `backend` (whose budget picks the simd kernel's STAGES when ``cfg.stages`` is 0; the
+    cuda launch's dynamic shared memory is not part of the kwargs).
 
     For split-K the reduce call's `inputs[0]` is None: it is the partial-sum output of
     the first call.
@@ -237,6 +240,7 @@ def raw_calls(op: str, a: mx.array, b: mx.array, cfg: GemmConfig, bias=None, act
             grid=(32 * cfg.wn * -(-n // cfg.bn), cfg.wm * -(-m // cfg.bm), split),
             threadgroup=(32 * cfg.wn, cfg.wm, 1),
             template=[("T", dtype), ("BM", cfg.bm), ("BN", cfg.bn), ("BK", cfg.bk), ("WM", cfg.wm), ("WN", cfg.wn),
+                      ("STAGES", cfg.simd_stages(dtype, trans_a, trans_b, backend)),
                       ("TRANS_A", trans_a), ("TRANS_B", trans_b), *epilogue, ("SPLIT", split)],
             init_value=0.0,
         ))]

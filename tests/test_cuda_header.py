@@ -24,7 +24,8 @@ class _Recorder:
         self.launches: list[dict] = []
 
     def __call__(self, name, input_names, output_names, source, header, ensure_row_contiguous=True, **kw):
-        self.built.append({"name": name, "source": source, "header": header, "input_names": list(input_names)})
+        self.built.append({"name": name, "source": source, "header": header, "input_names": list(input_names),
+                           "shared_memory": kw.get("shared_memory", 0)})
 
         def run(inputs, output_shapes, output_dtypes, grid, threadgroup, **kwargs):
             self.launches.append({"grid": grid, "threadgroup": threadgroup, "inputs": inputs})
@@ -168,3 +169,67 @@ def test_exact_grids_skip_the_bounds_check_and_the_grid_load(recorder):
                     threadgroup=(64, 4, 1))
     run([x])
     assert len(recorder.launches[-1]["inputs"]) == 1 and len(recorder.built) == 2
+
+
+def test_dynamic_shared_memory_per_launch_signature(recorder):
+    """`shared_memory` reaches mx.fast.cuda_kernel (one object per size) and is checked."""
+    k = ck.CudaKernel("copy", ["x", "n"], ["y"], COPY)
+    x = mx.zeros((256,))
+    ok = dict(inputs=[x, mx.array(256)], output_shapes=[(256,)], output_dtypes=[mx.float32], grid=(256, 1, 1),
+              threadgroup=(256, 1, 1))
+    k(**ok)
+    k(**ok, shared_memory=81408)
+    k(**ok, shared_memory=81408)
+    run = k.prepare(zero_d=[False, True], output_shapes=[(256,)], output_dtypes=[mx.float32], grid=(256, 1, 1),
+                    threadgroup=(256, 1, 1), shared_memory=1024)
+    run([x, mx.array(256)])
+    assert [b["shared_memory"] for b in recorder.built] == [0, 81408, 1024]
+    for bad in (-1, 232448 + 16):
+        with pytest.raises(ck.CudaKernelError, match="shared_memory"):
+            k(**ok, shared_memory=bad)
+
+
+def test_gemm_simd_takes_its_tiles_from_dynamic_shared_memory(recorder, monkeypatch):
+    """On cuda, gemm_simd's stage buffer is the launch's dynamic shared memory: the op asks
+    for exactly its STAGES x stage bytes (beyond CUDA's 48 KiB of static memory when a
+    config's stages need it), and the body traps when given less."""
+    import xlstm_kernels as xk
+    from xlstm_kernels.ops import gemm as gemm_mod
+    from xlstm_kernels.runtime import backends as backends_mod
+    from xlstm_kernels.runtime import kernels as kernels_mod
+    from xlstm_kernels.runtime import use_backend
+    from xlstm_kernels.tiles import GemmConfig
+
+    if backends_mod._cuda_available():
+        pytest.skip("a real CUDA device: the GPU runs of test_gemm.py launch these")
+    monkeypatch.setattr(backends_mod, "_cuda_available", lambda: True)
+
+    def drop():
+        for key in [key for key in kernels_mod._cache if key[0] == "cuda"]:
+            kernels_mod._cache.pop(key, None)
+        gemm_mod._CALLS.clear()
+        gemm_mod._LAUNCHERS.clear()
+
+    drop()
+    body = kernel_body("gemm", "gemm_simd")
+    assert "XK_THREADGROUP_DYNAMIC(TG_WORDS, vec<float, 4>)" in body
+    assert "#define XK_THREADGROUP_DYNAMIC(count, ...)" in ck.compat_header() and "__trap()" in ck.compat_header()
+    cases = [  # op, config, stages, bytes
+        ("gemm_av", GemmConfig(path="simd", bm=128, bn=128, bk=16, wm=2, wn=4), 4, 4 * 2 * (128 * 24 + 16 * 136)),
+        ("gemm_at_b", GemmConfig(path="simd", bm=128, bn=256, bk=32, wm=2, wn=4, stages=3), 3,
+         3 * 2 * (32 * 136 + 32 * 264)),
+        ("gemm_a_bt", GemmConfig(path="simd", bm=128, bn=256, bk=64, wm=2, wn=4, stages=3), 3,
+         3 * 2 * (128 * 72 + 256 * 72)),
+    ]
+    try:
+        with use_backend("cuda"):
+            for op, cfg, stages, nbytes in cases:
+                a = mx.zeros((512, 512), dtype=mx.float16)
+                mx.eval(getattr(xk, op)(a, a, tiles=cfg))
+                built = recorder.built[-1]
+                assert "constexpr int STAGES = %d;" % stages in built["source"]
+                assert built["shared_memory"] == nbytes == cfg.simd_threadgroup_bytes(
+                    mx.float16, op == "gemm_at_b", op == "gemm_a_bt", "cuda")
+            assert recorder.built[-1]["shared_memory"] > 48 * 1024
+    finally:
+        drop()

@@ -675,9 +675,8 @@ def test_simd_pipeline_stages_pairs_and_runs(name, op, spy):
     assert_close(out.reshape(m, n), np_reference(op, a, b, bias, "gelu", res), dtype, k, f"{name}/{op}")
 
 
-# The CUDA backend's budget (48 KiB of static shared memory, up to 4 stages;
-# XK_GEMM_STAGE_BYTES / XK_GEMM_MAX_STAGES in cuda/simdgroup_matrix.h) against Apple's
-# (32 KiB, 3): stages per (config, dtype, op) on each.
+# The CUDA backend's automatic budget (stages = 0: 48 KiB, up to 4 stages;
+# tiles.gemm.SIMD_AUTO_STAGES) against Apple's (32 KiB, 3): stages per (config, dtype, op).
 CUDA_STAGE_CASES = [
     # config, dtype, op, stages on metal / emulate, stages on cuda
     (GemmConfig(path="simd", bm=128, bn=128, bk=16, wm=2, wn=4), "float16", "gemm_av", 3, 4),
@@ -701,19 +700,16 @@ def test_simd_stages_per_backend(case):
     assert gemm_mod.simd_stages(cfg, dtype, ta, tb, "cuda") == cuda
 
 
-def test_simd_stage_budget_matches_cuda_header():
-    from pathlib import Path
-
-    text = (Path(xlstm_kernels.__file__).parent / "cuda" / "simdgroup_matrix.h").read_text()
+def test_simd_auto_stage_budget():
     budget, most = gemm_mod.SIMD_STAGE_BUDGET["cuda"]
-    assert f"#define XK_GEMM_STAGE_BYTES {budget}" in text
-    assert f"#define XK_GEMM_MAX_STAGES {most}" in text
-    assert budget <= 48 * 1024  # CUDA's static __shared__ limit per block
+    assert (budget, most) == (48 * 1024, 4)  # CUDA's static shared memory: the presets' schedule
+    assert "metal" not in gemm_mod.SIMD_STAGE_BUDGET and "emulate" not in gemm_mod.SIMD_STAGE_BUDGET  # 32 KiB, 3
 
 
-# The body with the CUDA budget's 4 stages (its header's macros set before the family
-# header), run through the emulator on a tile small enough for 4 stages in 32 KiB: every
-# stage reused over > 4 K tiles, all thread orders bit-identical, results as NumPy's.
+# The 4 stages CUDA's automatic budget gives, run through the emulator on a tile small
+# enough for 4 stages in 32 KiB (the config's explicit stages=4 picks the body's STAGES
+# there): every stage reused over > 4 K tiles, all thread orders bit-identical, results as
+# NumPy's.
 FOUR_STAGE_CASES = {
     "k16_x4": (GemmConfig(path="simd", bm=64, bn=32, bk=16, wm=2, wn=1), "float16"),  # fast loop when aligned
     "k8_odd_fm": (GemmConfig(path="simd", bm=24, bn=16, bk=8, wm=1, wn=2), "bfloat16"),
@@ -726,29 +722,27 @@ FOUR_STAGE_CASES = {
 @pytest.mark.parametrize("aligned", [True, False])
 def test_simd_four_stage_pipeline(name, op, aligned):
     from xlstm_kernels.emulate import check_schedules
-    from xlstm_kernels.emulate import metal_kernel
 
     cfg, dtype_name = FOUR_STAGE_CASES[name]
     dtype = DTYPES[dtype_name]
-    spec = gemm_mod.SIMD
-    kernel = metal_kernel(
-        name=spec.kernel, input_names=list(spec.input_names), output_names=list(spec.output_names),
-        source=spec.source(), header="#define XK_GEMM_MAX_STAGES 4\n" + spec.full_header(),
-        ensure_row_contiguous=spec.ensure_row_contiguous, atomic_outputs=spec.atomic_outputs,
-    )
+    kernel = get_kernel(gemm_mod.SIMD, "emulate")
     # aligned: multiples of the tile (the unguarded fast loop); else partial tiles, odd sizes
     if aligned:
         m, n, k = 2 * cfg.bm, 3 * cfg.bn, 6 * cfg.bk
     else:
         m, n, k = 2 * cfg.bm + 5, 2 * cfg.bn + 3, 5 * cfg.bk + 3
     a, b = operands(op, m, n, k, dtype, seed_of("four-stage", name, op, aligned))
-    (_, kwargs), = raw_calls(op, a, b, cfg, None, 0, None)
+    ta, tb = op == "gemm_at_b", op == "gemm_a_bt"
+    assert gemm_mod.simd_stages(cfg, dtype, ta, tb, "cuda") == 4
+    assert gemm_mod.simd_stages(cfg, dtype, ta, tb, "emulate") == 3
+    (_, kwargs), = raw_calls(op, a, b, cfg.replace(stages=4), None, 0, None)
+    assert dict(kwargs["template"])["STAGES"] == 4
     # the kernel really holds 4 stages of tiles (what the 32 KiB budget alone allows: 3)
     size, p = dtype.size, 16 // dtype.size
-    ta, tb = op == "gemm_at_b", op == "gemm_a_bt"
     stage = size * ((cfg.bk * (cfg.bm + p) if ta else cfg.bm * (cfg.bk + p)) +
                     (cfg.bn * (cfg.bk + p) if tb else cfg.bk * (cfg.bn + p)))
-    assert gemm_mod.simd_stages(cfg, dtype, ta, tb, "cuda") == 4
+    assert cfg.simd_stage_bytes(dtype, ta, tb) == stage
+    assert cfg.replace(stages=4).simd_threadgroup_bytes(dtype, ta, tb, "emulate") == 4 * stage
     with pytest.MonkeyPatch.context() as mp:
         from xlstm_kernels.emulate import kernel as ek
 
@@ -761,8 +755,8 @@ def test_simd_four_stage_pipeline(name, op, aligned):
 
 
 # The unguarded fast K loop runs STAGES tiles per trip (the stage is its unrolled
-# counter): every stage count the budgets allow (1..4: XK_GEMM_MAX_STAGES set before the
-# family header) with K tile counts that end a trip early, fill it, and run one tile past
+# counter): every stage count the budgets allow (1..4: the config's explicit stages) with
+# K tile counts that end a trip early, fill it, and run one tile past
 # it, all tiles interior (the fast path), with the fused epilogue stored in pairs; an odd N
 # adds an edge tile and misaligned pair stores. "uneven": 64 threads and tiles whose 16-byte
 # runs they do not divide evenly (A of gemm_av / gemm_a_bt: 96 runs, 2 per thread for
@@ -782,15 +776,9 @@ FAST_LOOP_CASES += [("uneven", st, st + 1, False) for st in (1, 3, 4)]
                          ids=[f"{c[0]}_st{c[1]}_t{c[2]}{'_oddn' if c[3] else ''}" for c in FAST_LOOP_CASES])
 def test_simd_fast_loop_trips(op, tile, stages, ntiles, odd_n):
     from xlstm_kernels.emulate import check_schedules
-    from xlstm_kernels.emulate import metal_kernel
 
-    cfg, dtype = FAST_LOOP_CONFIGS[tile], DTYPES["float16"]
-    spec = gemm_mod.SIMD
-    kernel = metal_kernel(
-        name=spec.kernel, input_names=list(spec.input_names), output_names=list(spec.output_names),
-        source=spec.source(), header=f"#define XK_GEMM_MAX_STAGES {stages}\n" + spec.full_header(),
-        ensure_row_contiguous=spec.ensure_row_contiguous, atomic_outputs=spec.atomic_outputs,
-    )
+    cfg, dtype = FAST_LOOP_CONFIGS[tile].replace(stages=stages), DTYPES["float16"]
+    kernel = get_kernel(gemm_mod.SIMD, "emulate")
     m, n, k = 2 * cfg.bm, 2 * cfg.bn + (1 if odd_n else 0), ntiles * cfg.bk
     a, b = operands(op, m, n, k, dtype, seed_of("fast-loop-trips", op, tile, stages, ntiles, odd_n))
     rng = np.random.default_rng(seed_of("fast-loop-epi", op, tile, stages, ntiles, odd_n))
@@ -800,6 +788,89 @@ def test_simd_fast_loop_trips(op, tile, stages, ntiles, odd_n):
         out = check_schedules(kernel, **kwargs, seeds=(1,))[0]
     assert_close(out.reshape(m, n), np_reference(op, a, b, bias, "silu", res), dtype, k,
                  f"{op} {tile} stages={stages} tiles={ntiles}")
+
+
+# The large tiles for CUDA's tensor cores (scripts/probe_gemm.py's candidates: 64x64 or
+# 32x64 simdgroup tiles, BK 32 / 64, explicit stages whose buffers need CUDA's dynamic
+# shared memory) with the exact template the cuda backend launches (its STAGES), run
+# through the emulator with its 32 KiB limit lifted: aligned multi-tile shapes (the
+# unguarded fast loop, with K tile counts that end a trip early and run past one) and
+# ragged odd shapes (the guarded path, partial tiles everywhere), every layout, 16-bit
+# dtypes (float32 on the fp32 CUDA path for one), fused epilogue; all thread orders
+# bit-identical.
+CUDA_TILE_CASES = {
+    # name: (config, dtype)
+    "128x256x32_w2x4_s3": (GemmConfig(path="simd", bm=128, bn=256, bk=32, wm=2, wn=4, stages=3), "float16"),
+    "128x256x32_w2x4_s4": (GemmConfig(path="simd", bm=128, bn=256, bk=32, wm=2, wn=4, stages=4), "bfloat16"),
+    "256x128x32_w4x2_s3": (GemmConfig(path="simd", bm=256, bn=128, bk=32, wm=4, wn=2, stages=3), "bfloat16"),
+    "128x256x64_w2x4_s3": (GemmConfig(path="simd", bm=128, bn=256, bk=64, wm=2, wn=4, stages=3), "float16"),
+    "128x128x32_w2x4_s4": (GemmConfig(path="simd", bm=128, bn=128, bk=32, wm=2, wn=4, stages=4), "float16"),
+    "128x128x32_w2x2_s4": (GemmConfig(path="simd", bm=128, bn=128, bk=32, wm=2, wn=2, stages=4), "bfloat16"),
+    "128x256x32_w4x4_s4": (GemmConfig(path="simd", bm=128, bn=256, bk=32, wm=4, wn=4, stages=4), "float16"),
+    "64x128x32_w2x2_s3_f32": (GemmConfig(path="simd", bm=64, bn=128, bk=32, wm=2, wn=2, stages=3), "float32"),
+}
+
+
+@pytest.mark.emulator_only
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("shape", ["aligned", "ragged"])
+@pytest.mark.parametrize("name", CUDA_TILE_CASES)
+def test_simd_cuda_tiles_through_the_emulator(name, shape, op, monkeypatch):
+    from xlstm_kernels.emulate import check_schedules
+    from xlstm_kernels.emulate import kernel as ek
+
+    cfg, dtype_name = CUDA_TILE_CASES[name]
+    dtype = DTYPES[dtype_name]
+    ta, tb = op == "gemm_at_b", op == "gemm_a_bt"
+    cfg.validate(dtype, backend="cuda")
+    need = cfg.simd_threadgroup_bytes(dtype, ta, tb, "cuda")
+    if need > ek.MAX_THREADGROUP_MEMORY:
+        with pytest.raises(TileConfigError, match=r"32 KiB.*backend 'emulate'"):
+            cfg.validate(dtype, backend="emulate")
+    monkeypatch.setattr(ek, "MAX_THREADGROUP_MEMORY", 1 << 20)
+    if shape == "aligned":  # 2 x 2 tiles, K tiles = STAGES + 2: a full trip of the fast loop and a partial one
+        m, n, k = 2 * cfg.bm, 2 * cfg.bn, (cfg.stages + 2) * cfg.bk
+    else:  # 3 x 2 tiles with partial ones, odd K
+        m, n, k = 2 * cfg.bm + 5, cfg.bn + 3, 3 * cfg.bk + 5
+    a, b = operands(op, m, n, k, dtype, seed_of("cuda-tiles", name, shape, op))
+    rng = np.random.default_rng(seed_of("cuda-tiles-epi", name, shape, op))
+    bias, res = rand(rng, (n,), dtype), rand(rng, (m, n), dtype)
+    (spec, kwargs), = raw_calls(op, a, b, cfg, bias, ACT_CODE["gelu_approx"], res, backend="cuda")
+    assert dict(kwargs["template"])["STAGES"] == cfg.stages
+    kernel = get_kernel(spec, "emulate")
+    with pytest.MonkeyPatch.context() as mp:  # the kernel really holds the cuda schedule's buffer
+        mp.setattr(ek, "MAX_THREADGROUP_MEMORY", 0)
+        with pytest.raises(ek.EmulatorError, match=f"threadgroup memory of {need} bytes"):
+            kernel(**kwargs)
+    with use_backend("emulate"):
+        out = check_schedules(kernel, **kwargs, schedules=("sequential", "random"), seeds=(1,))[0]
+    assert_close(out.reshape(m, n), np_reference(op, a, b, bias, "gelu_approx", res), dtype, k,
+                 f"{name} {shape} {op}")
+
+
+# The same tiles through the public ops on the selected backend: on cuda with their stages
+# (dynamic shared memory beyond 48 KiB; the GPU run of this file), elsewhere with as many
+# stages as the backend's 32 KiB allow (skipped when one stage does not fit).
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("name", CUDA_TILE_CASES)
+def test_simd_cuda_tiles_through_the_ops(kernel_backend, spy, name, op):
+    cfg, dtype_name = CUDA_TILE_CASES[name]
+    dtype = DTYPES[dtype_name]
+    if not _runs_kernels(kernel_backend):
+        pytest.skip("the reference backend runs no kernels")
+    if kernel_backend != "cuda":
+        cfg = cfg.replace(stages=0)
+        if cfg.problems(dtype, kernel_backend):
+            pytest.skip(f"one stage of {name} exceeds the 32 KiB of backend '{kernel_backend}'")
+    m, n, k = 2 * cfg.bm + 5, cfg.bn + 3, 5 * cfg.bk + 7
+    a, b = operands(op, m, n, k, dtype, seed_of("cuda-tiles-ops", name, op))
+    _check_op(op, a, b, dtype, k, f"{name} {op}", tiles=cfg)
+    (launched,) = spy.calls
+    ta, tb = op == "gemm_at_b", op == "gemm_a_bt"
+    assert launched.template["STAGES"] == cfg.simd_stages(dtype, ta, tb, kernel_backend)
+    aligned = (2 * cfg.bm, 2 * cfg.bn, 4 * cfg.bk)
+    a, b = operands(op, *aligned, dtype, seed_of("cuda-tiles-ops-aligned", name, op))
+    _check_op(op, a, b, dtype, aligned[2], f"{name} {op} aligned", tiles=cfg)
 
 
 # XK_GEMM_GROUP_M (threadgroups walk bands of G tile rows column by column): on a ragged

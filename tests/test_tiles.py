@@ -590,3 +590,83 @@ def test_explain_operand_layouts_and_batch():
     assert roof["flops"] == 2 * 64 * 48 * 32 * 12 and roof["bound_us"] > 0
     _expect_error(["disagree"], explain, "gemm_av", ((5, 7), (8, 9)), "float32")
     _expect_error(["shapes"], explain, "gemm_av", (5, 7), "float32")
+
+
+# ---------------------------------------------------------------------------------------
+# simd stages and the per-backend threadgroup memory limit
+# ---------------------------------------------------------------------------------------
+
+
+def test_simd_stage_bytes_and_stage_counts():
+    c = GemmConfig(path="simd", bm=128, bn=256, bk=32, wm=2, wn=4)
+    # one stage per layout: A (128 x 40 | 32 x 136 transposed), B (32 x 264 | 256 x 40 transposed)
+    assert c.simd_stage_bytes(mx.float16, False, False) == 2 * (128 * 40 + 32 * 264) == 27136
+    assert c.simd_stage_bytes(mx.float16, True, False) == 2 * (32 * 136 + 32 * 264)
+    assert c.simd_stage_bytes(mx.float16, False, True) == 2 * (128 * 40 + 256 * 40)
+    assert c.simd_stage_bytes(mx.float16, False, False) == c.simd_bytes(mx.float16)  # gemm_av's, as before
+    # auto (stages=0): Apple 32 KiB / 3, cuda 48 KiB / 4, at least one
+    assert [c.simd_stages(mx.float16, False, False, be) for be in ("metal", "emulate", None, "cuda")] == [1, 1, 1, 1]
+    small = GemmConfig(path="simd", bm=64, bn=32, bk=16, wm=2, wn=1)
+    assert small.simd_stages(mx.float16, False, False, "emulate") == 3
+    assert small.simd_stages(mx.float16, False, False, "cuda") == 4
+    # an explicit count is used as given, everywhere
+    s3 = c.replace(stages=3)
+    assert [s3.simd_stages(mx.bfloat16, ta, tb, be) for ta, tb in ((0, 0), (1, 0), (0, 1)) for be in ("metal", "cuda")] \
+        == [3] * 6
+    assert s3.simd_threadgroup_bytes(mx.float16, False, False, "cuda") == 3 * 27136
+    odd = GemmConfig(path="simd", bm=24, bn=16, bk=8, wm=1, wn=2, stages=3)  # 16-byte words, rounded up
+    assert odd.simd_threadgroup_bytes(mx.float32, False, False) == -(-3 * odd.simd_stage_bytes(mx.float32, 0, 0) // 16) * 16
+
+
+def test_simd_stage_limits_per_backend():
+    big = GemmConfig(path="simd", bm=128, bn=256, bk=32, wm=2, wn=4, stages=3)  # 3 x 30 KiB (a_bt)
+    assert big.problems(mx.float16) == [] and big.problems(mx.float16, "cuda") == []
+    for backend in ("metal", "emulate"):
+        msg = _expect_error(["STAGES=3", "92160 bytes", "32 KiB", f"backend '{backend}'", "stages <= 1", "stages=0"],
+                            big.validate, mx.float16, backend=backend)
+        assert "227 KiB" not in msg
+    big.replace(stages=1).validate(mx.float16, backend="emulate")
+    big.replace(stages=0).validate(mx.float16, backend="emulate")
+    # one stage beyond 32 KiB: Apple (and no backend: the portable rule) refuse it, cuda takes it
+    deep = GemmConfig(path="simd", bm=128, bn=256, bk=64, wm=2, wn=4, stages=3)
+    _expect_error(["BK=64", "52224 bytes", "32 KiB"], deep.validate, mx.float16)
+    _expect_error(["52224 bytes", "32 KiB"], deep.validate, mx.float16, backend="metal")
+    deep.validate(mx.float16, backend="cuda")  # 3 x 54 KiB (a_bt) in 227 KiB
+    _expect_error(["STAGES=5", "276480 bytes", "227 KiB", "stages <= 4"], deep.replace(stages=5).validate,
+                  mx.float16, backend="cuda")
+    huge = GemmConfig(path="simd", bm=512, bn=512, bk=128, wm=4, wn=8)
+    _expect_error(["227 KiB", "smaller BMxBNxBK"], huge.validate, mx.float16, backend="cuda")
+    # the field itself
+    for bad in (-1, 9, True, 2.0):
+        _expect_error(["stages", "from 0 (as many as fit) to 8"], GemmConfig(stages=bad).validate, mx.float16)
+
+
+def test_stages_from_argument_env_and_backend_checked_resolve(monkeypatch):
+    tiles = dict(path="simd", bm=128, bn=256, bk=32, wm=2, wn=4, stages=3)
+    assert resolve_gemm_config("gemm_av", 512, 512, 512, mx.float16, tiles).config.stages == 3
+    assert resolve_gemm_config("gemm_av", 512, 512, 512, mx.float16, tiles, backend="cuda").config.stages == 3
+    _expect_error(["argument", "STAGES=3", "backend 'emulate'"], resolve_gemm_config, "gemm_av", 512, 512, 512,
+                  mx.float16, tiles, backend="emulate")
+    monkeypatch.setenv("XLSTM_GEMM_STAGES", "2")
+    res = resolve_gemm_config("gemm_av", 512, 512, 512, mx.float16, dict(path="simd", bm=64, bn=64, bk=16))
+    assert res.config.stages == 2 and res.sources["stages"] == "XLSTM_GEMM_STAGES"
+    for bad in ("9", "-1", "two"):
+        monkeypatch.setenv("XLSTM_GEMM_STAGES", bad)
+        _expect_error(["XLSTM_GEMM_STAGES", "from 0 (as many as fit) to 8"], resolve_gemm_config, "gemm_av", 64, 64,
+                      64, mx.float16)
+
+
+def test_presets_check_stages_against_the_family_backend(monkeypatch, tmp_path):
+    entry = "{path: simd, bm: 128, bn: 256, bk: 64, wm: 2, wn: 4, stages: 3}"
+    cuda = ("families:\n  big_gpu:\n    match: {architecture: [sm_90]}\n"
+            "    roofline: {fp32_tflops: 1, fp16_tflops: 1, bf16_tflops: 1, bandwidth_gbs: 10}\n"
+            f"    gemm:\n      gemm_av:\n        float16: {entry}\n")
+    monkeypatch.setenv("XLSTM_KERNELS_PRESETS", str(_write(tmp_path / "cuda.yaml", cuda)))
+    res = resolve_gemm_config("gemm_av", 4096, 4096, 4096, mx.float16, family="big_gpu", backend="cuda")
+    assert (res.config.bk, res.config.stages) == (64, 3)
+    assert res.sources["stages"].endswith("families.big_gpu.gemm.gemm_av.float16.stages")
+    _reset()
+    apple = cuda.replace("sm_90", "applegpu_g15s")
+    monkeypatch.setenv("XLSTM_KERNELS_PRESETS", str(_write(tmp_path / "apple.yaml", apple)))
+    _expect_error(["families.big_gpu.gemm.gemm_av.float16", "52224 bytes", "32 KiB"], resolve_gemm_config,
+                  "gemm_av", 64, 64, 64, mx.float16)

@@ -48,6 +48,7 @@ ENV_DESCRIPTIONS = {
     env_mod.ENV_MICRO: "scalar-path outputs per thread RMxRN",
     env_mod.ENV_WARPS: "simd-path simdgroups WMxWN",
     env_mod.ENV_SPLIT_K: "simd-path K partitions, forced for every shape",
+    env_mod.ENV_STAGES: "simd-path K tiles in flight (0 = as many as fit)",
     env_mod.ENV_GEMV_THREADS: "threads per threadgroup of the M == 1 kernel",
     **{knobs_mod.knob_env_var(op, k): f"{op} knob {k}: {knob.meaning}"
        for op, ks in knobs_mod.KNOBS.items() for k, knob in ks.items()},

@@ -223,7 +223,7 @@ def config_env(op: str, cfg: GemmConfig | dict) -> dict[str, str]:
         return {env_mod.ENV_GEMV_THREADS: str(c["gemv_threads"])}
     if c["path"] == "simd":
         return {env_mod.ENV_PATH: "simd", tile: f"{c['bm']}x{c['bn']}x{c['bk']}", env_mod.ENV_WARPS: f"{c['wm']}x{c['wn']}",
-                env_mod.ENV_SPLIT_K: str(c["split_k"])}
+                env_mod.ENV_SPLIT_K: str(c["split_k"]), env_mod.ENV_STAGES: str(c.get("stages", 0))}
     return {env_mod.ENV_PATH: "scalar", tile: f"{c['tm']}x{c['tn']}x{c['tk']}", env_mod.ENV_MICRO: f"{c['rm']}x{c['rn']}",
             env_mod.ENV_PAD: str(c["pad"]), env_mod.ENV_DB: b(c["double_buffer"]), env_mod.ENV_VEC4: b(c["vec4"]),
             env_mod.ENV_ALIGN_EXECW: b(c["align_execw"])}

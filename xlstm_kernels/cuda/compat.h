@@ -1080,6 +1080,28 @@ inline IdxT elem_to_loc(uint3 elem, const Shape& shape, const Strides& strides, 
   return loc;
 }
 
+// Dynamic threadgroup memory. A body may take its (one) large threadgroup buffer as
+//   #ifdef XK_THREADGROUP_DYNAMIC
+//   threadgroup T* name = XK_THREADGROUP_DYNAMIC(count, T);
+//   #else
+//   threadgroup T name[count];
+//   #endif
+// Here the buffer is the launch's dynamic shared memory (16-byte aligned; more than the
+// 48 KiB of static shared memory when the host asks for it: the factory's `shared_memory`,
+// which MLX's cuda_kernel turns into cudaFuncAttributeMaxDynamicSharedMemorySize). A launch
+// given fewer than count * sizeof(T) bytes traps instead of overrunning the buffer.
+#define XK_THREADGROUP_DYNAMIC(count, ...) \
+  (::mlx::core::cu::msl_detail::dynamic_threadgroup<__VA_ARGS__>(sizeof(__VA_ARGS__) * size_t(count)))
+namespace msl_detail {
+template <class T> inline T* dynamic_threadgroup(size_t bytes) {
+  extern __shared__ __align__(16) unsigned char xk_dynamic_threadgroup_[];
+  unsigned have;
+  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(have));
+  if (size_t(have) < bytes) __trap();
+  return reinterpret_cast<T*>(xk_dynamic_threadgroup_);
+}
+}  // namespace msl_detail
+
 }  // namespace mlx::core::cu
 
 // Registers: the kernel is compiled for its launch's threadgroup size, so a

@@ -335,8 +335,8 @@ class CudaKernel:
         return "\n".join(lines) + "\n" + self._body + "\n"
 
     def _object(self, zero_d: tuple[bool, ...], threads: int, template: tuple, native_grid: bool,
-                exact_grid: bool = False) -> Any:
-        key = (zero_d, threads, template, native_grid, exact_grid)
+                exact_grid: bool = False, shared_memory: int = 0) -> Any:
+        key = (zero_d, threads, template, native_grid, exact_grid, shared_memory)
         with self._lock:
             obj = self._objects.get(key)
         if obj is not None:
@@ -349,6 +349,9 @@ class CudaKernel:
             source=self.cuda_source(zero_d, template, native_grid, exact_grid),
             header=self.cuda_header(threads),
             ensure_row_contiguous=self.ensure_row_contiguous,
+            # dynamic shared memory of every launch (XK_THREADGROUP_DYNAMIC); MLX raises the
+            # kernel's limit (cudaFuncAttributeMaxDynamicSharedMemorySize) above 48 KB itself
+            **({"shared_memory": int(shared_memory)} if shared_memory else {}),
         )
         with self._lock:
             return self._objects.setdefault(key, obj)
@@ -366,21 +369,23 @@ class CudaKernel:
         init_value: float | None = None,
         verbose: bool = False,
         stream: Any = None,
+        shared_memory: int = 0,
     ) -> list[mx.array]:
         """Run the kernel; the keywords of ``mx.fast.metal_kernel``'s callable (``grid``
-        counts threads)."""
+        counts threads), plus `shared_memory`: bytes of dynamic shared memory (the buffer
+        a body takes through ``XK_THREADGROUP_DYNAMIC``; 0: none)."""
         inputs = list(inputs)
         check_counts(self.input_names, self.output_names, inputs, output_shapes, output_dtypes)
         arrays = [v if isinstance(v, mx.array) else _as_array(v) for v in inputs]
         zero_d = tuple([a.ndim == 0 for a in arrays])
         try:  # the launch plan of this (grid, threadgroup, template, 0-d inputs), if seen before
             key = (tuple(grid), tuple(threadgroup), zero_d,
-                   tuple([(k, v, v.__class__) for k, v in template]) if template else ())
+                   tuple([(k, v, v.__class__) for k, v in template]) if template else (), shared_memory)
             plan = self._plans.get(key)
         except TypeError:  # unhashable arguments: checked (and refused) by _plan below
             key, plan = None, None
         if plan is None:
-            plan = self._plan(grid, threadgroup, template, zero_d)
+            plan = self._plan(grid, threadgroup, template, zero_d, shared_memory)
             if key is not None:
                 with self._lock:
                     if len(self._plans) > 4096:
@@ -409,7 +414,8 @@ class CudaKernel:
 
     def prepare(self, *, zero_d: Sequence[bool], output_shapes: Sequence[Sequence[int]],
                 output_dtypes: Sequence[mx.Dtype], grid: Sequence[int], threadgroup: Sequence[int],
-                template: Sequence[tuple[str, Any]] | None = None, init_value: float | None = None):
+                template: Sequence[tuple[str, Any]] | None = None, init_value: float | None = None,
+                shared_memory: int = 0):
         """A function ``run(inputs) -> outputs`` for repeated launches of one signature
         (`zero_d[i]`: input i is 0-d); the arguments are checked once, here."""
         if len(zero_d) != len(self.input_names):
@@ -418,7 +424,7 @@ class CudaKernel:
         if not (len(output_shapes) == len(output_dtypes) == len(self.output_names)):
             raise ValueError(f"[metal_kernel] Expected `output_shapes` and `output_dtypes` to have size "
                              f"{len(self.output_names)}.")
-        plan = self._plan(grid, threadgroup, template, tuple(bool(z) for z in zero_d))
+        plan = self._plan(grid, threadgroup, template, tuple(bool(z) for z in zero_d), shared_memory)
         shapes = [tuple(int(d) for d in s) for s in output_shapes]
         dtypes = list(output_dtypes)
         if plan is _EMPTY:
@@ -439,9 +445,14 @@ class CudaKernel:
 
         return run
 
-    def _plan(self, grid: Sequence[int], threadgroup: Sequence[int], template, zero_d: tuple[bool, ...]):
+    def _plan(self, grid: Sequence[int], threadgroup: Sequence[int], template, zero_d: tuple[bool, ...],
+              shared_memory: int = 0):
         """(cuda_kernel object, xk_grid input (None for an exact grid), CUDA grid in threads, block) of one launch
         signature, or _EMPTY for an empty grid; checks the arguments as Metal's wrapper does."""
+        shared_memory = int(shared_memory)
+        if not 0 <= shared_memory <= _MAX_DYNAMIC_SHARED:
+            raise CudaKernelError(f"[{self.name}] shared_memory={shared_memory}: expected 0 to {_MAX_DYNAMIC_SHARED} "
+                                  "bytes (227 KiB, an sm_90 block's most)")
         g, t, n_threads = launch_shape(grid, threadgroup)
         template_key = _template_key(template)
         if 0 in g:
@@ -453,13 +464,14 @@ class CudaKernel:
             raise CudaKernelError(f"[{self.name}] grid {g} with threadgroup {t} needs {total} threadgroups: too many")
         native = counts[1] <= _MAX_GRID_YZ_BLOCKS and counts[2] <= _MAX_GRID_YZ_BLOCKS
         exact = native and all(gg % bb == 0 for gg, bb in zip(g, block))
-        obj = self._object(zero_d, n_threads, template_key, native, exact)
+        obj = self._object(zero_d, n_threads, template_key, native, exact, shared_memory)
         launch_grid = tuple(c * b for c, b in zip(counts, block)) if native else (total * block[0], block[1], block[2])
         grid_arg = None if exact else mx.array([*g, *counts], dtype=mx.int32)
         return obj, grid_arg, launch_grid, block
 
 
 _EMPTY = object()  # the plan of a launch with an empty grid
+_MAX_DYNAMIC_SHARED = 232448  # dynamic shared memory per block on sm_90 (227 KiB)
 
 
 def _template_key(template: Sequence[tuple[str, Any]] | None) -> tuple:

@@ -235,11 +235,6 @@ inline void simdgroup_multiply(simdgroup_matrix<TD, 8, 8>& d, const simdgroup_ma
 // xk_async_commit / xk_async_wait<G>: cp.async.commit_group / wait_group G.
 #define XK_SIMDGROUP_MMA
 #define XK_ASYNC_COPY
-// gemm_simd's pipeline budget (metal_src/gemm.metal): CUDA's 48 KiB of static shared
-// memory per block and up to 4 cp.async stages (Apple: 32 KiB, 3). Results do not depend
-// on it; xlstm_kernels.ops.gemm.simd_stages mirrors it per backend.
-#define XK_GEMM_STAGE_BYTES 49152
-#define XK_GEMM_MAX_STAGES 4
 #define XK_UNROLL _Pragma("unroll")
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 #define XK_SM80_ 1  // ldmatrix, cp.async (older GPUs: the plain loads and copies)

@@ -24,7 +24,7 @@ from typing import Any
 import mlx.core as mx
 
 from .. import tiles as tiles_mod
-from ..tiles.gemm import MAX_THREADGROUP_BYTES
+from ..tiles.gemm import SIMD_AUTO_STAGES
 from ..runtime import KernelSpec, current_backend, prepare_launch
 from ._callcache import CallCache, constant, replayable
 from ._validate import INT32_MAX, check_array, check_int32
@@ -54,24 +54,17 @@ _LAYOUTS = {
 }
 
 
-# gemm_simd's pipeline budget per backend: (threadgroup bytes the stages may fill, most
-# stages). Mirrors XK_GEMM_STAGE_BYTES / XK_GEMM_MAX_STAGES (metal_src/gemm.metal; CUDA:
-# xlstm_kernels/cuda/simdgroup_matrix.h: 48 KiB of static shared memory, 4 stages).
-SIMD_STAGE_BUDGET = {"cuda": (49152, 4)}
-_APPLE_STAGE_BUDGET = (MAX_THREADGROUP_BYTES, 3)  # metal and the emulator (the same body text)
+# gemm_simd's automatic pipeline budget per backend (stages = 0): (threadgroup bytes the
+# stages may fill, most stages); see xlstm_kernels.tiles.gemm.SIMD_AUTO_STAGES.
+SIMD_STAGE_BUDGET = SIMD_AUTO_STAGES
 
 
 def simd_stages(cfg, dtype: mx.Dtype, trans_a: bool, trans_b: bool, backend: str = "metal") -> int:
-    """K tiles in flight in ``gemm_simd`` for `cfg` on `backend` (its body's STAGES): as many
-    stages of threadgroup tiles as fit in 32 KiB, at most 3 (Apple GPUs and the emulator), or
-    in 48 KiB, at most 4 (cuda); 1: load, barrier, multiply, barrier."""
-    budget, most = SIMD_STAGE_BUDGET.get(backend, _APPLE_STAGE_BUDGET)
-    size = dtype.size
-    pads = 16 // size
-    a = cfg.bk * (cfg.bm + pads) if trans_a else cfg.bm * (cfg.bk + pads)
-    b = cfg.bn * (cfg.bk + pads) if trans_b else cfg.bk * (cfg.bn + pads)
-    fit = budget // (size * (a + b))
-    return max(1, min(most, fit))
+    """K tiles in flight in ``gemm_simd`` for `cfg` on `backend` (its template STAGES): the
+    config's ``stages``, or with 0 as many stages of threadgroup tiles as fit in 32 KiB, at
+    most 3 (Apple GPUs and the emulator), or in 48 KiB, at most 4 (cuda); 1: load, barrier,
+    multiply, barrier. (GemmConfig.simd_stages.)"""
+    return cfg.simd_stages(dtype, trans_a, trans_b, backend)
 
 
 def _promote(a: mx.dtype, b: mx.dtype) -> mx.dtype:
@@ -198,7 +191,7 @@ def _build_launcher(layout, a_shape, b_shape, dtype, has_bias, act, has_res, til
     sa = 0 if len(a_shape) == 2 and batch_shape else a_rows * a_cols
     sb = 0 if len(b_shape) == 2 and batch_shape else b_rows * b_cols
 
-    cfg = tiles_mod.resolve_gemm_config(layout.op, m, n, k, dtype, tiles, batch=nbatch).config
+    cfg = tiles_mod.resolve_gemm_config(layout.op, m, n, k, dtype, tiles, batch=nbatch, backend=backend).config
     placeholder = constant(mx.zeros((1,), dtype=dtype))
     epilogue = [("HAS_BIAS", has_bias), ("ACT", act), ("HAS_RES", has_res)]
     split = cfg.split_k if cfg.path == "simd" else 1
@@ -222,9 +215,11 @@ def _build_launcher(layout, a_shape, b_shape, dtype, has_bias, act, has_res, til
         reduce = None
     elif cfg.path == "simd":
         grid = (32 * cfg.wn * -(-n // cfg.bn), cfg.wm * -(-m // cfg.bm), nbatch * split)
+        stages = cfg.simd_stages(dtype, layout.trans_a, layout.trans_b, backend)
         template = [
             ("T", dtype), ("BM", cfg.bm), ("BN", cfg.bn), ("BK", cfg.bk), ("WM", cfg.wm), ("WN", cfg.wn),
-            ("TRANS_A", layout.trans_a), ("TRANS_B", layout.trans_b), *epilogue, ("SPLIT", split),
+            ("STAGES", stages), ("TRANS_A", layout.trans_a), ("TRANS_B", layout.trans_b), *epilogue,
+            ("SPLIT", split),
         ]
         partial_shape = (split, nbatch, m, n) if split > 1 else (1,)
         main = prepare_launch(
@@ -232,6 +227,8 @@ def _build_launcher(layout, a_shape, b_shape, dtype, has_bias, act, has_res, til
             output_dtypes=[dtype, mx.float32], grid=grid, threadgroup=(32 * cfg.wn, cfg.wm, 1),
             template=template, backend=backend,
             init_value=0.0,  # the unused one of C / P stays defined
+            # cuda: the body's tile buffer is dynamic shared memory (XK_THREADGROUP_DYNAMIC)
+            shared_memory=cfg.simd_threadgroup_bytes(dtype, layout.trans_a, layout.trans_b, backend),
         )
         reduce = None
         if split > 1:
@@ -362,9 +359,10 @@ def _build_call(op, a, b, bias, activation, residual, tiles, replay: bool = Fals
                 raise ValueError
         except ValueError:
             raise ValueError(f"residual of shape {tuple(residual.shape)} does not broadcast to the output {out_shape}") from None
-    tiles_mod.resolve_gemm_config(op, m, n, k, dtype, tiles)  # a bad tiles= fails before anything runs
-
     backend = current_backend()
+    # a bad tiles= fails before anything runs (with the limits of the backend that will run it)
+    tiles_mod.resolve_gemm_config(op, m, n, k, dtype, tiles, backend=None if backend == "reference" else backend)
+
     has_bias, has_res = bias is not None, residual is not None
 
     def prepare(a, b, residual):

@@ -105,9 +105,14 @@ def launch(
     template: Sequence[tuple[str, Any]] | None = None,
     init_value: float | None = None,
     backend: str | None = None,
+    shared_memory: int = 0,
 ) -> list[mx.array]:
-    """Run `spec` on `backend` (default: the active one). `grid` counts threads."""
+    """Run `spec` on `backend` (default: the active one). `grid` counts threads.
+    `shared_memory`: bytes of dynamic threadgroup memory for a body that takes its buffer
+    through ``XK_THREADGROUP_DYNAMIC`` on cuda; the other backends declare it statically
+    and ignore it."""
     kernel = get_kernel(spec, backend)
+    extra = {"shared_memory": int(shared_memory)} if shared_memory and hasattr(kernel, "prepare") else {}
     return kernel(
         inputs=list(inputs),
         output_shapes=[tuple(s) for s in output_shapes],
@@ -116,6 +121,7 @@ def launch(
         threadgroup=tuple(threadgroup),
         template=list(template) if template else None,
         init_value=init_value,
+        **extra,
     )
 
 
@@ -130,6 +136,7 @@ def prepare_launch(
     template: Sequence[tuple[str, Any]] | None = None,
     init_value: float | None = None,
     backend: str | None = None,
+    shared_memory: int = 0,
 ):
     """A function ``run(inputs) -> outputs`` doing what :func:`launch` does with these
     keywords, for repeated calls whose inputs have the same ranks as `inputs` (an example
@@ -139,7 +146,7 @@ def prepare_launch(
     if hasattr(kernel, "prepare"):  # the cuda backend: launch plan resolved once
         return kernel.prepare(zero_d=[getattr(a, "ndim", 0) == 0 for a in inputs], output_shapes=output_shapes,
                               output_dtypes=output_dtypes, grid=grid, threadgroup=threadgroup,
-                              template=template, init_value=init_value)
+                              template=template, init_value=init_value, shared_memory=int(shared_memory))
     kwargs = dict(output_shapes=[tuple(s) for s in output_shapes], output_dtypes=list(output_dtypes),
                   grid=tuple(grid), threadgroup=tuple(threadgroup), template=list(template) if template else None,
                   init_value=init_value)

@@ -12,6 +12,7 @@
     XLSTM_GEMM_MICRO                   "RMxRN": outputs per thread (scalar path)
     XLSTM_GEMM_WARPS                   "WMxWN": simdgroups per threadgroup (simd path)
     XLSTM_GEMM_SPLIT_K                 K partitions on the simd path (1 = off), forced for every shape
+    XLSTM_GEMM_STAGES                  K tiles in flight on the simd path (0 = as many as fit)
     XLSTM_GEMM_GEMV_THREADS            threads per threadgroup of the M == 1 kernel (32..1024, x32)
     XLSTM_KERNELS_PRESETS              path of a user presets YAML file
     XLSTM_KERNELS_DEVICE               pretend to be this preset family (or architecture string)
@@ -26,7 +27,7 @@ import os
 from typing import Any
 
 from .errors import TileConfigError
-from .gemm import parse_tile
+from .gemm import MAX_SIMD_STAGES, parse_tile
 
 __all__ = [
     "ENV_ALIGN_EXECW",
@@ -64,6 +65,7 @@ ENV_ALIGN_EXECW = "XLSTM_GEMM_ALIGN_EXECW"
 ENV_MICRO = "XLSTM_GEMM_MICRO"
 ENV_WARPS = "XLSTM_GEMM_WARPS"
 ENV_SPLIT_K = "XLSTM_GEMM_SPLIT_K"
+ENV_STAGES = "XLSTM_GEMM_STAGES"
 ENV_GEMV_THREADS = "XLSTM_GEMM_GEMV_THREADS"
 ENV_PRESETS = "XLSTM_KERNELS_PRESETS"
 ENV_DEVICE = "XLSTM_KERNELS_DEVICE"
@@ -71,7 +73,7 @@ ENV_DEVICE = "XLSTM_KERNELS_DEVICE"
 # Every variable a GEMM resolve reads (its values key the resolve cache).
 GEMM_ENV_VARS = (
     *ENV_TILE.values(), ENV_PATH, ENV_PAD, ENV_DB, ENV_VEC4, ENV_ALIGN_EXECW, ENV_MICRO,
-    ENV_WARPS, ENV_SPLIT_K, ENV_GEMV_THREADS, ENV_PRESETS, ENV_DEVICE,
+    ENV_WARPS, ENV_SPLIT_K, ENV_STAGES, ENV_GEMV_THREADS, ENV_PRESETS, ENV_DEVICE,
     "XDG_CONFIG_HOME", "HOME",
 )
 
@@ -183,6 +185,13 @@ def _parse_int(var: str, text: str, lo: int, hi: int | None = None, multiple: in
     return int(word)
 
 
+def _parse_stages(var: str, text: str) -> int:
+    word = text.strip()
+    if not (word.isdigit() and int(word) <= MAX_SIMD_STAGES):
+        raise TileConfigError(f"{var}={text!r}: expected an integer from 0 (as many as fit) to {MAX_SIMD_STAGES}")
+    return int(word)
+
+
 def env_path() -> tuple[str | None, str | None]:
     """(path, source) forced by XLSTM_GEMM_PATH, or (None, None)."""
     text = _get(ENV_PATH)
@@ -248,6 +257,9 @@ def read_gemm_env(op: str) -> EnvLayer:
     text = _get(ENV_SPLIT_K)
     if text is not None:
         layer.set("split_k", _parse_int(ENV_SPLIT_K, text, 1, what=" (1 = no split)"), ENV_SPLIT_K)
+    text = _get(ENV_STAGES)
+    if text is not None:
+        layer.set("stages", _parse_stages(ENV_STAGES, text), ENV_STAGES)
     text = _get(ENV_GEMV_THREADS)
     if text is not None:
         layer.set("gemv_threads", _parse_int(ENV_GEMV_THREADS, text, 32, 1024, 32), ENV_GEMV_THREADS)

@@ -9,6 +9,7 @@ Three kernel paths share one record, :class:`GemmConfig`; each path reads its ow
             columns in the threadgroup tiles, DB double buffering, VEC4 vector loads,
             ALIGN_EXECW (TN := 32 * RN, so one row of threads is one simdgroup).
     simd    BM x BN block, BK deep, WM x WN simdgroups of 8x8 simdgroup_matrix fragments,
+            STAGES K tiles in flight (0 = as many as fit the backend's budget),
             SPLIT_K partitions of K (1 = off).
     gemv    M == 1: one simdgroup per output column, GEMV_THREADS threads per threadgroup.
 """
@@ -26,6 +27,9 @@ __all__ = [
     "FIELDS",
     "MAX_THREADGROUP_BYTES",
     "MAX_THREADS",
+    "MAX_SIMD_STAGES",
+    "SIMD_AUTO_STAGES",
+    "THREADGROUP_LIMITS",
     "OPS",
     "PATHS",
     "SIMD_WIDTH",
@@ -43,6 +47,20 @@ PATHS = ("simd", "scalar", "gemv")
 MAX_THREADS = 1024  # threads per threadgroup on every Apple GPU
 MAX_THREADGROUP_BYTES = 32768  # 32 KiB of threadgroup memory on every Apple GPU
 SIMD_WIDTH = 32  # thread execution width
+
+# gemm_simd's pipeline (metal_src/gemm.metal, template STAGES) per kernel backend:
+# * THREADGROUP_LIMITS: the threadgroup memory its stages may take with an explicit
+#   `stages`: Apple's 32 KiB (metal, and the emulator, which enforces it), or on cuda the
+#   227 KiB of dynamic shared memory a block may have on sm_90 (the body takes its buffer
+#   from dynamic shared memory there; sm_80 allows 163 KiB and sm_86 / sm_89 99 KiB, so
+#   larger requests fail at launch on those GPUs);
+# * SIMD_AUTO_STAGES: with `stages` = 0, as many stages as fit in `budget` bytes, at most
+#   `most` (cuda: CUDA's 48 KiB of static shared memory, 4; Apple: 32 KiB, 3).
+# Any other name (a backend that runs no kernels) gets Apple's.
+THREADGROUP_LIMITS = {"cuda": 232448}
+SIMD_AUTO_STAGES = {"cuda": (49152, 4)}
+_APPLE_AUTO_STAGES = (MAX_THREADGROUP_BYTES, 3)
+MAX_SIMD_STAGES = 8  # the fast K loop unrolls STAGES tiles per trip
 
 # field -> kind; kinds are checked by check_field.
 FIELDS: dict[str, str] = {
@@ -62,10 +80,11 @@ FIELDS: dict[str, str] = {
     "wm": "pos",
     "wn": "pos",
     "split_k": "pos",
+    "stages": "stages",
     "gemv_threads": "gemv",
 }
 SCALAR_FIELDS = ("tm", "tn", "tk", "rm", "rn", "pad", "double_buffer", "vec4", "align_execw")
-SIMD_FIELDS = ("bm", "bn", "bk", "wm", "wn")
+SIMD_FIELDS = ("bm", "bn", "bk", "wm", "wn", "stages")
 
 _ACCEPTED = {
     "path": "one of 'simd', 'scalar', 'gemv'",
@@ -73,6 +92,7 @@ _ACCEPTED = {
     "nonneg": "a non-negative integer",
     "bool": "true or false",
     "gemv": "a multiple of 32 from 32 to 1024",
+    "stages": f"an integer from 0 (as many as fit) to {MAX_SIMD_STAGES}",
 }
 
 
@@ -93,6 +113,7 @@ def check_field(field: str, value: Any) -> str | None:
         "nonneg": is_int and value >= 0,
         "bool": isinstance(value, bool),
         "gemv": is_int and 32 <= value <= MAX_THREADS and value % 32 == 0,
+        "stages": is_int and 0 <= value <= MAX_SIMD_STAGES,
     }[kind]
     if ok:
         return None
@@ -165,7 +186,9 @@ class GemmConfig:
                 (tiles are float whatever the dtype)
         simd    threadgroup (32*WN, WM, 1): WM x WN simdgroups, each (BM/WM) x (BN/WN)
                 grid        (32*WN * ceil(N/BN), WM * ceil(M/BM), batch * SPLIT_K)
-                threadgroup memory sizeof(T) * (BM*(BK+p) + BK*(BN+p)), p = 16 // sizeof(T)
+                threadgroup memory per stage sizeof(T) * (BM*(BK+p) + BK*(BN+p)),
+                p = 16 // sizeof(T) (gemm_av's layout; simd_stage_bytes for the others),
+                times simd_stages(...) stages
         gemv    threadgroup (32, GEMV_THREADS/32, 1): one simdgroup per output column
                 grid        (32, rows * ceil(N/rows), batch), rows = GEMV_THREADS/32
                 no threadgroup memory
@@ -174,7 +197,11 @@ class GemmConfig:
     a row of threads is one simdgroup; the stored ``tn`` is the adjusted, dispatched one.
     ``split_k`` > 1 splits K on the simd path (float partial sums, then a reduce pass).
 
-    Limits (every Apple GPU): <= 1024 threads and <= 32 KiB threadgroup memory.
+    Limits (every Apple GPU): <= 1024 threads and <= 32 KiB threadgroup memory. On the simd
+    path the threadgroup memory limit depends on the backend (THREADGROUP_LIMITS: 32 KiB
+    unless it is cuda, 227 KiB there): one stage of tiles, in every operand layout, must fit,
+    and so must an explicit ``stages`` count of them (checked when the backend is known;
+    without one, Apple's 32 KiB for one stage, the portable rule).
     """
 
     path: str = "simd"
@@ -193,6 +220,7 @@ class GemmConfig:
     wm: int = 2
     wn: int = 2
     split_k: int = 1
+    stages: int = 0
     gemv_threads: int = 128
 
     def __post_init__(self):
@@ -243,6 +271,31 @@ class GemmConfig:
         b = max(self.bk * (self.bn + p), self.bn * (self.bk + p))
         return size * (a + b)
 
+    def simd_stage_bytes(self, dtype: Any, trans_a: bool, trans_b: bool) -> int:
+        """Bytes of one stage of gemm_simd's tiles in one operand layout: op(A) as
+        BM x (BK+p), or BK x (BM+p) when `trans_a` (gemm_at_b); op(B) as BK x (BN+p), or
+        BN x (BK+p) when `trans_b` (gemm_a_bt); p = 16 // sizeof(T)."""
+        size = dtype_size(dtype)
+        p = 16 // size
+        a = self.bk * (self.bm + p) if trans_a else self.bm * (self.bk + p)
+        b = self.bn * (self.bk + p) if trans_b else self.bk * (self.bn + p)
+        return size * (a + b)
+
+    def simd_stages(self, dtype: Any, trans_a: bool, trans_b: bool, backend: str | None = None) -> int:
+        """K tiles in flight in gemm_simd (its template STAGES) on `backend`: the config's
+        ``stages``, or with 0 as many stages as fit in the backend's SIMD_AUTO_STAGES
+        budget (at least 1). The stage count changes the schedule, never the results."""
+        if self.stages:
+            return self.stages
+        budget, most = SIMD_AUTO_STAGES.get(backend or "", _APPLE_AUTO_STAGES)
+        return max(1, min(most, budget // self.simd_stage_bytes(dtype, trans_a, trans_b)))
+
+    def simd_threadgroup_bytes(self, dtype: Any, trans_a: bool, trans_b: bool, backend: str | None = None) -> int:
+        """gemm_simd's threadgroup buffer in bytes (all its stages, rounded up to 16-byte
+        words, as the body declares it): the dynamic shared memory a cuda launch needs."""
+        total = self.simd_stages(dtype, trans_a, trans_b, backend) * self.simd_stage_bytes(dtype, trans_a, trans_b)
+        return -(-total // 16) * 16
+
     def threadgroup_bytes(self, dtype: Any) -> int:
         """Static threadgroup memory of this config's kernel for `dtype`."""
         if self.path == "scalar":
@@ -260,6 +313,7 @@ class GemmConfig:
             ]
         if self.path == "gemv":
             return [("ROWS", self.gemv_threads // SIMD_WIDTH)]
+        # (the simd kernel's STAGES depends on the layout and backend too: simd_stages)
         return [("BM", self.bm), ("BN", self.bn), ("BK", self.bk), ("WM", self.wm), ("WN", self.wn)]
 
     def to_dict(self) -> dict[str, Any]:
@@ -269,11 +323,13 @@ class GemmConfig:
         return dataclasses.replace(self, **changes)
 
     # -- limits ---------------------------------------------------------------------
-    def problems(self, dtype: Any) -> list[tuple[tuple[str, ...], str]]:
+    def problems(self, dtype: Any, backend: str | None = None) -> list[tuple[tuple[str, ...], str]]:
         """Every violated limit as (fields involved, message); empty when valid.
 
         Both the scalar and the simd fields are checked whatever the path, so a bad
         setting fails where it is made, not when a shape happens to pick its path.
+        `backend` (the kernel backend that will run it) adds its own limits: an explicit
+        simd ``stages`` count against its threadgroup memory; None skips that check.
         """
         out: list[tuple[tuple[str, ...], str]] = []
         for f in FIELDS:
@@ -283,7 +339,7 @@ class GemmConfig:
         if out:
             return out  # the relations below need well-typed fields
         out += self._scalar_problems()
-        out += self._simd_problems(dtype)
+        out += self._simd_problems(dtype, backend)
         return out
 
     def _scalar_problems(self) -> list[tuple[tuple[str, ...], str]]:
@@ -322,7 +378,7 @@ class GemmConfig:
             out.append((("align_execw", "tn", "rn"), f"{tile}: ALIGN_EXECW needs TN = 32*RN = {SIMD_WIDTH * self.rn}"))
         return out
 
-    def _simd_problems(self, dtype: Any) -> list[tuple[tuple[str, ...], str]]:
+    def _simd_problems(self, dtype: Any, backend: str | None = None) -> list[tuple[tuple[str, ...], str]]:
         out = []
         tile = f"simd tile BM={self.bm} BN={self.bn} BK={self.bk} WM={self.wm} WN={self.wn}"
         if self.bm % (8 * self.wm):
@@ -338,26 +394,46 @@ class GemmConfig:
                 f"{tile} needs 32*WM*WN = {t} threads per threadgroup, more than the {MAX_THREADS} Apple GPUs allow",
             ))
         if dtype is not None:
+            cuda = backend == "cuda"
+            limit = THREADGROUP_LIMITS.get(backend or "", MAX_THREADGROUP_BYTES)
+            where = ("the 227 KiB of dynamic shared memory a CUDA threadgroup may have on sm_90"
+                     if cuda else "the 32 KiB Apple GPUs have")
+            # one stage (every backend: at least one stage runs), in gemm_av's layout first, then
+            # in the largest one (a config must run for every op)
             need, layouts = self.simd_bytes(dtype), ""
-            if need <= MAX_THREADGROUP_BYTES:
+            if need <= limit:
                 need, layouts = self.simd_bytes_any_layout(dtype), " in a transposed operand layout (gemm_at_b / gemm_a_bt)"
-            if need > MAX_THREADGROUP_BYTES:
+            if need > limit:
                 out.append((
                     ("bm", "bn", "bk"),
                     (
                         f"{tile} needs {need} bytes of threadgroup memory for {dtype_name(dtype)}{layouts}, more than "
-                        f"the 32 KiB ({MAX_THREADGROUP_BYTES} bytes) Apple GPUs have; use a smaller BMxBNxBK"
+                        f"{where} ({limit} bytes{f', backend {backend!r}' if backend else ''}); use a smaller BMxBNxBK"
                     ),
                 ))
+            elif self.stages and backend is not None:  # an explicit stage count, on a known backend
+                layouts = ((False, False), (True, False), (False, True))
+                need = max(self.simd_threadgroup_bytes(dtype, ta, tb, backend) for ta, tb in layouts)
+                if need > limit:
+                    fit = limit // max(self.simd_stage_bytes(dtype, ta, tb) for ta, tb in layouts)
+                    out.append((
+                        ("stages", "bm", "bn", "bk"),
+                        (
+                            f"{tile} with STAGES={self.stages} needs {need} bytes of threadgroup memory for "
+                            f"{dtype_name(dtype)} in its largest operand layout, more than {where} "
+                            f"({limit} bytes, backend '{backend}'); use stages <= {fit}, or stages=0 (as many as fit)"
+                        ),
+                    ))
         return out
 
-    def validate(self, dtype: Any = None, source: str = "argument") -> GemmConfig:
+    def validate(self, dtype: Any = None, source: str = "argument", backend: str | None = None) -> GemmConfig:
         """Raise :class:`TileConfigError` naming `source` if this config cannot run.
 
         `dtype` (float32/float16/bfloat16) sizes the simd path's threadgroup tiles; with
-        None that one check is skipped. Returns self.
+        None that one check is skipped; `backend` adds its limits (see problems).
+        Returns self.
         """
-        probs = self.problems(dtype)
+        probs = self.problems(dtype, backend)
         if probs:
             raise TileConfigError(f"{source}: " + "; ".join(msg for _, msg in probs))
         return self

@@ -292,8 +292,18 @@ def _chain(fam: Family, op: str, dtype: str, cls: str | None) -> list[tuple[str,
 _MONOTONE = frozenset(("pad", "double_buffer", "vec4", "align_execw"))
 
 
+def family_backend(fam: Family) -> str:
+    """The kernel backend a family's configs run on, for their limits: "cuda" when every
+    architecture it matches is a CUDA one (sm_*), else "metal" (Apple's limits, which the
+    emulator shares)."""
+    archs = (fam.match or {}).get("architecture") or []
+    return "cuda" if archs and all(str(a).startswith("sm_") for a in archs) else "metal"
+
+
 def _check_relations(chk: _Checker, name: str, fam: Family) -> None:
-    """Raise for a tile that breaks a limit using only fields this file sets itself."""
+    """Raise for a tile that breaks a limit using only fields this file sets itself (the
+    limits of the family's backend: family_backend)."""
+    backend = family_backend(fam)
     classes = [None, *[c for c in SHAPE_CLASSES if c in fam.shapes]]
     for cls in classes:
         for op in OPS:
@@ -309,7 +319,7 @@ def _check_relations(chk: _Checker, name: str, fam: Family) -> None:
                     continue
                 cfg = GemmConfig(**{k: v for k, v in merged.items() if k != "path"})
                 explicit = set(merged) | _MONOTONE
-                for fields, msg in cfg.problems(dtype):
+                for fields, msg in cfg.problems(dtype, backend):
                     if set(fields) <= explicit:
                         f0 = next(f for f in fields if f in where)
                         raise chk.fail(f"families.{name}.{where[f0]}.{f0}", msg)

@@ -183,6 +183,7 @@ def resolve_gemm_config(
     *,
     batch: int = 1,
     family: str | None = None,
+    backend: str | None = None,
 ) -> ResolvedGemmConfig:
     """The validated config for one call of `op` with an M x N output and reduction K.
 
@@ -195,6 +196,8 @@ def resolve_gemm_config(
             highest-precedence level); None to use the lower levels.
         batch: number of independent products (only the split-K rule looks at it).
         family: use this preset family instead of the detected device's.
+        backend: the kernel backend that will run the config: adds its limits (an explicit
+            simd ``stages`` count against its threadgroup memory); None skips them.
 
     Raises:
         TileConfigError: a malformed setting or a config beyond the GPU's limits; the
@@ -208,11 +211,11 @@ def resolve_gemm_config(
     tkey = _tiles_key(tiles)
     key = None
     if tkey is not _UNCACHEABLE:
-        key = (op, m, n, k, batch, dt, tkey, family, _PROCESS_VERSION[0], snap, stamps)
+        key = (op, m, n, k, batch, dt, tkey, family, backend, _PROCESS_VERSION[0], snap, stamps)
         hit = _CACHE.get(key)
         if hit is not None:
             return ResolvedGemmConfig(hit.config, dict(hit.sources), hit.family, hit.device, hit.shape_class)
-    res = _resolve(op, m, n, k, dt, tiles, batch, family, stamps)
+    res = _resolve(op, m, n, k, dt, tiles, batch, family, stamps, backend)
     if key is not None:
         if len(_CACHE) >= _CACHE_MAX:
             _CACHE.clear()
@@ -221,7 +224,7 @@ def resolve_gemm_config(
     return res
 
 
-def _resolve(op, m, n, k, dt, tiles, batch, family, stamps) -> ResolvedGemmConfig:
+def _resolve(op, m, n, k, dt, tiles, batch, family, stamps, backend=None) -> ResolvedGemmConfig:
     for name, v in (("m", m), ("n", n), ("k", k), ("batch", batch)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             raise TileConfigError(f"resolve_gemm_config: {name} must be a non-negative integer, got {v!r}")
@@ -306,7 +309,7 @@ def _resolve(op, m, n, k, dt, tiles, batch, family, stamps) -> ResolvedGemmConfi
             rank["split_k"] = 5
         cfg = cfg.replace(split_k=split)
 
-    probs = cfg.problems(dt)
+    probs = cfg.problems(dt, backend)
     if probs:
         raise TileConfigError("; ".join(f"{_name_sources(fs, sources, rank)}: {msg}" for fs, msg in probs))
     return ResolvedGemmConfig(cfg, sources, fam, device, cls)
