@@ -175,6 +175,15 @@ def strip_comments(text: str) -> str:
     return "\n".join(ln for ln in lines if ln) + "\n"
 
 
+def compact_keep_lines(text: str) -> str:
+    """`text` without comments and without each line's outer whitespace, every line kept
+    (so that ``#line`` numbering and compiler messages still point at the .metal source):
+    the family header and the body, which MLX copies and hashes on every launch."""
+    text = _COMMENT_OR_LITERAL.sub(lambda m: m.group(0) if m.group(0)[0] in "\"'" else "\n" * m.group(0).count("\n"),
+                                   text)
+    return "\n".join(ln.strip() for ln in text.split("\n"))
+
+
 @functools.lru_cache(maxsize=None)
 def header_part(name: str, stripped: bool = True) -> str:
     """The text of one header file of this package (``compat.h``, ...), comments stripped."""
@@ -279,8 +288,8 @@ class CudaKernel:
         if compile_options is not None and not isinstance(compile_options, dict):
             raise ValueError("[metal_kernel] Expected `compile_options` to be a dict.")
         self.compile_options = dict(compile_options or {})
-        self._body = rewrite_half_literals(rewrite_threadgroup_decls(source))
-        self._family_header = rewrite_half_literals(_blank_metal_includes(header))
+        self._body = compact_keep_lines(rewrite_half_literals(rewrite_threadgroup_decls(source)))
+        self._family_header = compact_keep_lines(rewrite_half_literals(_blank_metal_includes(header)))
         self._objects: dict[tuple, Any] = {}
         self._plans: dict[tuple, Any] = {}
         self._lock = threading.Lock()
