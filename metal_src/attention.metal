@@ -930,25 +930,49 @@ for (int c = 0; c < NE; ++c) {
   lim[c] = !qok[c] ? jend : (MASK == 1 && qi + off >= 0) ? metal::min(j1, qi + off + 1) : j1;
 }
 
-// Q (zero-padded to NQ x DP) through the first stage into Q^T fragments (right operands).
+const bool al = xk_async_runs_aligned<CWK>(kp, D) && xk_async_runs_aligned<CWV>(vp, DV);
+const int ntiles = int((jend - j0 + KT - 1) / KT);
+
+// Tile t (keys j0 + t * KT ...) lives in stage t % ST; tiles 0 .. ST - 2 go out first.
+for (int t = 0; t < ST - 1; ++t) {
+  if (t < ntiles) {
+    threadgroup T* st = tiles + t * STAGE;
+    const long kt0 = j0 + long(t) * KT;
+    if (al) {
+      xk_attn_copy_rows<true, KT, D, CWK, LDK>(st, kp, kt0, jend - 1, lane);
+      xk_attn_copy_rows<true, KT, DV, CWV, LDV>(st + K_TILE, vp, kt0, jend - 1, lane);
+    } else {
+      xk_attn_copy_rows<false, KT, D, CWK, LDK>(st, kp, kt0, jend - 1, lane);
+      xk_attn_copy_rows<false, KT, DV, CWV, LDV>(st + K_TILE, vp, kt0, jend - 1, lane);
+    }
+  }
+  xk_async_commit();
+}
+// Q (zero-padded to NQ x DP) through the last stage (its first tile is copied in the
+// loop) into Q^T fragments (right operands), while the first tiles are on their way.
 {
   const device T* qp = q + row0 * D;
-  for (int e = int(lane); e < NQ * DP; e += 32) {
+  threadgroup T* qs = tiles + (ST - 1) * STAGE;
+  XK_ATTN_UNROLL
+  for (int e0 = 0; e0 < NQ * DP; e0 += 32) {
+    const int e = e0 + int(lane);
     const int i = e / DP;
     const int d = e % DP;
-    tiles[i * LDK + d] = (i < R && gr0 + i < nrows && d < D) ? qp[long(i) * D + d] : T(0);
+    if (NQ * DP % 32 == 0 || e < NQ * DP) {
+      qs[i * LDK + d] = (i < R && gr0 + i < nrows && d < D) ? qp[long(i) * D + d] : T(0);
+    }
   }
+  simdgroup_barrier(mem_flags::mem_threadgroup);
 }
-simdgroup_barrier(mem_flags::mem_threadgroup);
 simdgroup_matrix<T, 8, 8> Qt[RM][TD];  // Q^T: (head-dim block dd, row block r)
 XK_ATTN_UNROLL
 for (int r = 0; r < RM; ++r) {
   XK_ATTN_UNROLL
   for (int dd = 0; dd < TD; ++dd) {
-    xk_frag_load_b(Qt[r][dd], tiles + r * 8 * LDK + dd * 8, LDK, true);
+    xk_frag_load_b(Qt[r][dd], tiles + (ST - 1) * STAGE + r * 8 * LDK + dd * 8, LDK, true);
   }
 }
-simdgroup_barrier(mem_flags::mem_threadgroup);  // q read before the stages are filled
+simdgroup_barrier(mem_flags::mem_threadgroup);  // q read before its stage is filled
 if (D % 8 != 0 || DV % 8 != 0) {
   // Zero columns D .. DP of K and DV .. DVP of V in every stage (the copies never write them).
   for (int e = int(lane); e < ST * KT; e += 32) {
@@ -979,24 +1003,7 @@ for (int c = 0; c < NE; ++c) {
   l_i[c] = 0.0f;
 }
 const float qscale = scale * XK_LOG2E;
-const bool al = xk_async_runs_aligned<CWK>(kp, D) && xk_async_runs_aligned<CWV>(vp, DV);
-const int ntiles = int((jend - j0 + KT - 1) / KT);
 
-// Tile t (keys j0 + t * KT ...) lives in stage t % ST; tiles 0 .. ST - 2 go out first.
-for (int t = 0; t < ST - 1; ++t) {
-  if (t < ntiles) {
-    threadgroup T* st = tiles + t * STAGE;
-    const long kt0 = j0 + long(t) * KT;
-    if (al) {
-      xk_attn_copy_rows<true, KT, D, CWK, LDK>(st, kp, kt0, jend - 1, lane);
-      xk_attn_copy_rows<true, KT, DV, CWV, LDV>(st + K_TILE, vp, kt0, jend - 1, lane);
-    } else {
-      xk_attn_copy_rows<false, KT, D, CWK, LDK>(st, kp, kt0, jend - 1, lane);
-      xk_attn_copy_rows<false, KT, DV, CWV, LDV>(st + K_TILE, vp, kt0, jend - 1, lane);
-    }
-  }
-  xk_async_commit();
-}
 int sc = 0;            // the stage of tile t
 int sl = ST - 1;       // the stage of tile t + ST - 1 (ST == 1: of tile t)
 for (int t = 0; t < ntiles; ++t) {
