@@ -427,13 +427,14 @@ def test_split_kv_mma_rows(kernel_backend, monkeypatch, case, mask_kind):
         assert (t["R"], t["RM"], -(-(hq // hkv * lq) // t["R"])) == expect
 
 
-@pytest.mark.parametrize("stages", [1, 2, 3])
+@pytest.mark.parametrize("stages, tile", [(1, 16), (2, 16), (3, 16), (2, 32)])
 @pytest.mark.parametrize("dtype_name, mask_kind", [("float16", "causal"), ("bfloat16", "bool"), ("float32", "none")])
-def test_split_kv_mma_stages(kernel_backend, monkeypatch, stages, dtype_name, mask_kind):
+def test_split_kv_mma_stages(kernel_backend, monkeypatch, stages, tile, dtype_name, mask_kind):
     """1, 2 and 3 stages in flight, each refilled several times (a block of 200 keys is 13
-    tiles, the last one partial; 3 blocks, the last one partial), Lq = 2 with causal rows
-    whose visible keys end at different tiles."""
+    tiles of 16 or 7 of 32, the last one partial; 3 blocks, the last one partial), Lq = 2
+    with causal rows whose visible keys end at different tiles."""
     monkeypatch.setattr(att, "SPLIT_KV_MMA_MAX_STAGES", stages)
+    monkeypatch.setattr(att, "SPLIT_KV_MMA_TILE", tile)
     set_walk(monkeypatch, "mma")
     dtype = DTYPES[dtype_name]
     b, hq, hkv, lq, lk, d = 1, 4, 2, 2, 530, 64
@@ -444,7 +445,9 @@ def test_split_kv_mma_stages(kernel_backend, monkeypatch, stages, dtype_name, ma
     out = att.attention_decode_split_kv(q, k, v, scale=d**-0.5, mask=mask, block_size=200)
     assert_close(out, np_attention(q, k, v, d**-0.5, mask), dtype, f"split-KV tiles, {stages} stages")
     if kernel_backend != "reference":
-        assert spy.templates[0]["ST"] == stages
+        stage_bytes = tile * 2 * (d + 16 // dtype.size) * dtype.size  # K and V rows of D + 16 bytes
+        fit = (48 if kernel_backend == "cuda" else 32) * 1024 // stage_bytes
+        assert (spy.templates[0]["ST"], spy.templates[0]["KT"]) == (min(stages, fit), tile)
 
 
 @pytest.mark.parametrize("dtype_name", ["float16", "float32"])
