@@ -504,6 +504,8 @@ def test_split_kv_mma_plan(monkeypatch):
     assert att._use_mma(True, q, k, k, "emulate") is False and att._use_mma(True, q, k, k, "cuda") is True
     assert att._use_mma(None, q, k, k, "cuda") is False  # float32: the lane walk by default
     assert att._use_mma(None, q.astype(h), k.astype(h), k.astype(h), "emulate") is True
+    assert att._use_mma(None, q.astype(h), k.astype(h), k.astype(h), "metal") is False  # unmeasured there
+    assert att._use_mma(True, q.astype(h), k.astype(h), k.astype(h), "metal") is True
 
 
 def test_split_kv_mma_knob_fallback(kernel_backend, monkeypatch):
@@ -541,7 +543,9 @@ def test_split_kv_auto_decode(kernel_backend, monkeypatch):
     out = att.scaled_dot_product_attention(q, k, v, scale=0.125)
     assert_close(out, np_attention(q, k, v, 0.125, None), mx.float16, "auto split-KV decode")
     if kernel_backend != "reference":
-        assert spy.kernels == ["attention_partial_mma", "attention_reduce"]  # 2-byte dtype: tiles
+        # 2-byte dtype: the tiles on cuda and the emulator, the lane walk on Apple GPUs
+        assert spy.kernels == ["attention_partial" if kernel_backend == "metal" else "attention_partial_mma",
+                               "attention_reduce"]
 
 
 @pytest.mark.parametrize("walk", WALKS)

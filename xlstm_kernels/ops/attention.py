@@ -44,8 +44,9 @@ Kernels (``metal_src/attention.metal``):
   Block size: the knob / argument, else automatic: ``SPLIT_KV_BLOCK_SIZE`` (256) halved
   (down to 64) until pass 1 has ``SPLIT_KV_TARGET_GROUPS`` (512) threadgroups.
   That pass 1 is the lane walk (``attention_partial``). The default for float16 / bfloat16
-  is the tile pass 1 ``attention_partial_mma`` (knob ``split_kv_mma``; float32 keeps the
-  lane walk unless the knob says otherwise): one simdgroup per (key block, kv head, group
+  on cuda (and the emulator) is the tile pass 1 ``attention_partial_mma`` (knob
+  ``split_kv_mma``; float32 and Apple GPUs keep the lane walk unless the knob says
+  otherwise): one simdgroup per (key block, kv head, group
   of up to 16 query rows), keys as the rows of simdgroup-matrix products (S^T = K Q^T,
   O^T = V^T P^T: tensor-core m16n8k16 on CUDA, 16 keys per product) over K / V tiles of
   ``SPLIT_KV_MMA_TILE`` (16) keys streamed through up to ``SPLIT_KV_MMA_MAX_STAGES`` (3)
@@ -538,10 +539,18 @@ def _mma_plan(rows: int, d: int, dv: int, dtype: mx.Dtype, backend: str) -> tupl
     return r, -(-r // 8), kt, st
 
 
+def _mma_default(dtype: mx.Dtype, backend: str) -> bool:
+    """The split_kv_mma knob's built-in value: on for float16 / bfloat16 (tensor cores) on
+    cuda and on the emulator (which tests what cuda runs); off for float32 (float fragments
+    are products through shuffles on CUDA) and on Apple GPUs (not measured there: a
+    26 KiB single-simdgroup threadgroup may leave a GPU core mostly idle)."""
+    return dtype != mx.float32 and backend != "metal"
+
+
 def _use_mma(knob: bool | None, q, k, v, backend: str) -> bool:
-    """Whether split-KV pass 1 runs the tile kernel: the split_kv_mma knob, by default for
-    float16 / bfloat16 (tensor cores on CUDA); never where its tiles do not fit."""
-    want = q.dtype != mx.float32 if knob is None else bool(knob)
+    """Whether split-KV pass 1 runs the tile kernel: the split_kv_mma knob, else
+    :func:`_mma_default`; never where one stage of its tiles does not fit."""
+    want = _mma_default(q.dtype, backend) if knob is None else bool(knob)
     return want and _mma_plan(q.shape[1] // k.shape[1] * q.shape[2], q.shape[3], v.shape[3], q.dtype,
                               backend) is not None
 
@@ -650,11 +659,12 @@ def knob_values(lq: int, lk: int, d: int, dv: int, dtype: Any, args: dict | None
     v = resolve_knobs("attention", dtype, lk, args=args, fits=attention_fits(d, dv, dtype)).values
     bq, bk = _prefill_tiles(lq, d, dv, getattr(mx, dtype_name(dtype)), v["block_q"], v["block_k"])
     mx_dtype = getattr(mx, dtype_name(dtype))
-    mma = mx_dtype != mx.float32 if v["split_kv_mma"] is None else bool(v["split_kv_mma"])
+    backend = current_backend()
+    mma = _mma_default(mx_dtype, backend) if v["split_kv_mma"] is None else bool(v["split_kv_mma"])
     return {"block_q": bq, "block_k": bk,
             "split_kv_block_size": SPLIT_KV_BLOCK_SIZE if v["split_kv_block_size"] is None else v["split_kv_block_size"],
             "split_kv_min_keys": SPLIT_KV_MIN_KEYS if v["split_kv_min_keys"] is None else v["split_kv_min_keys"],
-            "split_kv_mma": mma and _mma_plan(1, d, dv, mx_dtype, current_backend()) is not None}
+            "split_kv_mma": mma and _mma_plan(1, d, dv, mx_dtype, backend) is not None}
 
 
 # ---------------------------------------------------------------------------------------
