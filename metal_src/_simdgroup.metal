@@ -7,8 +7,7 @@
 // to the implementation: this is Apple GPUs' (and the emulator's). A backend that lays the
 // elements out differently (xlstm_kernels.cuda: the tensor cores' accumulator layout)
 // defines XK_SIMDGROUP_LAYOUT and its own xk_frag_coord; bodies never assume a layout.
-// XK_FRAG_ROW_XOR_A / _B: the two lane bits in which the 4 lanes holding one row differ;
-// XK_FRAG_COL_XOR_A / _B / _C: the three in which the 8 lanes holding one column pair differ.
+// XK_FRAG_ROW_XOR_A / _B: the two lane bits in which the 4 lanes holding one row differ.
 #ifndef XK_SIMDGROUP_LAYOUT
 inline void xk_frag_coord(uint lane, thread int& row, thread int& col) {
   const int qid = int(lane) / 4;
@@ -17,9 +16,6 @@ inline void xk_frag_coord(uint lane, thread int& row, thread int& col) {
 }
 #define XK_FRAG_ROW_XOR_A 1
 #define XK_FRAG_ROW_XOR_B 8
-#define XK_FRAG_COL_XOR_A 2
-#define XK_FRAG_COL_XOR_B 4
-#define XK_FRAG_COL_XOR_C 16
 #endif
 
 // Max / sum of a per-lane value over the 4 lanes that hold the same fragment row (every
@@ -32,18 +28,4 @@ inline float xk_frag_row_max(float v) {
 inline float xk_frag_row_sum(float v) {
   v += simd_shuffle_xor(v, ushort(XK_FRAG_ROW_XOR_A));
   return v + simd_shuffle_xor(v, ushort(XK_FRAG_ROW_XOR_B));
-}
-
-// Max / sum of a per-lane value over the 8 lanes that hold the same fragment columns (fc,
-// fc + 1: one column pair, all 8 rows); every lane gets the result. All 32 lanes call it.
-inline float xk_frag_col_max(float v) {
-  v = metal::max(v, simd_shuffle_xor(v, ushort(XK_FRAG_COL_XOR_A)));
-  v = metal::max(v, simd_shuffle_xor(v, ushort(XK_FRAG_COL_XOR_B)));
-  return metal::max(v, simd_shuffle_xor(v, ushort(XK_FRAG_COL_XOR_C)));
-}
-
-inline float xk_frag_col_sum(float v) {
-  v += simd_shuffle_xor(v, ushort(XK_FRAG_COL_XOR_A));
-  v += simd_shuffle_xor(v, ushort(XK_FRAG_COL_XOR_B));
-  return v + simd_shuffle_xor(v, ushort(XK_FRAG_COL_XOR_C));
 }

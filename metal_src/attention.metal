@@ -311,6 +311,27 @@ inline void xk_frag_load_a4(thread M& m00, thread M& m10, thread M& m01, thread 
 }
 #endif
 
+// Max / sum of a per-lane value over the 8 lanes that hold one column pair of an 8x8
+// fragment (xk_frag_coord: columns fc, fc + 1 of all 8 rows); every lane gets the result,
+// all 32 lanes call it. Those lanes differ in three lane bits: in Apple's layout
+// (_simdgroup.metal) bits 1, 2 and 4; a backend with its own layout (XK_SIMDGROUP_LAYOUT;
+// CUDA: compat.h) defines XK_FRAG_COL_XOR_A / _B / _C.
+#ifndef XK_SIMDGROUP_LAYOUT
+#define XK_FRAG_COL_XOR_A 2
+#define XK_FRAG_COL_XOR_B 4
+#define XK_FRAG_COL_XOR_C 16
+#endif
+inline float xk_frag_col_max(float v) {
+  v = metal::max(v, simd_shuffle_xor(v, ushort(XK_FRAG_COL_XOR_A)));
+  v = metal::max(v, simd_shuffle_xor(v, ushort(XK_FRAG_COL_XOR_B)));
+  return metal::max(v, simd_shuffle_xor(v, ushort(XK_FRAG_COL_XOR_C)));
+}
+inline float xk_frag_col_sum(float v) {
+  v += simd_shuffle_xor(v, ushort(XK_FRAG_COL_XOR_A));
+  v += simd_shuffle_xor(v, ushort(XK_FRAG_COL_XOR_B));
+  return v + simd_shuffle_xor(v, ushort(XK_FRAG_COL_XOR_C));
+}
+
 #ifndef XK_ATTN_MMA_HELPERS
 // The two elements this lane holds (xk_frag_coord: row fr, columns fc, fc + 1) of a
 // fragment used only as the right operand of products, converted from float.
