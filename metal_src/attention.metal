@@ -267,6 +267,171 @@ inline void xk_attn_walk(const device T* kp, const device T* vp, const device MT
   }
 }
 
+// ---- Building blocks of the split-KV tile pass 1 (attention_partial_mma) ------------------
+// Portable forms of the simdgroup-matrix helpers gemm.metal's header also has (a backend
+// with faster ones defines XK_SIMDGROUP_MMA / XK_ASYNC_COPY / XK_ATTN_MMA_HELPERS and its
+// own versions with the same results: xlstm_kernels/cuda/simdgroup_matrix.h, tensor-core
+// mma.m16n8k16, ldmatrix, cp.async).
+#ifndef XK_SIMDGROUP_MMA
+// acc0 += a00 * b0 + a01 * b1; acc1 += a10 * b0 + a11 * b1 (a<row block><k step>).
+template <typename C, typename A, typename B>
+inline void xk_mma2_k16(thread C& acc0, thread C& acc1, thread const A& a00, thread const A& a10,
+                        thread const A& a01, thread const A& a11, thread const B& b0, thread const B& b1) {
+  simdgroup_multiply_accumulate(acc0, a00, b0, acc0);
+  simdgroup_multiply_accumulate(acc0, a01, b1, acc0);
+  simdgroup_multiply_accumulate(acc1, a10, b0, acc1);
+  simdgroup_multiply_accumulate(acc1, a11, b1, acc1);
+}
+// simdgroup_load of a fragment used only as the left (_a) or right (_b) operand.
+template <typename M, typename U>
+inline void xk_frag_load_a(thread M& m, const threadgroup U* src, ulong elements_per_row, bool transpose) {
+  simdgroup_load(m, src, elements_per_row, ulong2(0, 0), transpose);
+}
+template <typename M, typename U>
+inline void xk_frag_load_b(thread M& m, const threadgroup U* src, ulong elements_per_row, bool transpose) {
+  simdgroup_load(m, src, elements_per_row, ulong2(0, 0), transpose);
+}
+// The four right-operand fragments of the 16 x 16 block at src: m<r><c> is the 8 x 8
+// block at rows 8r, columns 8c (transpose: the matrix is stored transposed). src lies in
+// threadgroup memory; src and elements_per_row * sizeof(U) are multiples of 16 bytes.
+template <typename M, typename U>
+inline void xk_frag_load_b4(thread M& m00, thread M& m10, thread M& m01, thread M& m11, const threadgroup U* src,
+                            ulong elements_per_row, bool transpose) {
+  const ulong ld = elements_per_row;
+  simdgroup_load(m00, src, ld, ulong2(0, 0), transpose);
+  simdgroup_load(m10, src + (transpose ? 8 : 8 * ld), ld, ulong2(0, 0), transpose);
+  simdgroup_load(m01, src + (transpose ? 8 * ld : 8), ld, ulong2(0, 0), transpose);
+  simdgroup_load(m11, src + 8 * ld + 8, ld, ulong2(0, 0), transpose);
+}
+// The same four fragments as left operands.
+template <typename M, typename U>
+inline void xk_frag_load_a4(thread M& m00, thread M& m10, thread M& m01, thread M& m11, const threadgroup U* src,
+                            ulong elements_per_row, bool transpose) {
+  xk_frag_load_b4(m00, m10, m01, m11, src, elements_per_row, transpose);
+}
+#endif
+
+// Max / sum of a per-lane value over the 8 lanes that hold one column pair of an 8x8
+// fragment (xk_frag_coord: columns fc, fc + 1 of all 8 rows); every lane gets the result,
+// all 32 lanes call it. Those lanes differ in three lane bits: in Apple's layout
+// (_simdgroup.metal) bits 1, 2 and 4; a backend with its own layout (XK_SIMDGROUP_LAYOUT;
+// CUDA: compat.h) defines XK_FRAG_COL_XOR_A / _B / _C.
+#ifndef XK_SIMDGROUP_LAYOUT
+#define XK_FRAG_COL_XOR_A 2
+#define XK_FRAG_COL_XOR_B 4
+#define XK_FRAG_COL_XOR_C 16
+#endif
+inline float xk_frag_col_max(float v) {
+  v = metal::max(v, simd_shuffle_xor(v, ushort(XK_FRAG_COL_XOR_A)));
+  v = metal::max(v, simd_shuffle_xor(v, ushort(XK_FRAG_COL_XOR_B)));
+  return metal::max(v, simd_shuffle_xor(v, ushort(XK_FRAG_COL_XOR_C)));
+}
+inline float xk_frag_col_sum(float v) {
+  v += simd_shuffle_xor(v, ushort(XK_FRAG_COL_XOR_A));
+  v += simd_shuffle_xor(v, ushort(XK_FRAG_COL_XOR_B));
+  return v + simd_shuffle_xor(v, ushort(XK_FRAG_COL_XOR_C));
+}
+
+#ifndef XK_ATTN_MMA_HELPERS
+// The two elements this lane holds (xk_frag_coord: row fr, columns fc, fc + 1) of a
+// fragment used only as the right operand of products, converted from float.
+template <typename T>
+inline void xk_frag_set_b(thread simdgroup_matrix<T, 8, 8>& m, float a, float b) {
+  m.thread_elements() = vec<T, 2>(T(a), T(b));
+}
+#endif
+
+#ifndef XK_ASYNC_COPY
+// dst[0..N) = src[0..N), possibly asynchronous: complete for this thread after
+// xk_async_commit() and xk_async_wait<G>() with at most G later commits; other threads
+// see them after a barrier that follows the wait. Here plain synchronous copies.
+template <int N, typename T>
+inline void xk_async_copy(threadgroup T* dst, const device T* src) {
+  for (int k = 0; k < N; ++k) {
+    dst[k] = src[k];
+  }
+}
+inline void xk_async_commit() {}
+template <int G>
+inline void xk_async_wait() {}
+// xk_async_copy when dst and src are multiples of N * sizeof(T) bytes from 0.
+template <int N, typename T>
+inline void xk_async_copy_aligned(threadgroup T* dst, const device T* src) {
+  for (int k = 0; k < N; ++k) {
+    dst[k] = src[k];
+  }
+}
+// Whether runs of N elements at src + r * ld + c * N meet xk_async_copy_aligned's
+// precondition (a threadgroup buffer of 16-byte aligned rows assumed). Here always.
+template <int N, typename T>
+inline bool xk_async_runs_aligned(const device T* src, long ld) {
+  return true;
+}
+#endif
+
+// XK_ATTN_ROLLED before a loop: keep it rolled (few registers on a rare path).
+#ifndef XK_ATTN_ROLLED
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+#define XK_ATTN_ROLLED _Pragma("unroll 1")
+#elif defined(__METAL_VERSION__)
+#define XK_ATTN_ROLLED _Pragma("clang loop unroll(disable)")
+#else
+#define XK_ATTN_ROLLED
+#endif
+#endif
+
+// Rows r0 .. r0 + ROWS - 1 (clamped to rlast: rows past it repeat row rlast) of a
+// row-major matrix of DIM columns into a tile of row stride LD, columns [0, DIM), in runs
+// of CW elements spread over the 32 lanes of a simdgroup. AL (the caller checked
+// xk_async_runs_aligned<CW>(src, DIM)): each run one xk_async_copy_aligned (cp.async on
+// CUDA); else element copies (synchronous; a rolled loop). Columns DIM .. LD untouched.
+template <bool AL, int ROWS, int DIM, int CW, int LD, typename T>
+inline void xk_attn_copy_rows(threadgroup T* dst, const device T* src, long r0, long rlast, uint lane) {
+  constexpr int CPR = DIM / CW;  // runs per row
+  constexpr int RUNS = ROWS * CPR;
+  constexpr int PER = (RUNS + 31) / 32;
+  if (AL && r0 + ROWS - 1 <= rlast) {  // uniform: every row exists, offsets from one base
+    if (32 % CPR == 0) {  // a lane copies the same column run of rows i0, i0 + 32 / CPR, ...
+      constexpr int RSTEP = 32 / CPR;
+      const int i0 = int(lane) / CPR;
+      const int c = (int(lane) % CPR) * CW;
+      const device T* s = src + (r0 + i0) * DIM + c;
+      threadgroup T* d = dst + i0 * LD + c;
+      XK_ATTN_UNROLL
+      for (int q = 0; q < PER; ++q) {
+        if (ROWS % RSTEP == 0 || i0 + q * RSTEP < ROWS) {
+          xk_async_copy_aligned<CW>(d + q * RSTEP * LD, s + q * RSTEP * DIM);
+        }
+      }
+    } else {
+      const device T* s = src + r0 * DIM;
+      XK_ATTN_UNROLL
+      for (int q = 0; q < PER; ++q) {
+        const int e = int(lane) + 32 * q;
+        if (RUNS % 32 == 0 || e < RUNS) {
+          const int i = CPR % 32 == 0 ? q / (CPR / 32) : e / CPR;
+          const int c = (CPR % 32 == 0 ? int(lane) + 32 * (q % (CPR / 32)) : e % CPR) * CW;
+          xk_async_copy_aligned<CW>(dst + i * LD + c, s + i * DIM + c);
+        }
+      }
+    }
+  } else {
+    XK_ATTN_ROLLED
+    for (int e = int(lane); e < RUNS; e += 32) {
+      const int i = e / CPR;
+      const int c = (e % CPR) * CW;
+      const device T* sr = src + metal::min(r0 + i, rlast) * DIM + c;
+      if (AL) {
+        xk_async_copy_aligned<CW>(dst + i * LD + c, sr);
+      } else {
+        for (int kk = 0; kk < CW; ++kk) {
+          dst[i * LD + c + kk] = sr[kk];
+        }
+      }
+    }
+  }
+}
+
 // @kernel attention_prefill
 // Flash attention forward (FlashAttention-2 style, after MLX's steel attention).
 // One threadgroup per (BQ queries, query head, batch): BQ / (8 * RM) simdgroups, each
@@ -680,6 +845,379 @@ for (int e = int(tid); e < R * DV; e += NT) {
     o_part[(row * nb + blk) * DV + d] = !(lsum <= 0.0f) ? num / lsum : 0.0f;  // NaN propagates
     if (d == 0) {
       lse[row * nb + blk] = !(lsum <= 0.0f) ? (mall + metal::log2(lsum)) * XK_LN2 : -INFINITY;
+    }
+  }
+}
+
+// @kernel attention_partial_mma
+// Split-KV decode, pass 1 on simdgroup matrices (on CUDA, half / bfloat: tensor-core
+// mma.m16n8k16, ldmatrix, movmatrix and cp.async). Same outputs as attention_partial
+// (o_part, lse; attention_reduce merges them), another schedule:
+// * one threadgroup = ONE simdgroup per (key block, key/value head and group of R <= 16 of
+//   its query rows, batch); the G * Lq query rows of a kv head (flat index g * Lq + i, as in
+//   attention_partial) are the columns of RM (1 or 2) 8-column fragments (columns past R:
+//   zero queries whose results are dropped), so every K / V byte of the block is read from
+//   global memory once per row group (once per split for G * Lq <= 16);
+// * the keys are the fragment ROWS: S^T = K Q^T and O^T = V^T P^T, so that 16 keys (or 16
+//   output columns) fill the 16 rows of an m16n8k16 and the 8 columns are query rows (a
+//   decode step has few): xk_mma2_k16 over two 8-key (8-column) blocks and 16 head-dim
+//   elements (keys), with K and V^T as left operands loaded 16 x 16 at a time
+//   (xk_frag_load_a4: ldmatrix.x4, .trans for V) and Q^T / P^T as right operands;
+// * the block's keys run in tiles of KT (16 or 32) keys through ST threadgroup-memory
+//   stages: tile t + ST - 1 is copied (cp.async on CUDA) while tile t is computed; rows
+//   of DP + 16 bytes (conflict-free fragment loads);
+// * per tile, on the lane's fragment elements (keys j * 8 + fr, query rows fc, fc + 1 of
+//   each row block): scale, key limits and masks, the online softmax per query row (the
+//   max over keys is a column reduction over 8 lanes: xk_frag_col_max; sums stay
+//   lane-partial until the end), P^T converted to T in registers as right operands
+//   (xk_frag_set_b: one movmatrix on CUDA); O^T is rescaled only when some row's max moved
+//   (exactly the same values).
+// T = float runs the same schedule on float fragments (exact float32 products).
+// Keys at or past a row's limit do not exist for it (-inf), as in attention_partial; the
+// copies clamp rows past the block's last visible key to it (their P is 0). Head dims are
+// zero-padded to DP / DVP (multiples of 8) in the tiles.
+// Threadgroup (32, 1, 1); grid (32 * n_blocks, Hkv * ceil(G * Lq / R), B).
+// inputs: q, k, v (T); mask (MT); params (int64); scale (float).
+// outputs: o_part (B, Hq, Lq, n_blocks, DV) float; lse (B, Hq, Lq, n_blocks) float
+// template: T, MT, D, DV, MASK, R, RM, KT, ST
+constexpr int DP = (D + 7) / 8 * 8;
+constexpr int DVP = (DV + 7) / 8 * 8;
+constexpr int TD = DP / 8;   // 8-element blocks of a q / k row
+constexpr int TV = DVP / 8;  // of a v / o row
+constexpr int TK = KT / 8;   // 8-key blocks of a tile (even)
+constexpr int PAD = 16 / int(sizeof(T));
+constexpr int LDK = DP + PAD;
+constexpr int LDV = DVP + PAD;
+constexpr int K_TILE = KT * LDK;
+constexpr int STAGE = KT * (LDK + LDV);
+constexpr int NQ = 8 * RM;
+constexpr int NE = 2 * RM;  // query rows per lane: fc, fc + 1 of each row block
+constexpr int V16 = 16 / int(sizeof(T));
+constexpr int CWK = D % V16 == 0 ? V16 : (V16 > 4 && D % 4 == 0) ? 4 : D % 2 == 0 ? 2 : 1;  // copy runs
+constexpr int CWV = DV % V16 == 0 ? V16 : (V16 > 4 && DV % 4 == 0) ? 4 : DV % 2 == 0 ? 2 : 1;
+static_assert(KT % 16 == 0 && RM >= 1 && RM <= 2 && R <= NQ, "attention_partial_mma: bad tile");
+static_assert(NQ * LDK <= ST * STAGE, "attention_partial_mma: q staging does not fit the stages");
+
+const long Hq = params[0], Hkv = params[1], Lq = params[2], Lk = params[3];
+const long bs = params[8], nb = params[9];
+const long off = Lk - Lq;
+const long G = Hq / Hkv;
+const long nrows = G * Lq;
+const long nrg = (nrows + R - 1) / R;
+const uint lane = thread_index_in_simdgroup;
+const long blk = threadgroup_position_in_grid.x;
+const long hk = long(threadgroup_position_in_grid.y) / nrg;
+const long gr0 = (long(threadgroup_position_in_grid.y) % nrg) * R;
+const long b = threadgroup_position_in_grid.z;
+const long row0 = (b * Hq + hk * G) * Lq + gr0;  // flat (b, h, query) of the group's row 0
+const device T* kp = k + (b * Hkv + hk) * Lk * D;
+const device T* vp = v + (b * Hkv + hk) * Lk * DV;
+const long j0 = blk * bs;
+const long j1 = metal::min(j0 + bs, Lk);
+const long msk = params[7];
+
+// 16-byte words: every tile row starts 16-byte aligned.
+threadgroup vec<float, 4> xk_tiles[(ST * STAGE * int(sizeof(T)) + 15) / 16];
+threadgroup T* tiles = reinterpret_cast<threadgroup T*>(xk_tiles);
+
+// Key limits: rows past the group see no key, a causal row no key past its diagonal. The
+// tiles run over [j0, jend), jend the largest limit; tiles below every limit need no
+// per-key test when there is no mask.
+long jend = j0;
+long jmin = j1;
+for (int r = 0; r < R; ++r) {
+  const long gr = gr0 + r;
+  if (gr < nrows) {
+    const long qi = gr % Lq;
+    const long e = (MASK == 1 && qi + off >= 0) ? metal::min(j1, qi + off + 1) : j1;
+    jend = metal::max(jend, e);
+    jmin = metal::min(jmin, e);
+  }
+}
+int fr, fc;
+xk_frag_coord(lane, fr, fc);
+long lim[NE];   // this lane's query rows 8 * (c / 2) + fc + c % 2: keys at or past lim do not exist
+long qrow[NE];  // query index
+long mrow[NE];  // mask offset
+bool qok[NE];   // a row of the group (the others are zero queries, never stored)
+XK_ATTN_UNROLL
+for (int c = 0; c < NE; ++c) {
+  const int ri = 8 * (c / 2) + fc + c % 2;
+  const long gr = gr0 + ri;
+  qok[c] = ri < R && gr < nrows;
+  const long qi = gr % Lq;
+  qrow[c] = qi;
+  mrow[c] = b * params[4] + (hk * G + gr / Lq) * params[5] + qi * params[6];
+  lim[c] = !qok[c] ? jend : (MASK == 1 && qi + off >= 0) ? metal::min(j1, qi + off + 1) : j1;
+}
+
+const bool al = xk_async_runs_aligned<CWK>(kp, D) && xk_async_runs_aligned<CWV>(vp, DV);
+const int ntiles = int((jend - j0 + KT - 1) / KT);
+
+// Tile t (keys j0 + t * KT ...) lives in stage t % ST; tiles 0 .. ST - 2 go out first.
+for (int t = 0; t < ST - 1; ++t) {
+  if (t < ntiles) {
+    threadgroup T* st = tiles + t * STAGE;
+    const long kt0 = j0 + long(t) * KT;
+    if (al) {
+      xk_attn_copy_rows<true, KT, D, CWK, LDK>(st, kp, kt0, jend - 1, lane);
+      xk_attn_copy_rows<true, KT, DV, CWV, LDV>(st + K_TILE, vp, kt0, jend - 1, lane);
+    } else {
+      xk_attn_copy_rows<false, KT, D, CWK, LDK>(st, kp, kt0, jend - 1, lane);
+      xk_attn_copy_rows<false, KT, DV, CWV, LDV>(st + K_TILE, vp, kt0, jend - 1, lane);
+    }
+  }
+  xk_async_commit();
+}
+// Q (zero-padded to NQ x DP) through the last stage (its first tile is copied in the
+// loop) into Q^T fragments (right operands), while the first tiles are on their way.
+{
+  const device T* qp = q + row0 * D;
+  threadgroup T* qs = tiles + (ST - 1) * STAGE;
+  XK_ATTN_UNROLL
+  for (int e0 = 0; e0 < NQ * DP; e0 += 32) {
+    const int e = e0 + int(lane);
+    const int i = e / DP;
+    const int d = e % DP;
+    if (NQ * DP % 32 == 0 || e < NQ * DP) {
+      qs[i * LDK + d] = (i < R && gr0 + i < nrows && d < D) ? qp[long(i) * D + d] : T(0);
+    }
+  }
+  simdgroup_barrier(mem_flags::mem_threadgroup);
+}
+simdgroup_matrix<T, 8, 8> Qt[RM][TD];  // Q^T: (head-dim block dd, row block r)
+XK_ATTN_UNROLL
+for (int r = 0; r < RM; ++r) {
+  XK_ATTN_UNROLL
+  for (int dd = 0; dd < TD; ++dd) {
+    xk_frag_load_b(Qt[r][dd], tiles + (ST - 1) * STAGE + r * 8 * LDK + dd * 8, LDK, true);
+  }
+}
+simdgroup_barrier(mem_flags::mem_threadgroup);  // q read before its stage is filled
+if (D % 8 != 0 || DV % 8 != 0) {
+  // Zero columns D .. DP of K and DV .. DVP of V in every stage (the copies never write them).
+  for (int e = int(lane); e < ST * KT; e += 32) {
+    threadgroup T* kr = tiles + (e / KT) * STAGE + (e % KT) * LDK;
+    threadgroup T* vr = tiles + (e / KT) * STAGE + K_TILE + (e % KT) * LDV;
+    for (int d = D; d < DP; ++d) {
+      kr[d] = T(0);
+    }
+    for (int d = DV; d < DVP; ++d) {
+      vr[d] = T(0);
+    }
+  }
+}
+
+simdgroup_matrix<float, 8, 8> Ot[RM][TV];  // O^T: (output-column block, row block)
+XK_ATTN_UNROLL
+for (int r = 0; r < RM; ++r) {
+  XK_ATTN_UNROLL
+  for (int tv = 0; tv < TV; ++tv) {
+    Ot[r][tv] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
+  }
+}
+float m_i[NE];  // running max of each of the lane's rows (log2 domain; the same in its 8 lanes)
+float l_i[NE];  // this lane's part of the row's running sum
+XK_ATTN_UNROLL
+for (int c = 0; c < NE; ++c) {
+  m_i[c] = -INFINITY;
+  l_i[c] = 0.0f;
+}
+const float qscale = scale * XK_LOG2E;
+
+int sc = 0;            // the stage of tile t
+int sl = ST - 1;       // the stage of tile t + ST - 1 (ST == 1: of tile t)
+for (int t = 0; t < ntiles; ++t) {
+  if (ST > 1) {
+    xk_async_wait<ST - 2>();                         // this lane's copies of tile t are done
+    simdgroup_barrier(mem_flags::mem_threadgroup);  // everyone's; the stage of tile t - 1 is free
+  }
+  const int tl = ST > 1 ? t + ST - 1 : t;  // the tile copied now
+  if (tl < ntiles) {
+    threadgroup T* st = tiles + sl * STAGE;
+    const long kl0 = j0 + long(tl) * KT;
+    if (al) {
+      xk_attn_copy_rows<true, KT, D, CWK, LDK>(st, kp, kl0, jend - 1, lane);
+      xk_attn_copy_rows<true, KT, DV, CWV, LDV>(st + K_TILE, vp, kl0, jend - 1, lane);
+    } else {
+      xk_attn_copy_rows<false, KT, D, CWK, LDK>(st, kp, kl0, jend - 1, lane);
+      xk_attn_copy_rows<false, KT, DV, CWV, LDV>(st + K_TILE, vp, kl0, jend - 1, lane);
+    }
+  }
+  xk_async_commit();
+  if (ST == 1) {
+    xk_async_wait<0>();
+    simdgroup_barrier(mem_flags::mem_threadgroup);  // tile t is in
+  }
+  const threadgroup T* Ks = tiles + sc * STAGE;
+  const threadgroup T* Vs = Ks + K_TILE;
+  const long kt0 = j0 + long(t) * KT;
+  sc = sc + 1 == ST ? 0 : sc + 1;
+  sl = sl + 1 == ST ? 0 : sl + 1;
+
+  // S^T = K Q^T: K fragments (keys, head dims) straight from the tile, 16 x 16 at a time.
+  // With one product chain per fragment (TK * RM <= 2) the 16-element steps alternate
+  // between two accumulators (CH = 2), summed afterwards: two chains in flight.
+  constexpr int CH = (TK * RM <= 2 && TD >= 4) ? 2 : 1;
+  simdgroup_matrix<float, 8, 8> Sc[CH][RM][TK];  // S^T (key block j, row block r), chain h
+  XK_ATTN_UNROLL
+  for (int h = 0; h < CH; ++h) {
+    XK_ATTN_UNROLL
+    for (int r = 0; r < RM; ++r) {
+      XK_ATTN_UNROLL
+      for (int j = 0; j < TK; ++j) {
+        Sc[h][r][j] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
+      }
+    }
+  }
+  XK_ATTN_UNROLL
+  for (int dd = 0; dd + 1 < TD; dd += 2) {
+    constexpr int H0 = 0;
+    const int h = CH == 2 ? (dd / 2) % 2 : H0;
+    XK_ATTN_UNROLL
+    for (int j = 0; j < TK; j += 2) {
+      simdgroup_matrix<T, 8, 8> k00, k10, k01, k11;  // k<key block><head-dim block>
+      xk_frag_load_a4(k00, k10, k01, k11, Ks + j * 8 * LDK + dd * 8, LDK, false);
+      XK_ATTN_UNROLL
+      for (int r = 0; r < RM; ++r) {
+        xk_mma2_k16(Sc[h][r][j], Sc[h][r][j + 1], k00, k10, k01, k11, Qt[r][dd], Qt[r][dd + 1]);
+      }
+    }
+  }
+  simdgroup_matrix<float, 8, 8> St[RM][TK];
+  XK_ATTN_UNROLL
+  for (int r = 0; r < RM; ++r) {
+    XK_ATTN_UNROLL
+    for (int j = 0; j < TK; ++j) {
+      St[r][j] = Sc[0][r][j];
+      if (CH == 2) {
+        const vec<float, 2> a = xk_frag_get(Sc[0][r][j]);
+        const vec<float, 2> c2 = xk_frag_get(Sc[CH - 1][r][j]);
+        xk_frag_set(St[r][j], a[0] + c2[0], a[1] + c2[1]);
+      }
+    }
+  }
+  if (TD % 2 == 1) {  // the last 8 head-dim elements
+    XK_ATTN_UNROLL
+    for (int j = 0; j < TK; ++j) {
+      simdgroup_matrix<T, 8, 8> ka;
+      xk_frag_load_a(ka, Ks + j * 8 * LDK + (TD - 1) * 8, LDK, false);
+      XK_ATTN_UNROLL
+      for (int r = 0; r < RM; ++r) {
+        simdgroup_multiply_accumulate(St[r][j], ka, Qt[r][TD - 1], St[r][j]);
+      }
+    }
+  }
+
+  // Scale, key limits and masks, online softmax per query row; P^T as T right operands.
+  const bool check = MASK != 0 || kt0 + KT > jmin;  // uniform
+  simdgroup_matrix<T, 8, 8> Pt[RM][TK];
+  float fac[NE];
+  bool moved = false;
+  XK_ATTN_UNROLL
+  for (int r = 0; r < RM; ++r) {
+    vec<float, 2> s[TK];
+    float rmax[2] = {-INFINITY, -INFINITY};
+    XK_ATTN_UNROLL
+    for (int j = 0; j < TK; ++j) {
+      s[j] = xk_frag_get(St[r][j]);
+      const long key = kt0 + j * 8 + fr;
+      XK_ATTN_UNROLL
+      for (int e = 0; e < 2; ++e) {
+        float x = s[j][e] * qscale;
+        if (check) {
+          const int c = 2 * r + e;
+          if (key >= lim[c]) {
+            x = -INFINITY;
+          } else if (MASK != 0 && qok[c]) {
+            x = xk_attn_mask<MT, MASK>(x, qrow[c], key, off, mask, mrow[c], msk);
+          }
+        }
+        s[j][e] = x;
+        rmax[e] = metal::max(rmax[e], x);
+      }
+    }
+    float m_use[2];
+    XK_ATTN_UNROLL
+    for (int e = 0; e < 2; ++e) {
+      const int c = 2 * r + e;
+      const float m_new = metal::max(m_i[c], xk_frag_col_max(rmax[e]));
+      m_use[e] = m_new == -INFINITY ? 0.0f : m_new;  // all -inf so far: keep exp2 finite
+      fac[c] = metal::fast::exp2(m_i[c] - m_use[e]);
+      m_i[c] = m_new;
+      moved = moved || fac[c] != 1.0f;
+    }
+    float rsum[2] = {0.0f, 0.0f};
+    XK_ATTN_UNROLL
+    for (int j = 0; j < TK; ++j) {
+      const float p0 = metal::fast::exp2(s[j][0] - m_use[0]);
+      const float p1 = metal::fast::exp2(s[j][1] - m_use[1]);
+      rsum[0] += p0;
+      rsum[1] += p1;
+      xk_frag_set_b(Pt[r][j], p0, p1);
+    }
+    l_i[2 * r] = l_i[2 * r] * fac[2 * r] + rsum[0];
+    l_i[2 * r + 1] = l_i[2 * r + 1] * fac[2 * r + 1] + rsum[1];
+  }
+  if (simd_any(moved)) {
+    XK_ATTN_UNROLL
+    for (int r = 0; r < RM; ++r) {
+      XK_ATTN_UNROLL
+      for (int tv = 0; tv < TV; ++tv) {
+        const vec<float, 2> o = xk_frag_get(Ot[r][tv]);
+        xk_frag_set(Ot[r][tv], o[0] * fac[2 * r], o[1] * fac[2 * r + 1]);
+      }
+    }
+  }
+
+  // O^T += V^T P^T: V^T fragments (output columns, keys) = Vs[key][d] (transposed loads).
+  XK_ATTN_UNROLL
+  for (int kk = 0; kk < TK; kk += 2) {
+    XK_ATTN_UNROLL
+    for (int tv = 0; tv + 1 < TV; tv += 2) {
+      simdgroup_matrix<T, 8, 8> v00, v10, v01, v11;  // v<column block><key block>
+      xk_frag_load_a4(v00, v10, v01, v11, Vs + kk * 8 * LDV + tv * 8, LDV, true);
+      XK_ATTN_UNROLL
+      for (int r = 0; r < RM; ++r) {
+        xk_mma2_k16(Ot[r][tv], Ot[r][tv + 1], v00, v10, v01, v11, Pt[r][kk], Pt[r][kk + 1]);
+      }
+    }
+    if (TV % 2 == 1) {  // the last 8 output columns
+      simdgroup_matrix<T, 8, 8> va0, va1;
+      xk_frag_load_a(va0, Vs + kk * 8 * LDV + (TV - 1) * 8, LDV, true);
+      xk_frag_load_a(va1, Vs + (kk + 1) * 8 * LDV + (TV - 1) * 8, LDV, true);
+      XK_ATTN_UNROLL
+      for (int r = 0; r < RM; ++r) {
+        simdgroup_multiply_accumulate(Ot[r][TV - 1], va0, Pt[r][kk], Ot[r][TV - 1]);
+        simdgroup_multiply_accumulate(Ot[r][TV - 1], va1, Pt[r][kk + 1], Ot[r][TV - 1]);
+      }
+    }
+  }
+  if (ST == 1) {
+    simdgroup_barrier(mem_flags::mem_threadgroup);  // the tile is read before it is refilled
+  }
+}
+
+// The block's normalised output and log-sum-exp per row (as attention_partial): lane
+// element e of Ot[r][tv] is output column tv * 8 + fr of query row 8r + fc + e.
+XK_ATTN_UNROLL
+for (int c = 0; c < NE; ++c) {
+  const float lsum = xk_frag_col_sum(l_i[c]);
+  if (qok[c]) {
+    const int r = c / 2;
+    const int e = c % 2;
+    const long row = row0 + 8 * r + fc + e;
+    device float* op = o_part + (row * nb + blk) * DV;
+    const bool some = !(lsum <= 0.0f);  // NaN propagates
+    XK_ATTN_UNROLL
+    for (int tv = 0; tv < TV; ++tv) {
+      const int d = tv * 8 + fr;
+      if (d < DV) {
+        op[d] = some ? xk_frag_get(Ot[r][tv])[e] / lsum : 0.0f;
+      }
+    }
+    if (fr == 0) {
+      lse[row * nb + blk] = some ? (m_i[c] + metal::log2(lsum)) * XK_LN2 : -INFINITY;
     }
   }
 }

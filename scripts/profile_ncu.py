@@ -29,10 +29,10 @@ def _cases():
         mx.eval(x)
         return x
 
-    def decode(ours: bool, b=8, hq=32, hkv=8, lk=8192, d=128, dtype=mx.float16):
+    def decode(ours: bool, b=8, hq=32, hkv=8, lk=8192, d=128, dtype=mx.float16, knobs=None):
         q, k, v = rnd((b, hq, 1, d), dtype), rnd((b, hkv, lk, d), dtype), rnd((b, hkv, lk, d), dtype)
         if ours:
-            return lambda: xk.scaled_dot_product_attention(q, k, v, scale=d**-0.5)
+            return lambda: xk.scaled_dot_product_attention(q, k, v, scale=d**-0.5, knobs=knobs)
         return lambda: mx.fast.scaled_dot_product_attention(q, k, v, scale=d**-0.5)
 
     def rms(ours: bool, dtype, rows=16384, n=4096):
@@ -53,7 +53,8 @@ def _cases():
 
     return {
         # name: (factory, kernel regex)
-        "decode_ours": (lambda: decode(True), "attention_partial"),
+        "decode_ours": (lambda: decode(True), "attention_partial"),  # the default pass 1 (tiles for fp16)
+        "decode_ours_lane": (lambda: decode(True, knobs={"split_kv_mma": False}), "attention_partial"),
         "decode_mlx": (lambda: decode(False), "sdpav_2pass_1|sdpav_1pass"),
         "rms_f32_ours": (lambda: rms(True, mx.float32), "custom_kernel_rms_norm"),
         "rms_f32_mlx": (lambda: rms(False, mx.float32), "rms_norm"),

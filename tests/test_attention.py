@@ -156,6 +156,16 @@ class LaunchSpy:
         monkeypatch.setattr(att, "launch", spy)
 
 
+WALKS = ("lane", "mma")  # split-KV pass 1: attention_partial (lane walk) / attention_partial_mma (tiles)
+PARTIAL_KERNEL = {"lane": "attention_partial", "mma": "attention_partial_mma"}
+
+
+def set_walk(monkeypatch, walk: str) -> None:
+    """Pin the split-KV pass 1 through its knob's variable (the op's default: mma for 2-byte
+    dtypes, lane for float32)."""
+    monkeypatch.setenv("XLSTM_ATTENTION_SPLIT_KV_MMA", "1" if walk == "mma" else "0")
+
+
 # (B, Hq, Hkv, Lq, Lk, D, DV, additive mask layout): GQA ratios 1/4/8, query lengths
 # 1/3/8/33, key lengths 37/130 (not multiples of the KV tiles or blocks), head dims 64/128/80.
 CASES = {
@@ -192,10 +202,12 @@ SPLIT_CASES = {
 }
 
 
+@pytest.mark.parametrize("walk", WALKS)
 @pytest.mark.parametrize("case", list(SPLIT_CASES))
 @pytest.mark.parametrize("mask_kind", MASKS)
 @pytest.mark.parametrize("dtype_name", list(DTYPES))
-def test_split_kv_matches_float64(kernel_backend, case, mask_kind, dtype_name):
+def test_split_kv_matches_float64(kernel_backend, monkeypatch, case, mask_kind, dtype_name, walk):
+    set_walk(monkeypatch, walk)
     b, hq, hkv, lq, lk, d, dv, layout, bs = SPLIT_CASES[case]
     dtype = DTYPES[dtype_name]
     seed = seed_of("split", case, mask_kind, dtype_name)
@@ -206,9 +218,11 @@ def test_split_kv_matches_float64(kernel_backend, case, mask_kind, dtype_name):
     assert_close(out, np_attention(q, k, v, scale, mask), dtype, f"split-KV {case} {mask_kind}")
 
 
+@pytest.mark.parametrize("walk", WALKS)
 @pytest.mark.parametrize("mask_kind", MASKS)
 @pytest.mark.parametrize("block_size", [16, 48, 256])
-def test_split_kv_equals_single_pass(kernel_backend, mask_kind, block_size):
+def test_split_kv_equals_single_pass(kernel_backend, monkeypatch, mask_kind, block_size, walk):
+    set_walk(monkeypatch, walk)  # float32: the tiles' products are exact float32 too
     b, hq, hkv, lq, lk, d = 1, 4, 1, 3, 130, 64
     seed = seed_of("split=single", mask_kind, block_size)
     q, k, v = make_qkv(b, hq, hkv, lq, lk, d, d, mx.float32, seed)
@@ -290,13 +304,17 @@ def test_prefill_threadgroup_memory_error(kernel_backend):
         att.attention_prefill(q, k, v, scale=0.25, block_q=256, block_k=128)
 
 
-# Split-KV pass 1 walks 32-key chunks, simdgroup s taking chunks s, s + NSG, ...: a block
-# of 300 keys has 10 chunks over 8 simdgroups (two simdgroups take 2, the last chunk is
-# partial); Lk = 1100 gives 4 blocks, the last one partial.
+# Split-KV pass 1, lane walk: 32-key chunks, simdgroup s taking chunks s, s + NSG, ...: a
+# block of 300 keys has 10 chunks over 8 simdgroups (two simdgroups take 2, the last chunk
+# is partial). Tiles: a block of 300 keys is 19 tiles of 16 keys through the stages (3 of
+# them at D = 64 / 128 for 2-byte dtypes, 1 for float32 at D = 128), the last one partial.
+# Lk = 1100 gives 4 blocks, the last one partial.
+@pytest.mark.parametrize("walk", WALKS)
 @pytest.mark.parametrize("mask_kind", ["none", "causal", "bool"])
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("dtype_name", list(DTYPES))
-def test_split_kv_chunks(kernel_backend, monkeypatch, dtype_name, d, mask_kind):
+def test_split_kv_chunks(kernel_backend, monkeypatch, dtype_name, d, mask_kind, walk):
+    set_walk(monkeypatch, walk)
     dtype = DTYPES[dtype_name]
     b, hq, hkv, lq, lk = 1, 4, 2, 2, 1100
     seed = seed_of("split chunks", dtype_name, d, mask_kind)
@@ -306,7 +324,14 @@ def test_split_kv_chunks(kernel_backend, monkeypatch, dtype_name, d, mask_kind):
     out = att.attention_decode_split_kv(q, k, v, scale=d**-0.5, mask=mask, block_size=300)
     assert_close(out, np_attention(q, k, v, d**-0.5, mask), dtype, f"split-KV chunks {dtype_name} D={d} {mask_kind}")
     if kernel_backend != "reference":
-        assert spy.kernels == ["attention_partial", "attention_reduce"] and spy.templates[0]["NSG"] == 8
+        assert spy.kernels == [PARTIAL_KERNEL[walk], "attention_reduce"]
+        t = spy.templates[0]
+        if walk == "lane":
+            assert t["NSG"] == 8
+        else:
+            assert (t["R"], t["RM"], t["KT"]) == (4, 1, 16)
+            if kernel_backend == "emulate":  # 32 KiB of stages
+                assert t["ST"] == (1 if dtype_name == "float32" and d == 128 else 3)
 
 
 # Split-KV pass 1 over all the query rows of a key/value head: (Hq / Hkv) query heads x
@@ -332,6 +357,7 @@ GQA_CASES = {
 @pytest.mark.parametrize("case", list(GQA_CASES))
 @pytest.mark.parametrize("mask_kind", ["none", "causal", "additive"])
 def test_split_kv_gqa_rows(kernel_backend, monkeypatch, case, mask_kind):
+    set_walk(monkeypatch, "lane")
     b, hq, hkv, lq, lk, d, dv, dtype_name, bs, expect = GQA_CASES[case]
     dtype = DTYPES[dtype_name]
     seed = seed_of("gqa rows", case, mask_kind)
@@ -352,6 +378,7 @@ def test_split_kv_gqa_rows(kernel_backend, monkeypatch, case, mask_kind):
 def test_split_kv_default_rows(kernel_backend, monkeypatch, case, expect):
     """The default register budget: fewer query rows per threadgroup (more threadgroups per
     SM; H100 decode 1.3x faster than R = 4), same results."""
+    set_walk(monkeypatch, "lane")
     b, hq, hkv, lq, lk, d, dv, dtype_name, bs, _ = GQA_CASES[case]
     dtype = DTYPES[dtype_name]
     q, k, v = make_qkv(b, hq, hkv, lq, lk, d, dv, dtype, seed_of("gqa default rows", case))
@@ -361,6 +388,136 @@ def test_split_kv_default_rows(kernel_backend, monkeypatch, case, expect):
     if kernel_backend != "reference":
         t = spy.templates[0]
         assert (t["R"], t["KC"], -(-(hq // hkv * lq) // t["R"])) == expect
+
+
+# Split-KV tile pass 1 (attention_partial_mma): the query rows of a kv head are the
+# columns of 8-row fragments, up to 16 rows per threadgroup (RM = 2), more in groups of
+# even size; keys are tiles of 16 through the stages. GQA 1/2/4/8, Lq 1..8, odd head dims
+# and D != DV (zero-padded tiles, an 8-wide last k-step / output block), several blocks
+# and row groups, the last ones partial; the additive mask varies per head.
+MMA_CASES = {
+    # (B, Hq, Hkv, Lq, Lk, D, DV, dtype, block size, expected (R, RM, row groups per kv head))
+    "gqa1_q1_d128": (2, 3, 3, 1, 200, 128, 128, "float16", 64, (1, 1, 1)),
+    "gqa4_q1_d128": (1, 8, 2, 1, 333, 128, 128, "bfloat16", 96, (4, 1, 1)),
+    "gqa8_q1_d64": (1, 8, 1, 1, 260, 64, 64, "float16", 100, (8, 1, 1)),
+    "gqa4_q3_d80": (1, 8, 2, 3, 150, 80, 80, "float16", 64, (12, 2, 1)),
+    "gqa8_q2_d40_dv24": (1, 8, 1, 2, 77, 40, 24, "bfloat16", 32, (16, 2, 1)),
+    "gqa8_q8_d128": (1, 8, 1, 8, 100, 128, 128, "bfloat16", 48, (16, 2, 4)),
+    "gqa4_q5_d72_f32": (1, 4, 1, 5, 90, 72, 56, "float32", 40, (10, 2, 2)),
+    "gqa2_q1_d256": (1, 4, 2, 1, 90, 256, 256, "float16", 48, (2, 1, 1)),
+    "gqa2_q3_d17_dv9": (1, 4, 2, 3, 45, 17, 9, "float16", 16, (6, 1, 1)),
+}
+
+
+@pytest.mark.parametrize("case", list(MMA_CASES))
+@pytest.mark.parametrize("mask_kind", ["none", "causal", "bool", "additive"])
+def test_split_kv_mma_rows(kernel_backend, monkeypatch, case, mask_kind):
+    b, hq, hkv, lq, lk, d, dv, dtype_name, bs, expect = MMA_CASES[case]
+    dtype = DTYPES[dtype_name]
+    seed = seed_of("mma rows", case, mask_kind)
+    q, k, v = make_qkv(b, hq, hkv, lq, lk, d, dv, dtype, seed)
+    mask = make_mask(mask_kind, b, hq, lq, lk, dtype, seed, layout="default" if mask_kind == "bool" else "head")
+    set_walk(monkeypatch, "mma")
+    spy = LaunchSpy(monkeypatch)
+    out = att.attention_decode_split_kv(q, k, v, scale=d**-0.5, mask=mask, block_size=bs)
+    assert_close(out, np_attention(q, k, v, d**-0.5, mask), dtype, f"split-KV tiles {case} {mask_kind}")
+    if kernel_backend != "reference":
+        t = spy.templates[0]
+        assert spy.kernels == ["attention_partial_mma", "attention_reduce"]
+        assert (t["R"], t["RM"], -(-(hq // hkv * lq) // t["R"])) == expect
+
+
+@pytest.mark.parametrize("stages, tile", [(1, 16), (2, 16), (3, 16), (2, 32)])
+@pytest.mark.parametrize("dtype_name, mask_kind", [("float16", "causal"), ("bfloat16", "bool"), ("float32", "none")])
+def test_split_kv_mma_stages(kernel_backend, monkeypatch, stages, tile, dtype_name, mask_kind):
+    """1, 2 and 3 stages in flight, each refilled several times (a block of 200 keys is 13
+    tiles of 16 or 7 of 32, the last one partial; 3 blocks, the last one partial), Lq = 2
+    with causal rows whose visible keys end at different tiles."""
+    monkeypatch.setattr(att, "SPLIT_KV_MMA_MAX_STAGES", stages)
+    monkeypatch.setattr(att, "SPLIT_KV_MMA_TILE", tile)
+    set_walk(monkeypatch, "mma")
+    dtype = DTYPES[dtype_name]
+    b, hq, hkv, lq, lk, d = 1, 4, 2, 2, 530, 64
+    seed = seed_of("mma stages", stages, dtype_name)
+    q, k, v = make_qkv(b, hq, hkv, lq, lk, d, d, dtype, seed)
+    mask = make_mask(mask_kind, b, hq, lq, lk, dtype, seed)
+    spy = LaunchSpy(monkeypatch)
+    out = att.attention_decode_split_kv(q, k, v, scale=d**-0.5, mask=mask, block_size=200)
+    assert_close(out, np_attention(q, k, v, d**-0.5, mask), dtype, f"split-KV tiles, {stages} stages")
+    if kernel_backend != "reference":
+        stage_bytes = tile * 2 * (d + 16 // dtype.size) * dtype.size  # K and V rows of D + 16 bytes
+        fit = (48 if kernel_backend == "cuda" else 32) * 1024 // stage_bytes
+        assert (spy.templates[0]["ST"], spy.templates[0]["KT"]) == (min(stages, fit), tile)
+
+
+@pytest.mark.parametrize("dtype_name", ["float16", "float32"])
+def test_split_kv_mma_nan_like_lane_walk(kernel_backend, monkeypatch, dtype_name):
+    """NaN in q, k or v: the tile pass gives NaN exactly where the lane walk does (a NaN key
+    poisons every row of its block, a NaN query its own row)."""
+    if kernel_backend == "reference":
+        pytest.skip("compares the two pass-1 kernels")
+    dtype = DTYPES[dtype_name]
+    b, hq, hkv, lq, lk, d = 1, 4, 2, 2, 100, 32
+    q, k, v = make_qkv(b, hq, hkv, lq, lk, d, d, dtype, seed_of("mma nan", dtype_name))
+    qn = np.asarray(q.astype(mx.float32)).copy()
+    kn = np.asarray(k.astype(mx.float32)).copy()
+    vn = np.asarray(v.astype(mx.float32)).copy()
+    qn[0, 3, 1, 5] = np.nan
+    kn[0, 0, 40, 7] = np.nan
+    vn[0, 1, 77, 2] = np.nan
+    args = [mx.array(x).astype(dtype) for x in (qn, kn, vn)]
+    outs = {}
+    for walk in WALKS:
+        set_walk(monkeypatch, walk)
+        outs[walk] = f64(att.attention_decode_split_kv(*args, scale=0.2, mask="causal", block_size=32))
+    assert np.isnan(outs["lane"]).any() and not np.isnan(outs["lane"]).all()
+    assert np.array_equal(np.isnan(outs["mma"]), np.isnan(outs["lane"]))
+    fin = ~np.isnan(outs["lane"])
+    assert rel_err(outs["mma"][fin], outs["lane"][fin]) < tolerance(dtype)
+
+
+def test_split_kv_mma_plan(monkeypatch):
+    """Rows per group, stages per backend budget, the automatic block size, and the lane
+    walk where one stage of tiles does not fit."""
+    h = mx.float16
+    assert att._mma_plan(4, 128, 128, h, "cuda") == (4, 1, 16, 3)  # 8.5 KiB per stage
+    assert att._mma_plan(1, 128, 128, h, "emulate") == (1, 1, 16, 3)
+    assert att._mma_plan(32, 128, 128, h, "cuda") == (16, 2, 16, 3)
+    assert att._mma_plan(24, 64, 64, h, "cuda") == (12, 2, 16, 3)
+    assert att._mma_plan(4, 256, 256, mx.float32, "cuda") == (4, 1, 16, 1)  # 32.5 KiB per stage
+    assert att._mma_plan(4, 256, 256, mx.float32, "emulate") is None
+    assert att._mma_plan(4, 256, 256, h, "emulate") == (4, 1, 16, 1)
+
+    def plan(b, hq, hkv, lk, backend="cuda"):
+        q, k = mx.zeros((b, hq, 1, 128), dtype=h), mx.zeros((b, hkv, lk, 128), dtype=h)
+        bs = att._auto_block_size_mma(q, k, k, backend)
+        _, kw = att._partial_mma_launch(q, k, k, att._Mask(0), 0.1, bs, backend)
+        return bs, kw["grid"][0] // 32 * kw["grid"][1] * kw["grid"][2]
+
+    assert plan(8, 32, 8, 8192) == (512, 1024)
+    assert plan(4, 32, 8, 32768) == (1024, 1024)
+    assert plan(16, 32, 8, 4096) == (512, 1024)
+    assert plan(1, 32, 32, 4096) == (128, 1024)
+    assert plan(1, 32, 8, 4096) == (64, 512)  # never below 64
+    q = mx.zeros((1, 4, 1, 256), dtype=mx.float32)
+    k = mx.zeros((1, 2, 64, 256), dtype=mx.float32)
+    assert att._use_mma(True, q, k, k, "emulate") is False and att._use_mma(True, q, k, k, "cuda") is True
+    assert att._use_mma(None, q, k, k, "cuda") is False  # float32: the lane walk by default
+    assert att._use_mma(None, q.astype(h), k.astype(h), k.astype(h), "emulate") is True
+    assert att._use_mma(None, q.astype(h), k.astype(h), k.astype(h), "metal") is False  # unmeasured there
+    assert att._use_mma(True, q.astype(h), k.astype(h), k.astype(h), "metal") is True
+
+
+def test_split_kv_mma_knob_fallback(kernel_backend, monkeypatch):
+    """split_kv_mma on where the tiles do not fit (float32, D = 256 on 32 KiB): the lane walk."""
+    if kernel_backend not in ("emulate", "metal"):
+        pytest.skip("the 32 KiB stage budget")
+    set_walk(monkeypatch, "mma")
+    q, k, v = make_qkv(1, 2, 1, 1, 40, 256, 256, mx.float32, seed_of("mma fallback"))
+    spy = LaunchSpy(monkeypatch)
+    out = att.attention_decode_split_kv(q, k, v, scale=0.0625, block_size=16)
+    assert_close(out, np_attention(q, k, v, 0.0625, None), mx.float32, "fallback")
+    assert spy.kernels == ["attention_partial", "attention_reduce"]
 
 
 def test_split_kv_auto_block_size():
@@ -386,16 +543,19 @@ def test_split_kv_auto_decode(kernel_backend, monkeypatch):
     out = att.scaled_dot_product_attention(q, k, v, scale=0.125)
     assert_close(out, np_attention(q, k, v, 0.125, None), mx.float16, "auto split-KV decode")
     if kernel_backend != "reference":
-        assert spy.kernels == ["attention_partial", "attention_reduce"]
+        # 2-byte dtype: the tiles on cuda and the emulator, the lane walk on Apple GPUs
+        assert spy.kernels == ["attention_partial" if kernel_backend == "metal" else "attention_partial_mma",
+                               "attention_reduce"]
 
 
-def test_partial_lse_and_reduce(kernel_backend):
+@pytest.mark.parametrize("walk", WALKS)
+def test_partial_lse_and_reduce(kernel_backend, walk):
     """Pass 1's per-block log-sum-exp and normalised outputs, and pass 2 on its own."""
     if kernel_backend == "reference":
         pytest.skip("attention_partial / attention_reduce are kernels; the reference backend has none")
     b, hq, hkv, lq, lk, d, bs = 1, 2, 1, 4, 37, 64, 16
     q, k, v = make_qkv(b, hq, hkv, lq, lk, d, d, mx.float32, seed_of("lse"))
-    o_part, lse = att.attention_partial(q, k, v, scale=0.125, mask="causal", block_size=bs)
+    o_part, lse = att.attention_partial(q, k, v, scale=0.125, mask="causal", block_size=bs, mma=walk == "mma")
     nb = -(-lk // bs)
     assert tuple(o_part.shape) == (b, hq, lq, nb, d) and tuple(lse.shape) == (b, hq, lq, nb)
     qd, kd, vd = f64(q), f64(k), f64(v)
@@ -444,8 +604,8 @@ MX_FAST_CASES = _mx_fast_cases()
 
 
 @pytest.mark.parametrize("case", list(MX_FAST_CASES))
-@pytest.mark.parametrize("path", ["auto", "prefill", "split"])
-def test_matches_mx_fast_float32(kernel_backend, case, path):
+@pytest.mark.parametrize("path", ["auto", "prefill", "split", "split_mma"])
+def test_matches_mx_fast_float32(kernel_backend, monkeypatch, case, path):
     lq, lk, mask = MX_FAST_CASES[case]
     q, k, v = make_qkv(2, 4, 2, lq, lk, 64, 64, mx.float32, seed_of("mxfast", case))
     ref = np.asarray(mx.fast.scaled_dot_product_attention(q, k, v, scale=0.125, mask=mask)).astype(np.float64)
@@ -454,6 +614,7 @@ def test_matches_mx_fast_float32(kernel_backend, case, path):
     elif path == "prefill":
         out = att.attention_prefill(q, k, v, scale=0.125, mask=mask)
     else:
+        set_walk(monkeypatch, "mma" if path == "split_mma" else "lane")
         out = att.attention_decode_split_kv(q, k, v, scale=0.125, mask=mask, block_size=32)
     got = f64(out)
     assert np.array_equal(np.isnan(got), np.isnan(ref)), f"{case}: NaN rows differ from mx.fast"
@@ -488,9 +649,11 @@ def offset_view(a: mx.array, off: int) -> mx.array:
 # misaligned vector access). Head dims 64 (4- and 8-element runs) and 36 (4-element runs
 # only), element offsets 1 and 3 (no 4-byte alignment for 2-byte dtypes) and 2; plus
 # k_all[1:] along the batch axis with an odd head dim (an offset of Hkv * Lk * D elements).
+@pytest.mark.parametrize("walk", WALKS)
 @pytest.mark.parametrize("dtype_name", list(DTYPES))
 @pytest.mark.parametrize("d, off", [(64, 1), (64, 2), (36, 3)])
-def test_offset_slice_inputs(kernel_backend, dtype_name, d, off):
+def test_offset_slice_inputs(kernel_backend, monkeypatch, dtype_name, d, off, walk):
+    set_walk(monkeypatch, walk)
     dtype = DTYPES[dtype_name]
     b, hq, hkv, lk = 1, 4, 2, 75
     seed = seed_of("offset slice", dtype_name, d, off)
@@ -498,8 +661,9 @@ def test_offset_slice_inputs(kernel_backend, dtype_name, d, off):
         q, k, v = make_qkv(b, hq, hkv, lq, lk, d, d, dtype, seed + lq)
         qv, kv, vv = offset_view(q, off), offset_view(k, off + 2), offset_view(v, off)
         ref = np_attention(q, k, v, d**-0.5, "causal")
-        out = att.attention_prefill(qv, kv, vv, scale=d**-0.5, mask="causal", block_q=16, block_k=16)
-        assert_close(out, ref, dtype, f"prefill offset {off} Lq={lq}")
+        if walk == "lane":  # the prefill does not depend on the walk
+            out = att.attention_prefill(qv, kv, vv, scale=d**-0.5, mask="causal", block_q=16, block_k=16)
+            assert_close(out, ref, dtype, f"prefill offset {off} Lq={lq}")
         out = att.attention_decode_split_kv(qv, kv, vv, scale=d**-0.5, mask="causal", block_size=32)
         assert_close(out, ref, dtype, f"split-KV offset {off} Lq={lq}")
     # A batch slice: k_all[1:] starts Hkv * Lk * D elements in (odd for D = 37, Lk odd).
@@ -507,7 +671,8 @@ def test_offset_slice_inputs(kernel_backend, dtype_name, d, off):
     k, v = k_all[1:], v_all[1:]
     q = q[1:]
     ref = np_attention(q, k, v, 0.2, None)
-    assert_close(att.attention_prefill(q, k, v, scale=0.2), ref, dtype, "prefill k_all[1:]")
+    if walk == "lane":
+        assert_close(att.attention_prefill(q, k, v, scale=0.2), ref, dtype, "prefill k_all[1:]")
     assert_close(att.attention_decode_split_kv(q, k, v, scale=0.2, block_size=16), ref, dtype, "split-KV k_all[1:]")
 
 
@@ -685,6 +850,21 @@ def test_check_schedules_split_kv(backend):
 
 
 @pytest.mark.emulator_only
+@pytest.mark.parametrize("dtype_name, mask_kind", [("float16", "causal"), ("bfloat16", "bool")])
+def test_check_schedules_split_kv_mma(backend, dtype_name, mask_kind):
+    """The tile pass 1 (one simdgroup per threadgroup: the schedules differ only across
+    threadgroups, which must not share anything), 3 stages over 5 tiles."""
+    dtype = DTYPES[dtype_name]
+    q, k, v = make_qkv(1, 4, 2, 2, 75, 64, 64, dtype, seed_of("sched-mma", dtype_name))
+    mask = make_mask(mask_kind, 1, 4, 2, 75, dtype, 4)
+    spec, kwargs = att._partial_mma_launch(q, k, v, _mask_obj(mask, q, k), 0.125, 80, "emulate")
+    o_part, lse = emulate.check_schedules(runtime.get_kernel(spec, "emulate"), **kwargs)
+    spec, kwargs = att._reduce_launch(o_part, lse, 80, 75, dtype)
+    (out,) = runtime.get_kernel(spec, "emulate")(**kwargs)
+    assert_close(out.reshape(1, 4, 2, 64), np_attention(q, k, v, 0.125, mask), dtype, "split-KV tiles (schedules)")
+
+
+@pytest.mark.emulator_only
 @pytest.mark.parametrize("d, dv, dtype_name, mask_kind", [(36, 20, "float32", "additive"), (64, 64, "float16", "bool")])
 def test_bounds(backend, d, dv, dtype_name, mask_kind):
     """Every kernel against guard pages: tile edges, vector loads, mask strides."""
@@ -702,3 +882,8 @@ def test_bounds(backend, d, dv, dtype_name, mask_kind):
     spec, kwargs = att._reduce_launch(o_part, lse, 16, lk, dtype)
     (out,) = runtime.get_kernel(spec, "emulate")(**kwargs, check_bounds=True)
     assert_close(out.reshape(ref.shape), ref, dtype, "split-KV (bounds)")
+    spec, kwargs = att._partial_mma_launch(q, k, v, m, 0.125, 16, "emulate")
+    o_part, lse = runtime.get_kernel(spec, "emulate")(**kwargs, check_bounds=True)
+    spec, kwargs = att._reduce_launch(o_part, lse, 16, lk, dtype)
+    (out,) = runtime.get_kernel(spec, "emulate")(**kwargs, check_bounds=True)
+    assert_close(out.reshape(ref.shape), ref, dtype, "split-KV tiles (bounds)")

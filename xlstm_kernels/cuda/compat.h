@@ -1047,6 +1047,9 @@ inline bool simd_is_first() { return int(msl_detail::lane_id()) == __ffs(__activ
 #define XK_SIMDGROUP_LAYOUT 1
 #define XK_FRAG_ROW_XOR_A 1  // the lanes 4g .. 4g + 3 of one row differ in lane bits 1 and 2
 #define XK_FRAG_ROW_XOR_B 2
+#define XK_FRAG_COL_XOR_A 4  // the lanes t, 4 + t, .., 28 + t of one column pair differ in lane bits 2-4
+#define XK_FRAG_COL_XOR_B 8
+#define XK_FRAG_COL_XOR_C 16
 namespace msl_detail {
 inline void lane_coord(uint lane, int& row, int& col) {
   row = int(lane / 4);

@@ -505,5 +505,36 @@ inline void xk_async_commit() {}
 template <int G> inline void xk_async_wait() {}
 #endif
 
+// ---- metal_src/attention.metal's split-KV tile helper (portable form there) -------------
+// xk_frag_set_b: the elements (row fr, columns fc and fc + 1 of xk_frag_coord) of a fragment
+// used only as the right operand of products, from floats (a float accumulator converted
+// to T in registers): 2-byte matrices fill xk_b_ = {M[2t][g], M[2t + 1][g]} from the lane's
+// {M[g][2t], M[g][2t + 1]} with one movmatrix.trans (an 8x8 b16 transpose across the warp,
+// sm_75+; shuffles before); its left-operand registers are left unset (as xk_frag_load_b
+// does). Other types: the elements.
+#define XK_ATTN_MMA_HELPERS
+template <class T>
+inline void xk_frag_set_b(simdgroup_matrix<T, 8, 8>& m, float a, float b) {
+  if constexpr (sizeof(T) == 2) {
+    const unsigned w = msl_detail::pack2<T>(msl_detail::conv<T>(a), msl_detail::conv<T>(b));
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 750
+    unsigned r;
+    asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(r) : "r"(w));
+    m.xk_b_ = r;
+#else
+    // element g % 2 of lanes lane_of(2t, g / 2), lane_of(2t + 1, g / 2), as simdgroup_mma
+    const uint lane = msl_detail::lane_id();
+    const int g = int(lane / 4), t = int(lane % 4);
+    const unsigned e0 = __shfl_sync(0xFFFFFFFFu, w, msl_detail::lane_of(2 * t, g / 2));
+    const unsigned e1 = __shfl_sync(0xFFFFFFFFu, w, msl_detail::lane_of(2 * t + 1, g / 2));
+    const unsigned sh = (g & 1) ? 16u : 0u;
+    m.xk_b_ = ((e0 >> sh) & 0xFFFFu) | (((e1 >> sh) & 0xFFFFu) << 16);
+#endif
+  } else {
+    m.elements_[0] = msl_detail::conv<T>(a);
+    m.elements_[1] = msl_detail::conv<T>(b);
+  }
+}
+
 }  // namespace mlx::core::cu
 #endif

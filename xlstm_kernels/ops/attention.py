@@ -42,7 +42,18 @@ Kernels (``metal_src/attention.metal``):
   per lane. Pass 1 writes, per (batch, head, query, key block), the block's normalised
   output (float32) and its log-sum-exp; pass 2 merges the blocks through their LSEs.
   Block size: the knob / argument, else automatic: ``SPLIT_KV_BLOCK_SIZE`` (256) halved
-  (down to 64) until pass 1 has ``SPLIT_KV_TARGET_GROUPS`` (512) threadgroups. Chosen
+  (down to 64) until pass 1 has ``SPLIT_KV_TARGET_GROUPS`` (512) threadgroups.
+  That pass 1 is the lane walk (``attention_partial``). The default for float16 / bfloat16
+  on cuda (and the emulator) is the tile pass 1 ``attention_partial_mma`` (knob
+  ``split_kv_mma``; float32 and Apple GPUs keep the lane walk unless the knob says
+  otherwise): one simdgroup per (key block, kv head, group
+  of up to 16 query rows), keys as the rows of simdgroup-matrix products (S^T = K Q^T,
+  O^T = V^T P^T: tensor-core m16n8k16 on CUDA, 16 keys per product) over K / V tiles of
+  ``SPLIT_KV_MMA_TILE`` (16) keys streamed through up to ``SPLIT_KV_MMA_MAX_STAGES`` (3)
+  threadgroup-memory stages (cp.async on CUDA; 48 KiB budget there, 32 KiB elsewhere);
+  block size automatic from ``SPLIT_KV_MMA_MAX_BLOCK`` (1024) halved (down to 64) until the
+  grid has ``SPLIT_KV_MMA_TARGET_GROUPS`` (1024) threadgroups. Where one stage does not fit
+  (float32 with head dims near 256 on 32 KiB) the lane walk runs. Split-KV is chosen
   automatically for
   Lq <= ``SPLIT_KV_MAX_QUERIES`` (8) and Lk >= ``SPLIT_KV_MIN_KEYS`` (1024; override with
   the ``split_kv_min_keys`` argument or ``XLSTM_ATTENTION_SPLIT_KV_MIN_KEYS``, alias
@@ -51,7 +62,8 @@ Kernels (``metal_src/attention.metal``):
 Knobs (:mod:`xlstm_kernels.tiles.knobs`, op ``attention``, shape class by Lk): ``block_q``,
 ``block_k`` (prefill tiles; the heuristic above when unset), ``split_kv_block_size``
 (automatic when unset, see above; :func:`knob_values` reports ``SPLIT_KV_BLOCK_SIZE`` =
-256, its largest value) and ``split_kv_min_keys``. Per call: the keyword
+256, its largest value), ``split_kv_min_keys`` and ``split_kv_mma`` (tile or lane pass 1;
+``XLSTM_ATTENTION_SPLIT_KV_MMA=0`` selects the lane walk). Per call: the keyword
 arguments (``block_q=``, ``block_k=``, ``block_size=``, ``split_kv_min_keys=``, or
 ``knobs=`` of :func:`scaled_dot_product_attention`), then ``XLSTM_ATTENTION_*`` variables,
 then the presets. A block_k whose K/V tiles do not fit 32 KiB for the head dims is an
@@ -122,6 +134,7 @@ _TG_MEMORY = 32 * 1024
 _INPUTS = ("q", "k", "v", "mask", "params", "scale")
 PREFILL = KernelSpec("attention", "attention_prefill", _INPUTS, ("o",))
 PARTIAL = KernelSpec("attention", "attention_partial", _INPUTS, ("o_part", "lse"))
+PARTIAL_MMA = KernelSpec("attention", "attention_partial_mma", _INPUTS, ("o_part", "lse"))
 REDUCE = KernelSpec("attention", "attention_reduce", ("o_part", "lse", "params"), ("o",))
 
 
@@ -493,6 +506,97 @@ def _partial_launch(q, k, v, m: _Mask, scale: float, block_size: int) -> tuple[K
     )
 
 
+#: The tile pass 1 (``attention_partial_mma``): keys per tile (a multiple of 16) ...
+SPLIT_KV_MMA_TILE = 16
+#: ... at most this many threadgroup-memory stages (tile t + ST - 1 is copied while tile t
+#: is computed), as many as fit the backend's budget: 48 KiB on cuda (CUDA's static shared
+#: memory per block), 32 KiB elsewhere (Apple GPUs, the emulator).
+SPLIT_KV_MMA_MAX_STAGES = 3
+_MMA_STAGE_BUDGET = {"cuda": 48 * 1024}
+_APPLE_STAGE_BUDGET_BYTES = 32 * 1024
+#: Query rows per threadgroup of the tile pass 1 (two 8-row fragments); more rows per kv
+#: head form several groups, spread evenly.
+SPLIT_KV_MMA_MAX_ROWS = 16
+#: Block sizes of the tile pass 1 when none is set: SPLIT_KV_MMA_MAX_BLOCK halved (down to
+#: 64) until the grid has SPLIT_KV_MMA_TARGET_GROUPS one-simdgroup threadgroups (about 8
+#: resident per H100 SM with 3 stages of 16 keys at D = 128: ~1056 slots).
+SPLIT_KV_MMA_MAX_BLOCK = 1024
+SPLIT_KV_MMA_TARGET_GROUPS = 1024
+
+
+def _mma_plan(rows: int, d: int, dv: int, dtype: mx.Dtype, backend: str) -> tuple[int, int, int, int] | None:
+    """(R, RM, KT, ST) of the tile pass 1 for `rows` = (Hq / Hkv) * Lq query rows per kv
+    head, or None where one stage of K and V tiles does not fit the backend's budget."""
+    itemsize = 4 if dtype == mx.float32 else 2
+    pad = 16 // itemsize
+    kt = SPLIT_KV_MMA_TILE
+    stage = kt * (_round8(d) + _round8(dv) + 2 * pad) * itemsize
+    st = min(SPLIT_KV_MMA_MAX_STAGES, _MMA_STAGE_BUDGET.get(backend, _APPLE_STAGE_BUDGET_BYTES) // stage)
+    if st < 1:
+        return None
+    groups = -(-rows // SPLIT_KV_MMA_MAX_ROWS)
+    r = -(-rows // groups)
+    return r, -(-r // 8), kt, st
+
+
+def _mma_default(dtype: mx.Dtype, backend: str) -> bool:
+    """The split_kv_mma knob's built-in value: on for float16 / bfloat16 (tensor cores) on
+    cuda and on the emulator (which tests what cuda runs); off for float32 (float fragments
+    are products through shuffles on CUDA) and on Apple GPUs (not measured there: a
+    26 KiB single-simdgroup threadgroup may leave a GPU core mostly idle)."""
+    return dtype != mx.float32 and backend != "metal"
+
+
+def _use_mma(knob: bool | None, q, k, v, backend: str) -> bool:
+    """Whether split-KV pass 1 runs the tile kernel: the split_kv_mma knob, else
+    :func:`_mma_default`; never where one stage of its tiles does not fit."""
+    want = _mma_default(q.dtype, backend) if knob is None else bool(knob)
+    return want and _mma_plan(q.shape[1] // k.shape[1] * q.shape[2], q.shape[3], v.shape[3], q.dtype,
+                              backend) is not None
+
+
+def _auto_block_size_mma(q, k, v, backend: str) -> int:
+    """Tile pass 1 block size when none is set: SPLIT_KV_MMA_MAX_BLOCK, halved (down to 64)
+    while the grid has fewer than SPLIT_KV_MMA_TARGET_GROUPS threadgroups."""
+    b, hq, lq, d = q.shape
+    hkv, lk = k.shape[1], k.shape[2]
+    rows = hq // hkv * lq
+    r = _mma_plan(rows, d, v.shape[3], q.dtype, backend)[0]
+    per_block = b * hkv * -(-rows // r)
+    bs = SPLIT_KV_MMA_MAX_BLOCK
+    while bs > 64 and per_block * -(-lk // bs) < SPLIT_KV_MMA_TARGET_GROUPS:
+        bs //= 2
+    return bs
+
+
+def _partial_mma_launch(q, k, v, m: _Mask, scale: float, block_size: int, backend: str) -> tuple[KernelSpec, dict]:
+    """(spec, launch kwargs) of the tile pass 1: one simdgroup per (key block, key/value
+    head and group of R of its query rows, batch)."""
+    b, hq, lq, d = q.shape
+    hkv, lk, dv = k.shape[1], k.shape[2], v.shape[3]
+    rows = hq // hkv * lq
+    plan = _mma_plan(rows, d, dv, q.dtype, backend)
+    if plan is None:
+        raise ValueError(f"split-KV tile pass 1: one stage of {SPLIT_KV_MMA_TILE} keys of head dims ({d}, {dv}) in "
+                         f"{q.dtype} does not fit the threadgroup memory of backend {backend!r}")
+    r, rm, kt, st = plan
+    nrg = -(-rows // r)
+    nb = -(-lk // block_size)
+    mbuf = m.buffer()
+    params = mx.array([hq, hkv, lq, lk, *m.strides, block_size, nb], dtype=mx.int64)
+    check_int32("scaled_dot_product_attention", "the split-KV grid x (32 threads * key blocks)",
+                32 * nb, f"k has shape {tuple(k.shape)}")
+    return PARTIAL_MMA, dict(
+        inputs=[q, k, v, mbuf, params, _scale_array(scale)],
+        output_shapes=[(b, hq, lq, nb, dv), (b, hq, lq, nb)],
+        output_dtypes=[mx.float32, mx.float32],
+        grid=(32 * nb, hkv * nrg, b),
+        threadgroup=(32, 1, 1),
+        template=[("T", q.dtype), ("MT", mbuf.dtype), ("D", d), ("DV", dv), ("MASK", m.kind),
+                  ("R", r), ("RM", rm), ("KT", kt), ("ST", st)],
+    )
+
+
 def _reduce_launch(o_part, lse, block_size: int, num_keys: int, dtype) -> tuple[KernelSpec, dict]:
     """(spec, launch kwargs) of the split-KV pass 2."""
     *lead, nb, dv = o_part.shape
@@ -515,8 +619,14 @@ def _run(spec_kwargs, backend: str) -> list[mx.array]:
     return launch(spec, backend=backend, **kwargs)
 
 
-def _split_kv_forward(q, k, v, m: _Mask, scale: float, block_size: int, backend: str) -> mx.array:
-    o_part, lse = _run(_partial_launch(q, k, v, m, scale, block_size), backend)
+def _split_kv_forward(q, k, v, m: _Mask, scale: float, block_size: int | None, backend: str,
+                      mma: bool = False) -> mx.array:
+    if mma:
+        block_size = block_size or _auto_block_size_mma(q, k, v, backend)
+        o_part, lse = _run(_partial_mma_launch(q, k, v, m, scale, block_size, backend), backend)
+    else:
+        block_size = block_size or _auto_block_size(q, k, v)
+        o_part, lse = _run(_partial_launch(q, k, v, m, scale, block_size), backend)
     (o,) = _run(_reduce_launch(o_part, lse, block_size, k.shape[2], q.dtype), backend)
     return o.reshape(*q.shape[:3], v.shape[3])
 
@@ -544,13 +654,17 @@ def _knob_args(cfg: dict) -> dict:
 
 def knob_values(lq: int, lk: int, d: int, dv: int, dtype: Any, args: dict | None = None) -> dict[str, int]:
     """The knobs a call with these sizes uses, defaults and heuristics filled in:
-    {"block_q", "block_k", "split_kv_block_size", "split_kv_min_keys"}. `args`: knob
+    {"block_q", "block_k", "split_kv_block_size", "split_kv_min_keys", "split_kv_mma"}. `args`: knob
     arguments ({knob: value})."""
     v = resolve_knobs("attention", dtype, lk, args=args, fits=attention_fits(d, dv, dtype)).values
     bq, bk = _prefill_tiles(lq, d, dv, getattr(mx, dtype_name(dtype)), v["block_q"], v["block_k"])
+    mx_dtype = getattr(mx, dtype_name(dtype))
+    backend = current_backend()
+    mma = _mma_default(mx_dtype, backend) if v["split_kv_mma"] is None else bool(v["split_kv_mma"])
     return {"block_q": bq, "block_k": bk,
             "split_kv_block_size": SPLIT_KV_BLOCK_SIZE if v["split_kv_block_size"] is None else v["split_kv_block_size"],
-            "split_kv_min_keys": SPLIT_KV_MIN_KEYS if v["split_kv_min_keys"] is None else v["split_kv_min_keys"]}
+            "split_kv_min_keys": SPLIT_KV_MIN_KEYS if v["split_kv_min_keys"] is None else v["split_kv_min_keys"],
+            "split_kv_mma": mma and _mma_plan(1, d, dv, mx_dtype, backend) is not None}
 
 
 # ---------------------------------------------------------------------------------------
@@ -607,13 +721,14 @@ def _build_attention(q, k, v, scale, mask, path: str, cfg: dict, replay: bool = 
                 q, k, v, scale, mask))
 
         return reference
+    mma = path == "split" and _use_mma(kv["split_kv_mma"], q, k, v, backend)
     if path == "split":  # the reduction sees B * Hq * Lq rows (a shape dimension and its grid y)
         check_int32("scaled_dot_product_attention", "rows B * Hq * Lq of the split-KV reduction", b * hq * lq,
                     f"q has shape {tuple(q.shape)}")
 
     def forward(q, k, v, mm: _Mask) -> mx.array:
         if path == "split":
-            return _split_kv_forward(q, k, v, mm, scale, block_size or _auto_block_size(q, k, v), backend)
+            return _split_kv_forward(q, k, v, mm, scale, block_size, backend, mma)
         (o,) = _run(_prefill_launch(q, k, v, mm, scale, block_q, block_k), backend)
         return o
 
@@ -715,9 +830,12 @@ def attention_decode_split_kv(
 
 
 def attention_partial(
-    q: mx.array, k: mx.array, v: mx.array, *, scale: float, mask: Any = None, block_size: int | None = None
+    q: mx.array, k: mx.array, v: mx.array, *, scale: float, mask: Any = None, block_size: int | None = None,
+    mma: bool | None = None,
 ) -> tuple[mx.array, mx.array]:
-    """Split-KV pass 1 alone (a kernel backend; not differentiable).
+    """Split-KV pass 1 alone (a kernel backend; not differentiable). `mma`: the tile kernel
+    (``attention_partial_mma``) or the lane walk (``attention_partial``); None: as the op
+    decides by default (tiles for float16 / bfloat16 where they fit).
 
     Returns:
         o_part (B, Hq, Lq, n_blocks, DV) float32: each key block's softmax-normalised
@@ -732,7 +850,10 @@ def attention_partial(
     backend = current_backend()
     if backend == "reference":
         raise ValueError("attention_partial runs a kernel; the 'reference' backend has none")
-    o_part, lse = _run(_partial_launch(q, k, v, m, float(scale), block_size), backend)
+    if _use_mma(mma, q, k, v, backend):
+        o_part, lse = _run(_partial_mma_launch(q, k, v, m, float(scale), block_size, backend), backend)
+    else:
+        o_part, lse = _run(_partial_launch(q, k, v, m, float(scale), block_size), backend)
     return o_part, lse
 
 

@@ -14,6 +14,10 @@ Ops and their knobs (the names are public API: env variables, preset keys, ``kno
                                            32 KiB of threadgroup memory for the head dims: a shape fit)
                            split_kv_block_size  >= 8, a multiple of 8: keys per split-KV block
                            split_kv_min_keys    >= 0: decode (Lq <= 8) uses split-KV from this many keys
+                           split_kv_mma    true | false: split-KV pass 1 as simdgroup-matrix tiles
+                                           (attention_partial_mma; default on for 2-byte dtypes on
+                                           cuda / the emulator) or
+                                           the lane walk (attention_partial)
     mlstm                  chunk_size      1..128: steps per chunk of the chunkwise kernels
     slstm                  threads_per_unit  1 | 2 | 4 | 8 | 16 | 32: lanes per unit K (DH*K <= 1024
                                              threads per threadgroup: a shape fit)
@@ -191,6 +195,10 @@ KNOBS: dict[str, dict[str, Knob]] = {
         Knob("split_kv_min_keys", "int", _IntRule(0),
              "built-in default: 1024 (ops.attention.SPLIT_KV_MIN_KEYS)", (), (),
              "decode (Lq <= 8) runs split-KV from this many keys"),
+        Knob("split_kv_mma", "bool", None,
+             "built-in default: on for float16 / bfloat16 on cuda and the emulator, off for float32 and on "
+             "Apple GPUs (ops.attention._mma_default)", (False, True),
+             (False, True), "split-KV pass 1 as simdgroup-matrix tiles (tensor cores on CUDA) instead of the lane walk"),
     )},
     "mlstm": {k.name: k for k in (
         Knob("chunk_size", "int", _IntRule(1, 128),
