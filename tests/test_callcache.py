@@ -110,6 +110,12 @@ def test_gemm_calls_are_memoised_per_signature_and_compute_fresh_inputs():
         assert len(gemm_mod._CALLS) == 1
         gemm_mod.gemm_av(mx.array(a), mx.array(v), tiles="16x16")  # another signature
         assert len(gemm_mod._CALLS) == 2
+        for _ in range(2):  # tiles as a dict: memoised by its items (equal dicts, one entry)
+            got = gemm_mod.gemm_av(mx.array(a), mx.array(v), tiles={"tm": 16, "tn": 32, "path": "scalar"})
+        np.testing.assert_allclose(np.asarray(got), a.astype(np.float64) @ v, rtol=1e-5, atol=1e-5)
+        assert len(gemm_mod._CALLS) == 3
+        got = gemm_mod.gemm_av(mx.array(a), mx.array(v), tiles={"path": "scalar", "tn": 32, "tm": 16})
+        assert len(gemm_mod._CALLS) == 3
         with pytest.raises(ValueError, match="v"):  # a bad call is still checked
             gemm_mod.gemm_av(mx.array(a), mx.array(v[:5]))
 
@@ -301,6 +307,32 @@ def fake_cuda(monkeypatch):
     drop()
     yield launches
     drop()
+
+
+def test_calls_never_synchronise(fake_cuda, monkeypatch):
+    """Building a call (memoised or not: tiles= a dict, knobs=) evaluates nothing: an mx.eval
+    there would wait for all the GPU work queued before the call (session 5: 400+ us per
+    GEMM call with tiles= a dict, whose memo key failed and whose placeholder was evaluated)."""
+    import mlx.core as mx
+
+    import xlstm_kernels as xk
+    from xlstm_kernels.ops import gemm as gemm_mod
+
+    a, v = mx.random.normal((40, 24)), mx.random.normal((24, 33))
+    q, k = mx.random.normal((1, 4, 1, 16)), mx.random.normal((1, 2, 2048, 16))
+    mx.eval(a, v, q, k)
+    evals = []
+    real = mx.eval
+    monkeypatch.setattr(mx, "eval", lambda *args, **kw: (evals.append(1), real(*args, **kw))[1])
+    gemm_mod._CALLS.clear()
+    with runtime.use_backend("cuda"):
+        for _ in range(2):
+            xk.gemm_av(a, v, tiles={"bm": 64, "bn": 64, "bk": 16, "wm": 2, "wn": 2, "path": "simd"})
+        assert len(gemm_mod._CALLS) == 1  # a dict of tiles is memoised by its items
+        xk.linear(a, mx.random.normal((8, 24)), mx.random.normal((8,)))
+        xk.scaled_dot_product_attention(q, k, k, scale=0.25, knobs={"split_kv_block_size": 256})
+        xk.rms_norm(a, None, 1e-5, knobs={"n_reads": 2})
+    assert evals == []
 
 
 def test_memoised_ops_replay_their_launches_on_cuda(fake_cuda, replay_on):

@@ -33,6 +33,7 @@ turns it off (:func:`replay_enabled`).
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import time
@@ -46,7 +47,7 @@ from ..tiles import knobs as knobs_mod
 from ..tiles import presets as presets_mod
 from ..tiles import resolve as resolve_mod
 
-__all__ = ["CallCache", "REPLAY_BACKENDS", "REPLAY_ENV_VAR", "config_token", "constant", "replayable"]
+__all__ = ["CallCache", "REPLAY_BACKENDS", "REPLAY_ENV_VAR", "config_token", "placeholder", "replayable"]
 
 REPLAY_ENV_VAR = "XLSTM_KERNELS_REPLAY"
 # Backends whose kernels are MLX primitives (mx.fast.metal_kernel / cuda_kernel), which a
@@ -93,16 +94,18 @@ def config_token() -> int:
     return token
 
 
-def constant(array: mx.array) -> mx.array:
-    """`array`, evaluated now: for the constant inputs a memoised call keeps (placeholders).
+@functools.lru_cache(maxsize=16)
+def placeholder(dtype: mx.Dtype) -> mx.array:
+    """A one-element array of `dtype` standing in for an absent optional kernel input.
 
-    A lazily built constant (``mx.zeros``) held by the memo would be evaluated by whichever
-    thread first evaluates a graph that uses it, on the stream of the thread that built it;
-    and a compiled (replayed) call records its own copy and never evaluates the original.
-    MLX's GPU streams belong to their thread ("There is no Stream(gpu, 0) in current
-    thread"), so every constant a memo entry shares is materialised when it is made."""
-    mx.eval(array)
-    return array
+    Made from data, so it is materialised at once and shared by every call and thread: a
+    lazily built constant (``mx.zeros``) kept by a memo would be evaluated by whichever
+    thread first evaluates a graph using it, on the stream of the thread that built it
+    (MLX's GPU streams belong to their thread: "There is no Stream(gpu, 0) in current
+    thread", session 4), and evaluating it when made (``mx.eval``) synchronises with the
+    GPU: a call that is not memoised (``tiles=`` of a dict, ``knobs=``) then waited for all
+    the work queued before it (GEMM probe, session 5: 400+ us per call)."""
+    return mx.array([0], dtype=dtype)
 
 
 def replay_enabled() -> bool:

@@ -95,7 +95,7 @@ import mlx.core as mx
 from ..runtime import KernelSpec, current_backend, launch
 from ..tiles.gemm import dtype_name
 from ..tiles.knobs import ALIAS_SPLIT_MIN_KEYS, attention_block_k_bytes, attention_fits, resolve_knobs
-from ._callcache import CallCache, constant, replayable
+from ._callcache import CallCache, placeholder, replayable
 from ._validate import check_array, check_int32, check_same_dtype
 
 __all__ = [
@@ -733,7 +733,7 @@ def _build_attention(q, k, v, scale, mask, path: str, cfg: dict, replay: bool = 
         return o
 
     additive = m.kind == _MASK_ADD
-    placeholder = constant(mx.zeros((1,), dtype=q.dtype))
+    absent = placeholder(q.dtype)
 
     @mx.custom_function
     def f(q, k, v, extra):
@@ -750,7 +750,7 @@ def _build_attention(q, k, v, scale, mask, path: str, cfg: dict, replay: bool = 
 
     def call(q, k, v, mask):
         # an array mask is checked per call (its values are this call's); memoised calls have none
-        extra = _check_inputs(q, k, v, scale, mask).array if additive else placeholder
+        extra = _check_inputs(q, k, v, scale, mask).array if additive else absent
         return f(q, k, v, extra)
 
     return call

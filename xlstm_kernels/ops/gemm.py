@@ -19,14 +19,14 @@ dict of its fields or a ``"TMxTN[xTK]"`` string.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Hashable
 
 import mlx.core as mx
 
 from .. import tiles as tiles_mod
 from ..tiles.gemm import SIMD_AUTO_STAGES
 from ..runtime import KernelSpec, current_backend, prepare_launch
-from ._callcache import CallCache, constant, replayable
+from ._callcache import CallCache, placeholder, replayable
 from ._validate import INT32_MAX, check_array, check_int32
 
 __all__ = ["ACTIVATIONS", "gemm_a_bt", "gemm_at_b", "gemm_av", "linear", "gemm_reference", "simd_stages"]
@@ -156,7 +156,10 @@ _LAUNCHERS = CallCache("gemm launchers")
 def _launcher(layout, a_shape, b_shape, dtype, has_bias, act, has_res, tiles, backend):
     """run(a, b, bias, residual) -> C for operands of these shapes: the tile config resolved
     and the launches planned once per signature (and configuration)."""
-    key = (layout.op, a_shape, b_shape, dtype, has_bias, act, has_res, tiles, backend)
+    try:
+        key = (layout.op, a_shape, b_shape, dtype, has_bias, act, has_res, _tiles_key(tiles), backend)
+    except TypeError:  # unhashable tiles: planned for this call only
+        return _build_launcher(layout, a_shape, b_shape, dtype, has_bias, act, has_res, tiles, backend)
     run = _LAUNCHERS.get(key)
     if run is None:
         run = _LAUNCHERS.put(key, _build_launcher(layout, a_shape, b_shape, dtype, has_bias, act, has_res, tiles,
@@ -192,7 +195,7 @@ def _build_launcher(layout, a_shape, b_shape, dtype, has_bias, act, has_res, til
     sb = 0 if len(b_shape) == 2 and batch_shape else b_rows * b_cols
 
     cfg = tiles_mod.resolve_gemm_config(layout.op, m, n, k, dtype, tiles, batch=nbatch, backend=backend).config
-    placeholder = constant(mx.zeros((1,), dtype=dtype))
+    absent = placeholder(dtype)
     epilogue = [("HAS_BIAS", has_bias), ("ACT", act), ("HAS_RES", has_res)]
     split = cfg.split_k if cfg.path == "simd" else 1
     shapes = f"operands of shapes {a_shape} and {b_shape}"
@@ -202,7 +205,7 @@ def _build_launcher(layout, a_shape, b_shape, dtype, has_bias, act, has_res, til
                     shapes + "; use split_k=1")
     k_per_split = -(-k // split) if split > 1 else k
     params = mx.array([m, n, k, sa, sb, k_per_split, split, nbatch], dtype=mx.int64)
-    example = [placeholder, placeholder, placeholder, placeholder, params]  # ranks only: none is 0-d
+    example = [absent, absent, absent, absent, params]  # ranks only: none is 0-d
 
     if cfg.path == "gemv" and m == 1:  # op(A) is one row: A is a contiguous K-vector in every layout
         rows = max(1, cfg.gemv_threads // 32)
@@ -234,7 +237,7 @@ def _build_launcher(layout, a_shape, b_shape, dtype, has_bias, act, has_res, til
         if split > 1:
             total = nbatch * m * n
             reduce = prepare_launch(
-                SPLIT_REDUCE, inputs=[placeholder, placeholder, placeholder, params], output_shapes=[(nbatch, m, n)],
+                SPLIT_REDUCE, inputs=[absent, absent, absent, params], output_shapes=[(nbatch, m, n)],
                 output_dtypes=[dtype], grid=(total, 1, 1), threadgroup=(min(256, total), 1, 1),
                 template=[("T", dtype), *epilogue], backend=backend,
             )
@@ -255,8 +258,8 @@ def _build_launcher(layout, a_shape, b_shape, dtype, has_bias, act, has_res, til
     def run(a, b, bias, residual):
         a_data, _ = _batch_operand(a, batch_shape, a_rows, a_cols)
         b_data, _ = _batch_operand(b, batch_shape, b_rows, b_cols)
-        bias_in = bias.astype(dtype) if bias is not None else placeholder
-        res_in = residual.astype(dtype) if residual is not None else placeholder
+        bias_in = bias.astype(dtype) if bias is not None else absent
+        res_in = residual.astype(dtype) if residual is not None else absent
         outs = main([a_data, b_data, bias_in, res_in, params])
         if reduce is not None:
             outs = reduce([outs[1], bias_in, res_in, params])
@@ -317,8 +320,17 @@ def _run(
 _CALLS = CallCache("gemm")
 
 
+def _tiles_key(tiles: Any) -> Hashable:
+    """`tiles` as a hashable memo key part (a dict by its items), or raise TypeError."""
+    if isinstance(tiles, dict):
+        tiles = ("dict", tuple(sorted(tiles.items(), key=lambda kv: str(kv[0]))))
+    hash(tiles)
+    return tiles
+
+
 def _call_key(op, a, b, bias, activation, residual, tiles) -> tuple | None:
-    """Everything validation and the launches depend on, or None (not memoisable)."""
+    """Everything validation and the launches depend on, or None (not memoisable: then the
+    call is built on its own, without graph replay)."""
     sig = []
     for x in (a, b, bias, residual):
         if x is None:
@@ -327,7 +339,10 @@ def _call_key(op, a, b, bias, activation, residual, tiles) -> tuple | None:
             sig.append((x.shape, x.dtype))
         else:
             return None
-    return (op, *sig, activation, tiles)
+    try:
+        return (op, *sig, activation, _tiles_key(tiles))
+    except TypeError:
+        return None
 
 
 def _build_call(op, a, b, bias, activation, residual, tiles, replay: bool = False):
@@ -404,11 +419,11 @@ def _build_call(op, a, b, bias, activation, residual, tiles, replay: bool = Fals
     if replay:
         f = replayable(f, backend)
 
-    placeholder = constant(mx.zeros((1,), dtype=dtype))
+    absent = placeholder(dtype)
 
     def call(a, b, bias, residual):
         a, b, residual = prepare(a, b, residual)
-        return f(a, b, bias.astype(dtype) if has_bias else placeholder, residual if has_res else placeholder)
+        return f(a, b, bias.astype(dtype) if has_bias else absent, residual if has_res else absent)
 
     return call
 
