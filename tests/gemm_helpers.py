@@ -36,9 +36,11 @@ def seed_of(*parts: Any) -> int:
 
 
 def rand(rng: np.random.Generator, shape, dtype, scale: float = 1.0) -> mx.array:
-    """Fresh standard-normal data (no zeros: a value of exactly 0 is redrawn) in `dtype`."""
-    x = rng.standard_normal(shape).astype(np.float32) * scale
-    x[x == 0] = 0.5
+    """Fresh standard-normal data in `dtype`, no zeros: values under 1e-4 in magnitude
+    (which float16 may round to 0) become 0.5 before scaling."""
+    x = rng.standard_normal(shape).astype(np.float32)
+    x[np.abs(x) < 1e-4] = 0.5
+    x *= scale
     out = mx.array(x).astype(dtype)
     assert x.size == 0 or np.all(f64(out) != 0), "an input rounded to zero"
     return out

@@ -141,9 +141,14 @@ def assert_close(out: mx.array, ref: np.ndarray, dtype, what: str, tol: float | 
 
 
 class LaunchSpy:
-    """Records the kernels the attention ops launch (and still runs them)."""
+    """Records the kernels the attention ops launch (and still runs them). The op's call memo
+    is cleared first: a call replayed from an earlier recording (cuda) launches nothing here,
+    and module settings a test patches are read when a call is built."""
 
     def __init__(self, monkeypatch):
+        from launch_spies import clear_call_memos
+
+        clear_call_memos(att)
         self.kernels: list[str] = []
         self.templates: list[dict] = []
         real = att.launch
