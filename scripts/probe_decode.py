@@ -4,18 +4,20 @@ mx.fast SDPA, in one run. Device time is estimated as the eval time of 20 queued
 
     python scripts/probe_decode.py [--out result.json] [--tiny] [--budget 85]
 
-Variants per shape (knobs passed per call, so the call memo is bypassed; module constants
-patched around a variant are restored after it):
-  lane        split_kv_mma=False: attention_partial, the lane walk (automatic block size)
-  mma         split_kv_mma=True: attention_partial_mma, the tile pass 1 (automatic block size)
-  mma bs256 / mma bs1024    the tile pass 1 at a fixed block size
-  mma st2     at most 2 threadgroup-memory stages (default 3)
-  mma kt32    32-key tiles (2 stages of 17 KiB on CUDA at D = 128)
-  auto        the op as users call it (memoised, graph replay on cuda; the default walk)
+Variants per shape: the op as users call it (memoised, graph replay on cuda), with module
+constants of ops.attention patched and the call memo cleared around each variant (so each
+is planned anew and then replayed; eval times compare kernels, not per-call host work):
+  lane        XLSTM_ATTENTION_SPLIT_KV_MMA=0: attention_partial, the lane walk
+  mma         the shipped tile pass 1 (attention_partial_mma, automatic block size)
+  tgN         SPLIT_KV_MMA_TARGET_GROUPS = N: the block size halves from 1024 until N groups
+  st2 / st2 tg128   at most 2 threadgroup-memory stages (and target 128 groups)
+  mb2048      blocks of up to 2048 keys (target 128 groups)
+  kt32        32-key tiles
 `--tiny` runs one small shape (works on the emulator: XLSTM_KERNELS_BACKEND=emulate).
 """
 import argparse
 import json
+import os
 import time
 
 import mlx.core as mx
@@ -35,14 +37,16 @@ if args.tiny:
     shapes = [(1, 4, 2, 300, 16)]
     reps, calls = 2, 2
 
-VARIANTS = [  # (name, knobs, module constants of ops.attention to patch)
-    ("lane", {"split_kv_mma": False}, {}),
-    ("mma", {"split_kv_mma": True}, {}),
-    ("mma bs256", {"split_kv_mma": True, "split_kv_block_size": 256}, {}),
-    ("mma bs1024", {"split_kv_mma": True, "split_kv_block_size": 1024}, {}),
-    ("mma st2", {"split_kv_mma": True}, {"SPLIT_KV_MMA_MAX_STAGES": 2}),
-    ("mma kt32", {"split_kv_mma": True}, {"SPLIT_KV_MMA_TILE": 32}),
-    ("auto", None, {}),
+VARIANTS = [  # (name, environment, module constants of ops.attention to patch)
+    ("lane", {"XLSTM_ATTENTION_SPLIT_KV_MMA": "0"}, {}),
+    ("mma", {}, {}),
+    ("tg512", {}, {"SPLIT_KV_MMA_TARGET_GROUPS": 512}),
+    ("tg128", {}, {"SPLIT_KV_MMA_TARGET_GROUPS": 128}),
+    ("tg32", {}, {"SPLIT_KV_MMA_TARGET_GROUPS": 32}),
+    ("st2", {}, {"SPLIT_KV_MMA_MAX_STAGES": 2}),
+    ("st2 tg128", {}, {"SPLIT_KV_MMA_MAX_STAGES": 2, "SPLIT_KV_MMA_TARGET_GROUPS": 128}),
+    ("mb2048", {}, {"SPLIT_KV_MMA_MAX_BLOCK": 2048, "SPLIT_KV_MMA_TARGET_GROUPS": 128}),
+    ("kt32", {}, {"SPLIT_KV_MMA_TILE": 32}),
 ]
 
 
@@ -61,11 +65,11 @@ def timed(f):
     return best[len(best) // 2]
 
 
-def plan_of(q, k, v, kn):
+def plan_of(q, k, v, env):
     """What the variant launches: kernel, block size, R, stages / simdgroups."""
     backend = xk.runtime.current_backend() if hasattr(xk, "runtime") else "cuda"
-    mma = att._use_mma((kn or {}).get("split_kv_mma"), q, k, v, backend)
-    bs = (kn or {}).get("split_kv_block_size")
+    mma = att._use_mma(None if "XLSTM_ATTENTION_SPLIT_KV_MMA" not in env else False, q, k, v, backend)
+    bs = None
     if mma:
         bs = bs or att._auto_block_size_mma(q, k, v, backend)
         _, kw = att._partial_mma_launch(q, k, v, att._Mask(0), 0.1, bs, backend)
@@ -99,7 +103,7 @@ for (b, hq, hkv, lk, d) in shapes:
     tag = f"{b} {hq} {hkv} {lk} {d}"
     print(f"{tag:20s} {'mlx':11s} {'mx.fast SDPA':28s} {mb:9.1f} {me:9.1f} {nbytes / me / 1e3:6.0f} {me:8.1f} {1.0:6.2f}")
     rows.append(dict(shape=[b, hq, hkv, lk, d], variant="mlx", eval_us=me, build_us=mb, gbs=nbytes / me / 1e3))
-    for name, kn, patch in VARIANTS:
+    for name, env, patch in VARIANTS:
         if time.perf_counter() - t_start > args.budget:
             print(f"{tag:20s} {name:11s} skipped (time budget)")
             continue
@@ -107,8 +111,10 @@ for (b, hq, hkv, lk, d) in shapes:
         try:
             for key, val in patch.items():
                 setattr(att, key, val)
-            plan = plan_of(q, k, v, kn)
-            f = lambda: xk.scaled_dot_product_attention(q, k, v, scale=scale, knobs=kn)  # noqa: E731
+            os.environ.update(env)
+            att._CALLS.clear()
+            plan = plan_of(q, k, v, env)
+            f = lambda: xk.scaled_dot_product_attention(q, k, v, scale=scale)  # noqa: E731
             o = f()
             mx.eval(o)
             err = (mx.abs(o.astype(mx.float32) - o_ref.astype(mx.float32)).max()
@@ -120,6 +126,9 @@ for (b, hq, hkv, lk, d) in shapes:
         finally:
             for key, val in saved.items():
                 setattr(att, key, val)
+            for key in env:
+                os.environ.pop(key, None)
+            att._CALLS.clear()
         print(f"{tag:20s} {name:11s} {plan:28s} {ob:9.1f} {oe:9.1f} {nbytes / oe / 1e3:6.0f} {me:8.1f} "
               f"{me / oe:6.2f} {err:8.1e}")
         rows.append(dict(shape=[b, hq, hkv, lk, d], variant=name, plan=plan, build_us=ob, eval_us=oe, mlx_eval_us=me,
