@@ -292,7 +292,10 @@ def fake_cuda(monkeypatch):
     class FakeKernel:
         def __call__(self, *, inputs, output_shapes, output_dtypes, **kwargs):
             launches.append(len(inputs))
-            return [mx.zeros(s, d) for s, d in zip(output_shapes, output_dtypes)]
+            # outputs that depend on every input, as a real kernel's do (so that a replayed
+            # graph holds them: an input array also used inside as a constant is refused)
+            tie = sum(mx.sum(mx.array(x).astype(mx.float32)) * 0.0 for x in inputs)
+            return [(mx.zeros(s, d) + tie).astype(d) for s, d in zip(output_shapes, output_dtypes)]
 
     monkeypatch.setattr(mx.fast, "cuda_kernel", lambda **kwargs: FakeKernel(), raising=False)
     monkeypatch.setattr(backends_mod, "_cuda_available", lambda: True)

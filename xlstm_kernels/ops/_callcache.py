@@ -33,7 +33,6 @@ turns it off (:func:`replay_enabled`).
 
 from __future__ import annotations
 
-import functools
 import os
 import threading
 import time
@@ -94,11 +93,13 @@ def config_token() -> int:
     return token
 
 
-@functools.lru_cache(maxsize=16)
 def placeholder(dtype: mx.Dtype) -> mx.array:
-    """A one-element array of `dtype` standing in for an absent optional kernel input.
+    """A new one-element array of `dtype` standing in for an absent optional kernel input.
 
-    Made from data, so it is materialised at once and shared by every call and thread: a
+    A new array per use site: one array object passed both as an input of a replayed
+    (``mx.compile``'d) function and used inside it as a constant makes MLX refuse the graph
+    ("Attempting to compile a function with uncaptured inputs": the GEMM's call wrapper and
+    its launcher, session 5). Made from data, so it is materialised at once: a
     lazily built constant (``mx.zeros``) kept by a memo would be evaluated by whichever
     thread first evaluates a graph using it, on the stream of the thread that built it
     (MLX's GPU streams belong to their thread: "There is no Stream(gpu, 0) in current
