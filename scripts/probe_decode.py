@@ -8,10 +8,11 @@ Variants per shape: the op as users call it (memoised, graph replay on cuda), wi
 constants of ops.attention patched and the call memo cleared around each variant (so each
 is planned anew and then replayed; eval times compare kernels, not per-call host work):
   lane        XLSTM_ATTENTION_SPLIT_KV_MMA=0: attention_partial, the lane walk
-  mma         the shipped tile pass 1 (attention_partial_mma, automatic block size)
-  tgN         SPLIT_KV_MMA_TARGET_GROUPS = N: the block size halves from 1024 until N groups
-  st2 / st2 tg128   at most 2 threadgroup-memory stages (and target 128 groups)
-  mb2048      blocks of up to 2048 keys (target 128 groups)
+  mma         the shipped tile pass 1 (attention_partial_mma, automatic block size: from
+              SPLIT_KV_MMA_MAX_BLOCK halved until SPLIT_KV_MMA_TARGET_GROUPS groups)
+  mb1024 / mb4096   SPLIT_KV_MMA_MAX_BLOCK 1024 / 4096
+  tg256       SPLIT_KV_MMA_TARGET_GROUPS 256
+  st2 / mb4096 st2  at most 2 threadgroup-memory stages
   kt32        32-key tiles
 `--tiny` runs one small shape (works on the emulator: XLSTM_KERNELS_BACKEND=emulate).
 """
@@ -40,12 +41,11 @@ if args.tiny:
 VARIANTS = [  # (name, environment, module constants of ops.attention to patch)
     ("lane", {"XLSTM_ATTENTION_SPLIT_KV_MMA": "0"}, {}),
     ("mma", {}, {}),
-    ("tg512", {}, {"SPLIT_KV_MMA_TARGET_GROUPS": 512}),
-    ("tg128", {}, {"SPLIT_KV_MMA_TARGET_GROUPS": 128}),
-    ("tg32", {}, {"SPLIT_KV_MMA_TARGET_GROUPS": 32}),
+    ("mb1024", {}, {"SPLIT_KV_MMA_MAX_BLOCK": 1024}),
     ("st2", {}, {"SPLIT_KV_MMA_MAX_STAGES": 2}),
-    ("st2 tg128", {}, {"SPLIT_KV_MMA_MAX_STAGES": 2, "SPLIT_KV_MMA_TARGET_GROUPS": 128}),
-    ("mb2048", {}, {"SPLIT_KV_MMA_MAX_BLOCK": 2048, "SPLIT_KV_MMA_TARGET_GROUPS": 128}),
+    ("tg256", {}, {"SPLIT_KV_MMA_TARGET_GROUPS": 256}),
+    ("mb4096", {}, {"SPLIT_KV_MMA_MAX_BLOCK": 4096}),
+    ("mb4096 st2", {}, {"SPLIT_KV_MMA_MAX_BLOCK": 4096, "SPLIT_KV_MMA_MAX_STAGES": 2}),
     ("kt32", {}, {"SPLIT_KV_MMA_TILE": 32}),
 ]
 
