@@ -499,9 +499,9 @@ def test_split_kv_mma_plan(monkeypatch):
         _, kw = att._partial_mma_launch(q, k, k, att._Mask(0), 0.1, bs, backend)
         return bs, kw["grid"][0] // 32 * kw["grid"][1] * kw["grid"][2]
 
-    assert plan(8, 32, 8, 8192) == (2048, 256)  # the largest block already gives >= 128 groups
-    assert plan(4, 32, 8, 32768) == (2048, 512)
-    assert plan(16, 32, 8, 4096) == (2048, 256)
+    assert plan(8, 32, 8, 8192) == (4096, 128)  # the largest block already gives >= 128 groups
+    assert plan(4, 32, 8, 32768) == (4096, 256)
+    assert plan(16, 32, 8, 4096) == (4096, 128)
     assert plan(1, 32, 32, 4096) == (1024, 128)  # halved until 128 groups
     assert plan(1, 32, 8, 4096) == (256, 128)
     assert plan(1, 32, 8, 100) == (64, 16)  # never below 64

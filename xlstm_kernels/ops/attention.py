@@ -51,7 +51,7 @@ Kernels (``metal_src/attention.metal``):
   O^T = V^T P^T: tensor-core m16n8k16 on CUDA, 16 keys per product) over K / V tiles of
   ``SPLIT_KV_MMA_TILE`` (16) keys streamed through up to ``SPLIT_KV_MMA_MAX_STAGES`` (3)
   threadgroup-memory stages (cp.async on CUDA; 48 KiB budget there, 32 KiB elsewhere);
-  block size automatic from ``SPLIT_KV_MMA_MAX_BLOCK`` (2048) halved (down to 64) until the
+  block size automatic from ``SPLIT_KV_MMA_MAX_BLOCK`` (4096) halved (down to 64) until the
   grid has ``SPLIT_KV_MMA_TARGET_GROUPS`` (128) threadgroups. Where one stage does not fit
   (float32 with head dims near 256 on 32 KiB) the lane walk runs. Split-KV is chosen
   automatically for
@@ -520,9 +520,10 @@ SPLIT_KV_MMA_MAX_ROWS = 16
 #: Block sizes of the tile pass 1 when none is set: SPLIT_KV_MMA_MAX_BLOCK halved (down to
 #: 64) until the grid has SPLIT_KV_MMA_TARGET_GROUPS one-simdgroup threadgroups. Few long
 #: walks beat many short ones: on the H100 (scripts/probe_decode.py, eval time, fp16 D 128)
-#: 8x32x8x8192 takes 112 us with blocks of 512 keys (1024 groups), 99 with 1024 (512), 83
-#: with 2048 (256 groups: 3.2 TB/s of K and V), MLX 137; 16x32x8x4096 111 / 105 / 86 (MLX 109).
-SPLIT_KV_MMA_MAX_BLOCK = 2048
+#: 8x32x8x8192 takes 112 us with blocks of 512 keys (1024 groups), 99 with 1024 (512), 82
+#: with 2048 (256 groups: 3.3 TB/s of K and V), 80 with 4096, MLX 131; 4x32x8x32768 208 /
+#: 207 / 179 / 151 us (MLX 202-268); 16x32x8x4096 111 / 104 / 87 / 82 (MLX 109-134).
+SPLIT_KV_MMA_MAX_BLOCK = 4096
 SPLIT_KV_MMA_TARGET_GROUPS = 128
 
 

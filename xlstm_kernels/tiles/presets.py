@@ -428,6 +428,11 @@ class PresetStack:
                 return fam.match
         return None
 
+    def backend(self, key: str) -> str:
+        """The kernel backend family `key`'s configs are for (:func:`family_backend`)."""
+        archs = (self.match(key) or {}).get("architecture") or []
+        return "cuda" if archs and all(str(a).startswith("sm_") for a in archs) else "metal"
+
     def compute_units(self, key: str) -> int | None:
         """The family's compute_units from the highest-precedence file that sets it (no
         fallback family: None where no file does)."""

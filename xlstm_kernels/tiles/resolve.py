@@ -309,6 +309,10 @@ def _resolve(op, m, n, k, dt, tiles, batch, family, stamps, backend=None) -> Res
             rank["split_k"] = 5
         cfg = cfg.replace(split_k=split)
 
+    # limits: the backend that will run it; without one, a CUDA family's (its tiles may use
+    # CUDA's threadgroup memory), else the base limits (an explicit stage count unchecked)
+    if backend is None and stack.backend(fam) == "cuda":
+        backend = "cuda"
     probs = cfg.problems(dt, backend)
     if probs:
         raise TileConfigError("; ".join(f"{_name_sources(fs, sources, rank)}: {msg}" for fs, msg in probs))
