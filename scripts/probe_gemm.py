@@ -84,9 +84,9 @@ PLAN = {
     ("float16", "gemm_av"): list(CONFIGS) + [c for c in RAW_CONFIGS if c not in ON_REQUEST],
     ("float16", "gemm_at_b"): ["auto", "p128x128x16_w2x4", *BIG, "c256x128x32_w4x2_s3", "c128x128x32_w2x4_s4"],
     ("float16", "gemm_a_bt"): ["auto", "p128x128x16_w2x4", *BIG, "c128x128x32_w2x4_s4"],
-    ("bfloat16", "gemm_av"): ["auto", "p128x128x16_w2x4", *BIG[:2]],
-    ("bfloat16", "gemm_at_b"): ["auto", "p128x128x16_w2x4", *BIG[:2]],
-    ("float16", "linear"): ["auto", "p128x128x16_w2x4", *BIG[:2]],
+    ("bfloat16", "gemm_av"): ["auto", "p128x128x16_w2x4", *BIG],
+    ("bfloat16", "gemm_at_b"): ["auto", "p128x128x16_w2x4", *BIG],
+    ("float16", "linear"): ["auto", "p128x128x16_w2x4", *BIG],
 }
 TINY_SHAPES = [(160, 136, 72), (33, 29, 31)]
 
@@ -169,6 +169,9 @@ def main():
     ap.add_argument("--tiny", action="store_true", help="small shapes, few reps (emulator logic check)")
     ap.add_argument("--only", default=None, help="comma-separated candidate names to run (default: the plan)")
     ap.add_argument("--budget-s", type=float, default=130.0, help="skip remaining rows after this many seconds")
+    ap.add_argument("--ops", default=os.environ.get("PROBE_GEMM_OPS"),
+                    help="comma-separated dtype:op entries of the plan to run, e.g. float16:gemm_a_bt "
+                         "(default: all; also PROBE_GEMM_OPS)")
     args = ap.parse_args()
     backend = current_backend()
     shapes = TINY_SHAPES if args.tiny else SHAPES
@@ -188,7 +191,11 @@ def main():
     hdr = (f"{'dtype':8} {'op':9} {'M x N x K':16} {'candidate':24} {'st':>2} {'queued us':>9} {'TFLOP/s':>8} "
            f"{'mlx us':>8} {'mlx TF':>7} {'ratio':>6} {'sync us':>8} {'mlx sync':>8} {'err':>8}")
     print(hdr)
-    for (dt_name, op), names in PLAN.items():
+    plan = PLAN
+    if args.ops:
+        want = {tuple(e.split(":")) for e in args.ops.split(",")}
+        plan = {key: names for key, names in PLAN.items() if key in want}
+    for (dt_name, op), names in plan.items():
         dtype = getattr(mx, dt_name)
         kop = "gemm_a_bt" if op == "linear" else op  # the kernel layout
         ta, tb = kop == "gemm_at_b", kop == "gemm_a_bt"
