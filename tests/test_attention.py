@@ -336,7 +336,7 @@ def test_split_kv_chunks(kernel_backend, monkeypatch, dtype_name, d, mask_kind, 
         else:
             assert (t["R"], t["RM"], t["KT"]) == (4, 1, 16)
             if kernel_backend == "emulate":  # 32 KiB of stages
-                assert t["ST"] == (1 if dtype_name == "float32" and d == 128 else 3)
+                assert t["ST"] == (1 if dtype_name == "float32" and d == 128 else att.SPLIT_KV_MMA_MAX_STAGES)
 
 
 # Split-KV pass 1 over all the query rows of a key/value head: (Hq / Hkv) query heads x
@@ -485,10 +485,14 @@ def test_split_kv_mma_plan(monkeypatch):
     """Rows per group, stages per backend budget, the automatic block size, and the lane
     walk where one stage of tiles does not fit."""
     h = mx.float16
-    assert att._mma_plan(4, 128, 128, h, "cuda") == (4, 1, 16, 3)  # 8.5 KiB per stage
-    assert att._mma_plan(1, 128, 128, h, "emulate") == (1, 1, 16, 3)
-    assert att._mma_plan(32, 128, 128, h, "cuda") == (16, 2, 16, 3)
-    assert att._mma_plan(24, 64, 64, h, "cuda") == (12, 2, 16, 3)
+    assert att._mma_plan(4, 128, 128, h, "cuda") == (4, 1, 16, 2)  # 8.5 KiB per stage, SPLIT_KV_MMA_MAX_STAGES
+    assert att._mma_plan(1, 128, 128, h, "emulate") == (1, 1, 16, 2)
+    assert att._mma_plan(32, 128, 128, h, "cuda") == (16, 2, 16, 2)
+    assert att._mma_plan(24, 64, 64, h, "cuda") == (12, 2, 16, 2)
+    monkeypatch.setattr(att, "SPLIT_KV_MMA_MAX_STAGES", 3)
+    assert att._mma_plan(4, 128, 128, h, "cuda") == (4, 1, 16, 3)
+    assert att._mma_plan(4, 128, 128, mx.float32, "emulate") == (4, 1, 16, 1)  # 16.5 KiB per stage
+    monkeypatch.setattr(att, "SPLIT_KV_MMA_MAX_STAGES", 2)
     assert att._mma_plan(4, 256, 256, mx.float32, "cuda") == (4, 1, 16, 1)  # 32.5 KiB per stage
     assert att._mma_plan(4, 256, 256, mx.float32, "emulate") is None
     assert att._mma_plan(4, 256, 256, h, "emulate") == (4, 1, 16, 1)

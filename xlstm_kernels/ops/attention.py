@@ -49,7 +49,7 @@ Kernels (``metal_src/attention.metal``):
   otherwise): one simdgroup per (key block, kv head, group
   of up to 16 query rows), keys as the rows of simdgroup-matrix products (S^T = K Q^T,
   O^T = V^T P^T: tensor-core m16n8k16 on CUDA, 16 keys per product) over K / V tiles of
-  ``SPLIT_KV_MMA_TILE`` (16) keys streamed through up to ``SPLIT_KV_MMA_MAX_STAGES`` (3)
+  ``SPLIT_KV_MMA_TILE`` (16) keys streamed through up to ``SPLIT_KV_MMA_MAX_STAGES`` (2)
   threadgroup-memory stages (cp.async on CUDA; 48 KiB budget there, 32 KiB elsewhere);
   block size automatic from ``SPLIT_KV_MMA_MAX_BLOCK`` (4096) halved (down to 64) until the
   grid has ``SPLIT_KV_MMA_TARGET_GROUPS`` (128) threadgroups. Where one stage does not fit
@@ -511,7 +511,8 @@ SPLIT_KV_MMA_TILE = 16
 #: ... at most this many threadgroup-memory stages (tile t + ST - 1 is copied while tile t
 #: is computed), as many as fit the backend's budget: 48 KiB on cuda (CUDA's static shared
 #: memory per block), 32 KiB elsewhere (Apple GPUs, the emulator).
-SPLIT_KV_MMA_MAX_STAGES = 3
+SPLIT_KV_MMA_MAX_STAGES = 2  # H100, blocks of 4096 keys: 3 stages 85 / 145 / 76 us, 2 stages 76 / 131 / 81
+# at 8x32x8x8192 / 4x32x8x32768 / 16x32x8x4096 (fp16, D 128; scripts/probe_decode.py)
 _MMA_STAGE_BUDGET = {"cuda": 48 * 1024}
 _APPLE_STAGE_BUDGET_BYTES = 32 * 1024
 #: Query rows per threadgroup of the tile pass 1 (two 8-row fragments); more rows per kv
