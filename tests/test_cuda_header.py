@@ -233,3 +233,46 @@ def test_gemm_simd_takes_its_tiles_from_dynamic_shared_memory(recorder, monkeypa
             assert recorder.built[-1]["shared_memory"] > 48 * 1024
     finally:
         drop()
+
+
+def test_grids_past_cudas_limits_launch_as_linear_blocks(recorder):
+    """Threadgroups beyond 65535 along y / z, or more than 2**31 threads along x, launch as
+    one linear index over blocks along x then y (MLX's grid counts threads in int32)."""
+    k = _kernel("norm", "rms_norm", ["x", "w", "eps", "params"], ["y"])
+    x = mx.zeros((4, 64))
+    inputs = [x, x[0], mx.array(1e-5), mx.array([4, 64, 1], dtype=mx.int32)]
+    tmpl = [("T", mx.float32), ("HAS_W", True), ("N_READS", 4), ("ONE_SIMD", False), ("FULL", 0), ("NF", 0)]
+    grid, tg = (128, 2 * 257, 65536), (128, 2, 1)  # 257 x 65536 threadgroups: z past 65535
+    k(inputs=inputs, output_shapes=[(4, 64)], output_dtypes=[mx.float32], grid=grid, threadgroup=tg, template=tmpl)
+    launched = recorder.launches[-1]
+    total = 257 * 65536
+    bx, by = launched["grid"][0] // 128, launched["grid"][1] // 2
+    assert launched["grid"][2] == 1 and launched["threadgroup"] == (128, 2, 1)
+    assert bx * 128 <= 2**31 - 1 and by > 1 and bx * by >= total and by == -(-total // bx)
+    assert "blockIdx.x + gridDim.x * blockIdx.y" in recorder.built[-1]["source"]
+    assert [int(v) for v in launched["inputs"][-1].tolist()] == [*grid, 1, 257, 65536]  # the true grid
+    with pytest.raises(ck.CudaKernelError, match=r"needs .* threadgroups: more than CUDA can launch"):
+        k(inputs=inputs, output_shapes=[(4, 64)], output_dtypes=[mx.float32], grid=(2**31, 65536, 65536),
+          threadgroup=(1024, 1, 1), template=tmpl)
+
+
+def test_linear_block_launch_runs_on_the_gpu(kernel_backend, monkeypatch):
+    """The linear launch over blocks along x then y (forced here with small limits) computes
+    what the native one does: RMSNorm of 37 rows, one threadgroup each, as 6 x 7 blocks."""
+    if kernel_backend != "cuda":
+        pytest.skip("runs the cuda backend's launch (the text and plan are checked above)")
+    import xlstm_kernels as xk
+    from xlstm_kernels.ops import norm as norm_mod
+
+    rng = np.random.default_rng(11)
+    x = mx.array(rng.standard_normal((37, 320)).astype(np.float32))
+    w = mx.array(rng.standard_normal((320,)).astype(np.float32))
+    want = np.asarray(x, dtype=np.float64)
+    want = want / np.sqrt((want**2).mean(axis=1, keepdims=True) + 1e-5) * np.asarray(w, dtype=np.float64)
+    monkeypatch.setattr(ck, "_MAX_GRID_YZ_BLOCKS", 6)  # 37 rows of threadgroups: past it
+    monkeypatch.setattr(ck, "_MAX_GRID_X_THREADS", 6 * 1024)  # at most 6 blocks along x
+    monkeypatch.setenv("XLSTM_KERNELS_REPLAY", "0")
+    norm_mod._CALLS.clear()
+    got = np.asarray(xk.rms_norm(x, w, 1e-5), dtype=np.float64)
+    norm_mod._CALLS.clear()
+    assert np.max(np.abs(got - want)) / np.max(np.abs(want)) < 1e-5

@@ -17,7 +17,7 @@ def test_prologue_reads_block_idx_for_a_native_grid_and_divides_otherwise():
     native = k.cuda_source((False,), (("T", "dtype", "float32"),), native_grid=True)
     linear = k.cuda_source((False,), (("T", "dtype", "float32"),), native_grid=False)
     assert "uint3(blockIdx.x, blockIdx.y, blockIdx.z)" in native and "xk_bid_" not in native
-    assert "xk_bid_ % uint(xk_grid[3])" in linear and "blockIdx.y" not in linear
+    assert "xk_bid_ % uint(xk_grid[3])" in linear and "blockIdx.x + gridDim.x * blockIdx.y" in linear
     for text in (native, linear):
         assert "using T = float;" in text
         assert text.rstrip().endswith("y[i] = x[i];")

@@ -152,7 +152,12 @@ def test_configs_match_numpy(kernel_backend, dh, cfg):
         assert rel_err(a, host(ref)) < 1e-4
 
 
-def test_default_plan():
+def test_default_plan(monkeypatch):
+    """The built-in plan (a family without sLSTM presets), and the H100 family's presets."""
+    from xlstm_kernels import tiles
+
+    monkeypatch.setenv("XLSTM_KERNELS_DEVICE", "cpu")
+    tiles.reload_presets()
     assert sl.plan(8) == sl.SLSTMConfig(1, True)
     assert sl.plan(32) == sl.SLSTMConfig(4, True)
     assert sl.plan(64) == sl.SLSTMConfig(8, True)
@@ -161,6 +166,8 @@ def test_default_plan():
     for dh in (1, 7, 64, 100, 256, 512):
         cfg = sl.plan(dh)
         assert dh * cfg.threads_per_unit <= 1024
+    monkeypatch.setenv("XLSTM_KERNELS_DEVICE", "nvidia_hopper")  # R in registers, more lanes per unit
+    assert sl.plan(128) == sl.SLSTMConfig(8, True) and sl.plan(256) == sl.SLSTMConfig(4, True)
 
 
 # ---------------------------------------------------------------------------

@@ -65,7 +65,7 @@ __all__ = ["CudaKernel", "CudaKernelError", "metal_kernel", "compat_header", "re
            "MAX_THREADS_PER_THREADGROUP", "ATTRIBUTES"]
 
 MAX_THREADS_PER_THREADGROUP = 1024
-_MAX_GRID_X_BLOCKS = 2**31 - 1
+_MAX_GRID_X_THREADS = 2**31 - 1  # MLX's grid argument counts threads, as int32
 
 # Metal attribute -> (type, C++ expression over the prologue's helpers). Emitted when the
 # attribute's name occurs in the body (MLX's Metal wrapper does the same search).
@@ -96,7 +96,7 @@ ATTRIBUTES: dict[str, tuple[str, str]] = {
 # limits (y, z <= 65535 blocks), else recovered from a linear block index along x.
 _TGP_NATIVE = "const uint3 xk_tgp_ = uint3(blockIdx.x, blockIdx.y, blockIdx.z);"
 _TGP_LINEAR = """\
-const uint xk_bid_ = blockIdx.x;
+const uint xk_bid_ = blockIdx.x + gridDim.x * blockIdx.y;
 const uint3 xk_tgp_ = uint3(xk_bid_ % uint(xk_grid[3]), (xk_bid_ / uint(xk_grid[3])) % uint(xk_grid[4]),
                             xk_bid_ / (uint(xk_grid[3]) * uint(xk_grid[4])));"""
 _MAX_GRID_YZ_BLOCKS = 65535
@@ -469,12 +469,24 @@ class CudaKernel:
         block = tuple(min(a, b) for a, b in zip(t, g))
         counts = tuple(-(-gg // bb) for gg, bb in zip(g, block))
         total = counts[0] * counts[1] * counts[2]
-        if total * block[0] > _MAX_GRID_X_BLOCKS:
-            raise CudaKernelError(f"[{self.name}] grid {g} with threadgroup {t} needs {total} threadgroups: too many")
         native = counts[1] <= _MAX_GRID_YZ_BLOCKS and counts[2] <= _MAX_GRID_YZ_BLOCKS
+        if native and counts[0] * block[0] > _MAX_GRID_X_THREADS:
+            native = False
+        if native:
+            launch_grid = tuple(c * b for c, b in zip(counts, block))
+        else:
+            # the threadgroups as one linear index (xk_bid_ in the prologue) over blocks along x,
+            # then y: MLX's grid counts threads in int32, so x holds at most 2**31 - 1 threads;
+            # blocks past the last threadgroup decompose beyond Metal's grid and return
+            bx = min(total, _MAX_GRID_X_THREADS // block[0])
+            by = -(-total // bx)
+            if by > _MAX_GRID_YZ_BLOCKS or bx * by >= 2**32:
+                raise CudaKernelError(f"[{self.name}] grid {g} with threadgroup {t} needs {total} threadgroups: "
+                                      f"more than CUDA can launch ({_MAX_GRID_X_THREADS // block[0]} x "
+                                      f"{_MAX_GRID_YZ_BLOCKS} blocks of {block[0]} x {block[1]} x {block[2]})")
+            launch_grid = (bx * block[0], by * block[1], block[2])
         exact = native and all(gg % bb == 0 for gg, bb in zip(g, block))
         obj = self._object(zero_d, n_threads, template_key, native, exact, shared_memory)
-        launch_grid = tuple(c * b for c, b in zip(counts, block)) if native else (total * block[0], block[1], block[2])
         grid_arg = None if exact else mx.array([*g, *counts], dtype=mx.int32)
         return obj, grid_arg, launch_grid, block
 

@@ -243,6 +243,10 @@ def _reference_core(q, k, v, scale: float, kind: int, marr, q_start: int, lq_tot
     """Attention of queries [q_start, q_start + q.shape[2]) of a length-`lq_total` query sequence."""
     b, hq, lq, d = q.shape
     hkv, lk, dv = k.shape[1], k.shape[2], v.shape[3]
+    if 0 in (b, hq, lq, dv):
+        # an empty output, without mx ops on empty operands (MLX 0.32's CUDA matmul crashed the
+        # process on them on the H100)
+        return mx.zeros((b, hq, lq, dv), dtype=q.dtype)
     g = hq // hkv
     qf = q.astype(mx.float32).reshape(b, hkv, g, lq, d) * scale
     kf = k.astype(mx.float32)[:, :, None]

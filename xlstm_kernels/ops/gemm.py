@@ -101,7 +101,13 @@ def gemm_reference(
     """The same op with plain mx ops (the ``reference`` backend and the tests' oracle)."""
     x = a.swapaxes(-1, -2) if op == "gemm_at_b" else a
     y = b.swapaxes(-1, -2) if op == "gemm_a_bt" else b
-    out = mx.matmul(x, y)
+    if x.size == 0 or y.size == 0:
+        # an empty operand: zeros of the product's shape without mx.matmul (MLX 0.32's CUDA
+        # matmul crashed the process on zero-size operands on the H100)
+        shape = (*mx.broadcast_shapes(tuple(x.shape[:-2]), tuple(y.shape[:-2])), x.shape[-2], y.shape[-1])
+        out = mx.zeros(shape, dtype=_promote(x.dtype, y.dtype))
+    else:
+        out = mx.matmul(x, y)
     if bias is not None:
         out = out + bias
     out = _activate_reference(out, activation)

@@ -58,6 +58,13 @@ def _base_freqs(half: int, base: float) -> mx.array:
 # ---------------------------------------------------------------------------
 # Validation
 # ---------------------------------------------------------------------------
+def _as_float32(freqs: mx.array) -> mx.array:
+    """freqs in float32; float64 is cast on the CPU (GPUs have no float64 in MLX)."""
+    if freqs.dtype == mx.float64:
+        return freqs.astype(mx.float32, stream=mx.cpu)
+    return freqs.astype(mx.float32)
+
+
 def _check_args(x, dims, traditional, base, scale, offset, freqs) -> tuple[mx.array, mx.array | int]:
     """Validate everything; return (freqs as float32 (dims//2,), offset as int or int32 array)."""
     check_array(x, "x", min_ndim=2)
@@ -90,7 +97,7 @@ def _check_args(x, dims, traditional, base, scale, offset, freqs) -> tuple[mx.ar
             raise TypeError(f"freqs has dtype {freqs.dtype}; expected a floating dtype (float32, float16, bfloat16)")
         if tuple(freqs.shape) != (half,):
             raise ValueError(f"freqs must have shape (dims // 2,) = ({half},), got {tuple(freqs.shape)}")
-        freqs32 = freqs.astype(mx.float32)
+        freqs32 = _as_float32(freqs)
     else:
         if base is None:
             raise ValueError("one of base and freqs must be given (both are None)")
@@ -309,7 +316,7 @@ def _build_call(x, dims, traditional, base, scale, offset, freqs, replay: bool =
             if not -(2**31) <= offset < 2**31:
                 raise ValueError(f"offset must fit in int32, got {offset}")
             offs = offset
-        return offs, (freqs.astype(mx.float32) if given_freqs else freqs32)
+        return offs, (_as_float32(freqs) if given_freqs else freqs32)
 
     backend = current_backend()
     if backend == "reference" or x.size == 0:
