@@ -258,7 +258,7 @@ def test_grids_past_cudas_limits_launch_as_linear_blocks(recorder):
 
 def test_linear_block_launch_runs_on_the_gpu(kernel_backend, monkeypatch):
     """The linear launch over blocks along x then y (forced here with small limits) computes
-    what the native one does: RMSNorm of 37 rows, one threadgroup each, as 6 x 7 blocks."""
+    what the native one does: RMSNorm of 37 rows, one threadgroup each, as 5 x 8 blocks."""
     if kernel_backend != "cuda":
         pytest.skip("runs the cuda backend's launch (the text and plan are checked above)")
     import xlstm_kernels as xk
@@ -269,8 +269,10 @@ def test_linear_block_launch_runs_on_the_gpu(kernel_backend, monkeypatch):
     w = mx.array(rng.standard_normal((320,)).astype(np.float32))
     want = np.asarray(x, dtype=np.float64)
     want = want / np.sqrt((want**2).mean(axis=1, keepdims=True) + 1e-5) * np.asarray(w, dtype=np.float64)
-    monkeypatch.setattr(ck, "_MAX_GRID_YZ_BLOCKS", 6)  # 37 rows of threadgroups: past it
-    monkeypatch.setattr(ck, "_MAX_GRID_X_THREADS", 6 * 1024)  # at most 6 blocks along x
+    _, kw = norm_mod._plan("rms", x, w, None, 1e-5)
+    assert kw["grid"][1] == 37 and kw["threadgroup"][1] == 1  # one threadgroup row per x row
+    monkeypatch.setattr(ck, "_MAX_GRID_YZ_BLOCKS", 8)  # 37 rows of threadgroups: past it
+    monkeypatch.setattr(ck, "_MAX_GRID_X_THREADS", 5 * kw["threadgroup"][0])  # 5 blocks along x, 8 along y
     monkeypatch.setenv("XLSTM_KERNELS_REPLAY", "0")
     norm_mod._CALLS.clear()
     got = np.asarray(xk.rms_norm(x, w, 1e-5), dtype=np.float64)
