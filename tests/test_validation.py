@@ -126,8 +126,8 @@ OPS = {
 def call(op: str, **over):
     fn, spec = OPS[op]
     vals = {k: over[k] if k in over else arr(shape, seed=i) for i, (k, (shape, _)) in enumerate(spec.items())}
-    if op.startswith("slstm"):  # a valid state has n > 0
-        vals["n"] = over.get("n", mx.abs(vals["n"]) + 1.0)
+    if op.startswith("slstm") and "n" not in over:  # a valid state has n > 0
+        vals["n"] = mx.abs(vals["n"]) + 1.0
     return fn(vals)
 
 

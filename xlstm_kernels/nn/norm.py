@@ -5,7 +5,16 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 
+from ..ops._validate import FLOAT_DTYPES
 from ..ops.norm import layer_norm, multihead_layer_norm, rms_norm
+
+
+def _like(p: mx.array | None, x: mx.array) -> mx.array | None:
+    """Parameter `p` in x's dtype, where that is a supported float dtype (else as it is, and
+    the op rejects x: a float64 cast would fail on the GPU before the op could say why)."""
+    if p is None or not isinstance(x, mx.array) or x.dtype not in FLOAT_DTYPES:
+        return p
+    return p.astype(x.dtype)
 
 
 class RMSNorm(nn.Module):
@@ -17,7 +26,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def __call__(self, x: mx.array) -> mx.array:
-        return rms_norm(x, self.weight.astype(x.dtype), self.eps)
+        return rms_norm(x, _like(self.weight, x), self.eps)
 
 
 class LayerNorm(nn.Module):
@@ -32,7 +41,7 @@ class LayerNorm(nn.Module):
 
     def __call__(self, x: mx.array) -> mx.array:
         b = self.get("bias")
-        return layer_norm(x, self.weight.astype(x.dtype), None if b is None else b.astype(x.dtype), self.eps)
+        return layer_norm(x, _like(self.weight, x), _like(b, x), self.eps)
 
 
 class MultiHeadLayerNorm(nn.Module):
@@ -53,6 +62,4 @@ class MultiHeadLayerNorm(nn.Module):
 
     def __call__(self, x: mx.array) -> mx.array:
         b = self.get("bias")
-        return multihead_layer_norm(
-            x, self.weight.astype(x.dtype), None if b is None else b.astype(x.dtype), self.num_heads, self.eps
-        )
+        return multihead_layer_norm(x, _like(self.weight, x), _like(b, x), self.num_heads, self.eps)

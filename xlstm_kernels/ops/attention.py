@@ -160,7 +160,9 @@ class _Mask:
 
 def _promotes_to(a: mx.Dtype, b: mx.Dtype) -> bool:
     """Whether MLX's promotion of `a` with `b` is `b` (``a`` can be added to a `b` array)."""
-    return (mx.zeros((1,), dtype=a) + mx.zeros((1,), dtype=b)).dtype == b
+    # on the CPU: a float64 array may not even be made on a GPU (only its dtype is read)
+    return mx.add(mx.zeros((1,), dtype=a, stream=mx.cpu), mx.zeros((1,), dtype=b, stream=mx.cpu),
+                  stream=mx.cpu).dtype == b
 
 
 def _check_mask(mask: Any, target: tuple[int, int, int, int], dtype: mx.Dtype) -> _Mask:
