@@ -115,6 +115,41 @@ def test_launch_plans_are_reused_per_signature(recorder):
     assert len(recorder.built) == 4 and recorder.launches[-1]["grid"] == (2048, 1, 1)
 
 
+def test_min_blocks_template_becomes_the_launch_bounds_hint(recorder):
+    """A template entry XK_MIN_BLOCKS = b compiles the kernel with
+    __launch_bounds__(threads, b) (the header defines XK_LAUNCH_MIN_BLOCKS b; the body
+    still sees the constant); absent, only the threads bound; out of range, a ValueError
+    naming it. The RMSNorm plan asks for it on 16-bit FULL rows held in <= 64 bytes per
+    thread, and never where a thread holds more (those spilled at 48 registers)."""
+    k = ck.CudaKernel("copy", ["x", "n"], ["y"], COPY)
+    x = mx.array(np.random.default_rng(2).standard_normal(256).astype(np.float32))
+
+    def go(template):
+        return k(inputs=[x, mx.array(256, dtype=mx.int32)], output_shapes=[(256,)], output_dtypes=[mx.float32],
+                 grid=(256, 1, 1), threadgroup=(128, 1, 1), template=template)
+
+    go([("T", mx.float32)])
+    go([("T", mx.float32), ("XK_MIN_BLOCKS", 10)])
+    plain, hinted = recorder.built
+    assert "XK_LAUNCH_MIN_BLOCKS" not in plain["header"] and "#define XK_MAX_THREADS 128" in plain["header"]
+    assert "#define XK_LAUNCH_MIN_BLOCKS 10\n" in hinted["header"]
+    assert "constexpr int XK_MIN_BLOCKS = 10;" in hinted["source"]
+    assert "__launch_bounds__(XK_MAX_THREADS, XK_LAUNCH_MIN_BLOCKS)" in ck.compat_header()
+    for bad in (0, 33, True):
+        with pytest.raises(ValueError, match="XK_MIN_BLOCKS"):
+            go([("T", mx.float32), ("XK_MIN_BLOCKS", bad)])
+
+    from xlstm_kernels.ops import norm as norm_mod
+
+    def hint(rows, n, dtype):
+        _, kw = norm_mod._plan("rms", mx.zeros((rows, n), dtype=dtype), mx.zeros((n,), dtype=dtype), None, 1e-5)
+        return dict(kw["template"]).get("XK_MIN_BLOCKS")
+
+    assert hint(4, 4096, mx.bfloat16) == 65536 // (norm_mod.FORWARD_REGISTERS * 128)  # 32 per thread: 64 bytes
+    assert hint(4, 8192, mx.bfloat16) is None  # 64 per thread: 128 bytes
+    assert hint(4, 4096, mx.float32) is None  # float32 rows take the general path
+
+
 def test_bad_launches_still_raise_after_a_good_one(recorder):
     k = ck.CudaKernel("copy", ["x", "n"], ["y"], COPY)
     x = mx.zeros((8,))

@@ -1108,8 +1108,15 @@ template <class T> inline T* dynamic_threadgroup(size_t bytes) {
 }  // namespace mlx::core::cu
 
 // Registers: the kernel is compiled for its launch's threadgroup size, so a
-// 1024-thread threadgroup never fails to launch for lack of registers.
+// 1024-thread threadgroup never fails to launch for lack of registers. A launch whose
+// template names XK_MIN_BLOCKS (an occupancy hint: other backends ignore it) also asks
+// for that many resident blocks per SM, which caps the registers per thread at
+// 65536 / (XK_MAX_THREADS * XK_MIN_BLOCKS); the header defines it as XK_LAUNCH_MIN_BLOCKS (e.g. 48 for 128 threads x 10 blocks).
 #undef __global__
+#ifdef XK_LAUNCH_MIN_BLOCKS
+#define __global__ __location__(global) __launch_bounds__(XK_MAX_THREADS, XK_LAUNCH_MIN_BLOCKS)
+#else
 #define __global__ __location__(global) __launch_bounds__(XK_MAX_THREADS)
+#endif
 
 #endif  // XLSTM_CUDA_COMPAT_H

@@ -305,8 +305,12 @@ class CudaKernel:
         outs = [f"xk_a_{n}" if self.atomic_outputs else n for n in self.output_names]
         return ins, outs
 
-    def cuda_header(self, threads: int) -> str:
+    def cuda_header(self, threads: int, min_blocks: int = 0) -> str:
+        """The ``header`` given to cuda_kernel; `min_blocks` > 0 (the template's
+        ``XK_MIN_BLOCKS``) adds the occupancy hint of ``__launch_bounds__``."""
         parts = [f"#define XK_MAX_THREADS {int(threads)}\n"]
+        if min_blocks > 0:
+            parts.append(f"#define XK_LAUNCH_MIN_BLOCKS {int(min_blocks)}\n")
         code = _blank_comments_only(self._family_header + "\n" + self._body)
         for name, pattern in HEADER_PARTS:
             if pattern is None or pattern.search(code) or (name == "atomics.h" and self.atomic_outputs):
@@ -356,7 +360,7 @@ class CudaKernel:
             input_names=ins,
             output_names=outs,
             source=self.cuda_source(zero_d, template, native_grid, exact_grid),
-            header=self.cuda_header(threads),
+            header=self.cuda_header(threads, _min_blocks(template)),
             ensure_row_contiguous=self.ensure_row_contiguous,
             # dynamic shared memory of every launch (XK_THREADGROUP_DYNAMIC); MLX raises the
             # kernel's limit (cudaFuncAttributeMaxDynamicSharedMemorySize) above 48 KB itself
@@ -493,6 +497,23 @@ class CudaKernel:
 
 _EMPTY = object()  # the plan of a launch with an empty grid
 _MAX_DYNAMIC_SHARED = 232448  # dynamic shared memory per block on sm_90 (227 KiB)
+
+
+MIN_BLOCKS_TEMPLATE = "XK_MIN_BLOCKS"
+
+
+def _min_blocks(key: tuple) -> int:
+    """The occupancy hint of a template key: the int ``XK_MIN_BLOCKS`` (resident blocks
+    per SM that ``__launch_bounds__`` asks of ptxas), 0 when absent. A template argument
+    so that it reaches every backend unchanged; bodies never read it (on Metal and in the
+    emulator it is an unused constant)."""
+    for name, kind, v in key:
+        if name == MIN_BLOCKS_TEMPLATE:
+            if kind != "int" or not 1 <= v <= 32:
+                raise ValueError(f"[metal_kernel] template {MIN_BLOCKS_TEMPLATE}={v!r}: expected an int from 1 to 32 "
+                                 "(resident threadgroups per SM)")
+            return v
+    return 0
 
 
 def _template_key(template: Sequence[tuple[str, Any]] | None) -> tuple:
