@@ -235,6 +235,25 @@ def test_grads_many_rows_per_group(kernel_backend, monkeypatch, cached_max):
     assert groups < 37 and spec.kernel == ("layer_norm_vjp" if cached_max > 200 else "layer_norm_vjp_looped")
 
 
+def test_rms_vjp_units_fill_one_wave_on_cuda(monkeypatch):
+    """On CUDA the RMSNorm backward of the cached 256-thread layout runs about
+    RMS_VJP_TARGET_THREADS_CUDA threads of units (one wave on an H100); other layouts,
+    LayerNorm and other backends keep VJP_TARGET_THREADS."""
+
+    def units(kind, n, dtype, backend, rows=16384):
+        monkeypatch.setattr(norm_mod, "current_backend", lambda: backend)
+        x = mx.zeros((rows, n), dtype=dtype)
+        _, kw, groups = norm_mod._vjp_plan(kind, x, mx.zeros((n,), dtype=dtype), kind == "ln", x, EPS)
+        return groups, kw["threadgroup"][0]
+
+    groups, tpr = units("rms", 4096, mx.bfloat16, "cuda")
+    want = norm_mod.RMS_VJP_TARGET_THREADS_CUDA // tpr
+    assert tpr == norm_mod.VJP_THREADS and want - 4 <= groups <= want  # rows per group rounded up
+    assert units("rms", 4096, mx.bfloat16, "emulate")[0] == 16384 // -(-16384 // (norm_mod.VJP_TARGET_THREADS // tpr))
+    assert units("ln", 4096, mx.bfloat16, "cuda") == units("ln", 4096, mx.bfloat16, "emulate")
+    assert units("rms", 16384, mx.float32, "cuda") == units("rms", 16384, mx.float32, "emulate")  # looped
+
+
 def test_forward_looped_short_rows(kernel_backend, monkeypatch):
     """The looped kernels with several chunks per thread and a ragged tail."""
     monkeypatch.setattr(norm_mod, "CACHED_MAX", 64)
@@ -557,6 +576,7 @@ def test_rms_norm_vjp_full_rows(kernel_backend, monkeypatch, dtype, n, has_w):
     from xlstm_kernels.runtime import launch
 
     monkeypatch.setattr(norm_mod, "VJP_TARGET_THREADS", 64)
+    monkeypatch.setattr(norm_mod, "RMS_VJP_TARGET_THREADS_CUDA", 64)
 
     dt = DTYPES[dtype]
     n = n * 4 // dt.size

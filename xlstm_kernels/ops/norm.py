@@ -108,10 +108,25 @@ FULL_FORWARD_DTYPES = (mx.float16, mx.bfloat16)
 # registers), longer rows the looped backward kernels.
 VJP_THREADS = 256
 VJP_MAX_READS = 16
+# Registers per thread asked of the CUDA compiler (the XK_MIN_BLOCKS occupancy hint,
+# xlstm_kernels/cuda/kernel.py: resident blocks per SM = 65536 // (registers * threads)),
+# for the cached kernels' FULL rows; 0: no hint. MLX's rms_norm_small takes 47 registers
+# (10 blocks of 128 threads per SM); ours took 53 (9 blocks) unhinted.
+FORWARD_REGISTERS = 48
+# ... only where a thread holds at most this many bytes of its row (the 16-bit rows up to
+# 4096 of the automatic layout): 64 bfloat16 elements per thread (8192-long rows) spill
+# ~450 bytes at 48 registers and ran at 0.38x MLX (H100 bench, session 6); unhinted, 96.
+HINT_MAX_ROW_BYTES = 64
+VJP_REGISTERS = 0
 # Backward: enough (group, head) units to fill the GPU (about this many threads in
 # all); each unit sums dw/db over rows_per_group rows, so the float32 partials stay
 # near 2 MiB whatever the batch.
 VJP_TARGET_THREADS = 131072
+# The RMSNorm backward on CUDA, cached layout of VJP_THREADS threads per row: one wave of
+# units (an H100's 132 SMs x 2 resident blocks of 256 threads at its ~124 registers), so
+# that no partial last wave idles most SMs while it runs (H100, scripts/probe_rms.py "vjp_1wave", session 6: 16384x4096 0.99 -> 1.01x MLX
+# float32, 4096x4096 0.95 -> 0.97x float32, 0.86 -> 0.93x bfloat16).
+RMS_VJP_TARGET_THREADS_CUDA = 132 * 2 * 256
 
 
 # ---------------------------------------------------------------------------------------
@@ -274,6 +289,8 @@ def _plan(
         if kind == "rms":
             full = FULL_ROWS and dtype in FULL_FORWARD_DTYPES and lay.tpr * lay.n_reads == n
             template += [("FULL", int(full)), ("NF", n if full else 0)]
+            if full and lay.n_reads * dtype.size <= HINT_MAX_ROW_BYTES:
+                template += _occupancy_hint(FORWARD_REGISTERS, lay.tpr * lay.rows_per_tg)
     inputs += [_eps(float(eps)), _ints(rows, n, num_heads)]
     r = lay.rows_per_tg
     kwargs = dict(
@@ -285,6 +302,14 @@ def _plan(
         template=template,
     )
     return _SPECS[(kind, lay.looped, False)], kwargs
+
+
+def _occupancy_hint(registers: int, threads: int) -> list[tuple[str, Any]]:
+    """The XK_MIN_BLOCKS template entry that holds a `threads`-thread kernel to about
+    `registers` registers per thread on CUDA (none for 0; ignored by other backends)."""
+    if registers <= 0:
+        return []
+    return [("XK_MIN_BLOCKS", max(1, min(32, 65536 // (registers * threads))))]
 
 
 def _vjp_plan(
@@ -304,7 +329,10 @@ def _vjp_plan(
     if weight is None and not has_bias:
         rpg = 1  # no partials to keep small: one row per unit, most parallelism
     else:
-        target_units = max(1, VJP_TARGET_THREADS // lay.tpr)
+        target = VJP_TARGET_THREADS
+        if kind == "rms" and not lay.looped and lay.tpr == VJP_THREADS and current_backend() == "cuda":
+            target = RMS_VJP_TARGET_THREADS_CUDA
+        target_units = max(1, target // lay.tpr)
         rpg = -(-m // max(1, target_units // num_heads))
     groups = -(-m // rpg)
     units = groups * num_heads
@@ -321,6 +349,8 @@ def _vjp_plan(
         template.append(("ONE_SIMD", lay.one_simd))
         if kind == "rms":
             template.append(("FULL", int(FULL_ROWS and lay.tpr * lay.n_reads == n)))
+            if FULL_ROWS and lay.tpr * lay.n_reads == n:
+                template += _occupancy_hint(VJP_REGISTERS, lay.tpr * lay.rows_per_tg)
     r = lay.rows_per_tg
     kwargs = dict(
         inputs=[
