@@ -166,12 +166,13 @@ run_probes() {  # every scripts/probe_*.py (or those named in PROBES): one JSON 
 run_ncu() {  # Nsight Compute reports of scripts/profile_ncu.py's cases (ours and MLX's op side by side)
   unset MLX_ENABLE_TF32
   local line name regex warm
-  local cases="${NCU_CASES:-}"
+  local cases="${NCU_CASES:-}" extra=()
+  read -ra extra <<<"${NCU_EXTRA:-}"  # more ncu options, e.g. "--print-details all"
   python3 scripts/profile_ncu.py list >"$OUT/ncu-cases.txt" || return 1
   while read -r name regex warm; do
     [ -z "$cases" ] || [[ " $cases " == *" $name "* ]] || continue
     echo "== ncu $name ($regex)" | tee -a "$OUT/ncu.txt"
-    timeout -k 5 "${NCU_TIMEOUT:-150}" ncu --set "${NCU_SET:-full}" --clock-control none --import-source no \
+    timeout -k 5 "${NCU_TIMEOUT:-150}" ncu --set "${NCU_SET:-full}" --clock-control none --import-source no "${extra[@]}" \
       --kernel-name "regex:$regex" --launch-skip "$warm" --launch-count 1 \
       python3 scripts/profile_ncu.py run "$name" >>"$OUT/ncu.txt" 2>&1
     echo "exit $?" >>"$OUT/ncu.txt"

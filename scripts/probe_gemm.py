@@ -55,6 +55,10 @@ CONFIGS = {
     # 228/226/240 regs, 1.01 (one stage is 51 KB: cuda only)
     "c128x256x64_w2x4_s3": (128, 256, 64, 2, 4, None, 3),
     "c256x128x64_w4x2_s3": (256, 128, 64, 4, 2, None, 3),  # 159 KB, 228/226/240 regs, 1.01
+    # the same with 4 stages (212 KB of 227): Nsight Compute (session 6) put 25% of the
+    # preset's stalls on "long scoreboard" (tiles not yet copied in)
+    "c256x128x64_w4x2_s4": (256, 128, 64, 4, 2, None, 4),
+    "c128x256x64_w2x4_s4": (128, 256, 64, 2, 4, None, 4),
     # today's warp tile with BK 32 and 4 stages (74 KB): isolates BK / stages; 128/127/124 regs (2 blocks / SM), 1.95
     "c128x128x32_w2x4_s4": (128, 128, 32, 2, 4, None, 4),
     # 4 warps of 64x64 at 2 blocks / SM (74 KB each): 226/224/228 regs, 1.34
@@ -79,7 +83,8 @@ SHAPES = [(4096, 4096, 4096), (2048, 2048, 2048), (4096, 4096, 1024), (512, 1024
 # (dtype, op) -> candidates run, most informative first (the --budget-s cut-off skips the rest):
 # the full list for fp16 gemm_av, subsets elsewhere (each new (config, dtype, op) is one
 # kernel compile, ~1-3 s). "linear" is gemm_a_bt with a bias (nn.Linear: x · wᵀ + b).
-BIG = ["c128x256x32_w2x4_s3", "c128x256x64_w2x4_s3", "c256x128x64_w4x2_s3"]
+BIG = ["c128x256x32_w2x4_s3", "c128x256x64_w2x4_s3", "c256x128x64_w4x2_s3", "c256x128x64_w4x2_s4",
+       "c128x256x64_w2x4_s4"]
 PLAN = {
     ("float16", "gemm_av"): list(CONFIGS) + [c for c in RAW_CONFIGS if c not in ON_REQUEST],
     ("float16", "gemm_at_b"): ["auto", "p128x128x16_w2x4", *BIG, "c256x128x32_w4x2_s3", "c128x128x32_w2x4_s4"],
@@ -167,7 +172,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=None, help="write the rows as JSON here (after every row)")
     ap.add_argument("--tiny", action="store_true", help="small shapes, few reps (emulator logic check)")
-    ap.add_argument("--only", default=None, help="comma-separated candidate names to run (default: the plan)")
+    ap.add_argument("--only", default=os.environ.get("PROBE_GEMM_ONLY"),
+                    help="comma-separated candidate names to run (default: the plan; also PROBE_GEMM_ONLY)")
     ap.add_argument("--budget-s", type=float, default=130.0, help="skip remaining rows after this many seconds")
     ap.add_argument("--ops", default=os.environ.get("PROBE_GEMM_OPS"),
                     help="comma-separated dtype:op entries of the plan to run, e.g. float16:gemm_a_bt "

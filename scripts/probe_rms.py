@@ -9,16 +9,23 @@ is apart, in "host us"). ROUNDS rounds alternate the variants, so that a drift o
 clock or of the machine hits all of them alike; the table gives the median and the best
 round. Variants are module
 settings of ops.norm (the call memo is cleared between them):
-  full      rows of exactly tpr * n_reads elements take the FULL path for every dtype
-  general   FULL_ROWS off: the general path (bounds code in every run)
-  nr16      full with 16 elements per thread (256 threads on a 4096 row)
-  default   what the op does as shipped (FULL for the dtypes in FULL_FORWARD_DTYPES)
+  full        rows of exactly tpr * n_reads elements take the FULL path for every dtype
+              (with the shipped FORWARD_REGISTERS occupancy hint on CUDA)
+  full_nohint full without the hint (ptxas picks the registers: 53 float32, 52 bfloat16)
+  full_r40    full held to 40 registers (12 blocks of 128 threads per SM; spills a little)
+  general     FULL_ROWS off: the general path (bounds code in every run)
+  nr16        full with 16 elements per thread (256 threads on a 4096 row)
+  default     what the op does as shipped (FULL for the dtypes in FULL_FORWARD_DTYPES)
 and of the backward (dx and dw of mx.vjp, against mx.vjp of mx.fast.rms_norm):
-  vjp         as shipped (256 threads x 16 elements on a 4096 row)
   vjp_512     512 threads x 8 elements
+  vjp         as shipped: on CUDA one wave of units (132 SMs x 2 blocks: no partial last wave;
+              session 6, "vjp_1wave" then: +0.5-8% over 131072 threads)
+  vjp_2wave   131072 threads of units (before session 6: 512 units, 1.94 waves on an H100)
 Tried and dropped (H100, session 5): x read again for the output instead of kept in
 registers (30-34 registers, 0.67-0.85x of the kept version), and the backward prefetching
-a unit's next row (+1-2% float32, -25-40% bfloat16).
+a unit's next row (+1-2% float32, -25-40% bfloat16). Session 6: the weight runs loaded
+with x before the reduction (84 registers unhinted: 0.82-0.96x of "full"), and "full_r40"
+(spills: 0.72-0.90x).
 ratio = MLX time / ours (> 1: ours faster); GB/s = bytes moved (forward: x read, y
 written; backward: x, g read, dx written) / time.
 """
@@ -38,15 +45,20 @@ import xlstm_kernels as xk
 from xlstm_kernels.ops import norm as norm_mod
 
 SHIPPED = norm_mod.FULL_FORWARD_DTYPES
-SHIPPED_VJP = (norm_mod.VJP_THREADS, norm_mod.VJP_MAX_READS)
-VJP_VARIANTS = {"vjp": SHIPPED_VJP, "vjp_512": (512, 8)}
+SHIPPED_REGISTERS = norm_mod.FORWARD_REGISTERS
+SHIPPED_VJP = (norm_mod.VJP_THREADS, norm_mod.VJP_MAX_READS, norm_mod.RMS_VJP_TARGET_THREADS_CUDA)
+# (threads per row, elements per thread, threads in all on CUDA) of the backward
+VJP_VARIANTS = {"vjp": SHIPPED_VJP, "vjp_512": (512, 8, SHIPPED_VJP[2]),
+                "vjp_2wave": (256, 16, 131072)}
 
 
 def configure(name: str) -> None:
-    norm_mod.VJP_THREADS, norm_mod.VJP_MAX_READS = VJP_VARIANTS.get(name, SHIPPED_VJP)
+    (norm_mod.VJP_THREADS, norm_mod.VJP_MAX_READS,
+     norm_mod.RMS_VJP_TARGET_THREADS_CUDA) = VJP_VARIANTS.get(name, SHIPPED_VJP)
     norm_mod.FULL_ROWS = name != "general"
     every = (mx.float32, mx.float16, mx.bfloat16)
     norm_mod.FULL_FORWARD_DTYPES = SHIPPED if name == "default" else every
+    norm_mod.FORWARD_REGISTERS = {"full_nohint": 0, "full_r40": 40}.get(name, SHIPPED_REGISTERS)
     os.environ.pop("XLSTM_RMS_NORM_N_READS", None)
     if name == "nr16":
         os.environ["XLSTM_RMS_NORM_N_READS"] = "16"
@@ -62,7 +74,7 @@ def main() -> None:
     rounds, q = 5, 20
     if args.tiny:
         shapes, rounds, q = [(8, 256)], 2, 2
-    variants = ["default", "full", "general", "nr16"]
+    variants = ["default", "full", "full_nohint", "general"]
     eps = 1e-5
     rows = []
     if not args.tiny:
