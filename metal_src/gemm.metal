@@ -171,6 +171,29 @@ inline void xk_frag_load_b4(thread M& m00, thread M& m10, thread M& m01, thread 
 }
 #endif
 
+#ifndef XK_TILE_SWIZZLE
+// Swizzled tiles: a backend whose fragment loads take one row address per lane (CUDA's
+// ldmatrix) may store gemm_simd's fast-path tiles without padding, chunk c of row r at
+// chunk c ^ (r & 7) (16-byte chunks; XK_TILE_SWIZZLE 1, its own xk_tile_swz and
+// xk_frag_load_a4_sw / _b4_sw). simdgroup_load reads rows at one stride, so here tiles
+// stay padded: XK_TILE_SWIZZLE 0, and these forms (never called with a swizzled tile) read
+// a plain tile of rows of ld elements.
+#define XK_TILE_SWIZZLE 0
+inline int xk_tile_swz(int r, int c, int ld) {
+  return r * ld + c;
+}
+template <typename M, typename U>
+inline void xk_frag_load_a4_sw(thread M& m00, thread M& m10, thread M& m01, thread M& m11, const threadgroup U* tile,
+                               int r0, int c0, int ld, bool transpose) {
+  xk_frag_load_a4(m00, m10, m01, m11, tile + r0 * ld + c0, ulong(ld), transpose);
+}
+template <typename M, typename U>
+inline void xk_frag_load_b4_sw(thread M& m00, thread M& m10, thread M& m01, thread M& m11, const threadgroup U* tile,
+                               int r0, int c0, int ld, bool transpose) {
+  xk_frag_load_b4(m00, m10, m01, m11, tile + r0 * ld + c0, ulong(ld), transpose);
+}
+#endif
+
 // Tile rows per band of gemm_simd's threadgroup order (1: row-major, the grid's own order).
 #ifndef XK_GEMM_GROUP_M
 #define XK_GEMM_GROUP_M 1
@@ -212,11 +235,14 @@ inline bool xk_async_runs_aligned(const device T* src, long ld) {
 // 2r + 1 share each B fragment (xk_mma2, and xk_mma2_k16 over two k-steps when BK % 16
 // == 0, with 16 x 16 fragment loads when FM and FN are even); an odd last row block uses
 // single products.
-template <typename T, int BK, int FM, int FN, int A_LD, int B_LD, bool TRANS_A, bool TRANS_B>
+// SW: the tiles are swizzled (XK_TILE_SWIZZLE; rows of A_LD / B_LD elements without
+// padding, ta / tb the tiles' first elements); needs the 16 x 16 loads (X4).
+template <typename T, int BK, int FM, int FN, int A_LD, int B_LD, bool TRANS_A, bool TRANS_B, bool SW = false>
 inline void xk_simd_tile_mma(thread simdgroup_matrix<float, 8, 8>* acc, const threadgroup T* ta,
                              const threadgroup T* tb, int ra, int cb) {
   constexpr int KS = BK % 16 == 0 ? 2 : 1;  // 8-deep k-steps per product group
   constexpr bool X4 = KS == 2 && FM % 2 == 0 && FN % 2 == 0;
+  static_assert(!SW || X4, "swizzled tiles need 16 x 16 fragment loads");
   XK_UNROLL
   for (int kk = 0; kk < BK; kk += 8 * KS) {
     if (X4) {
@@ -224,14 +250,23 @@ inline void xk_simd_tile_mma(thread simdgroup_matrix<float, 8, 8>* acc, const th
       XK_UNROLL
       for (int j = 0; j + 1 < FN; j += 2) {
         const int cj = cb + j * 8;
-        xk_frag_load_b4(fb[j][0], fb[j][1], fb[j + 1][0], fb[j + 1][1],
-                        tb + (TRANS_B ? cj * B_LD + kk : kk * B_LD + cj), B_LD, TRANS_B);
+        if (SW) {
+          xk_frag_load_b4_sw(fb[j][0], fb[j][1], fb[j + 1][0], fb[j + 1][1], tb, TRANS_B ? cj : kk,
+                             TRANS_B ? kk : cj, B_LD, TRANS_B);
+        } else {
+          xk_frag_load_b4(fb[j][0], fb[j][1], fb[j + 1][0], fb[j + 1][1],
+                          tb + (TRANS_B ? cj * B_LD + kk : kk * B_LD + cj), B_LD, TRANS_B);
+        }
       }
       XK_UNROLL
       for (int i = 0; i + 1 < FM; i += 2) {
         const int ri = ra + i * 8;
         simdgroup_matrix<T, 8, 8> a00, a10, a01, a11;
-        xk_frag_load_a4(a00, a10, a01, a11, ta + (TRANS_A ? kk * A_LD + ri : ri * A_LD + kk), A_LD, TRANS_A);
+        if (SW) {
+          xk_frag_load_a4_sw(a00, a10, a01, a11, ta, TRANS_A ? kk : ri, TRANS_A ? ri : kk, A_LD, TRANS_A);
+        } else {
+          xk_frag_load_a4(a00, a10, a01, a11, ta + (TRANS_A ? kk * A_LD + ri : ri * A_LD + kk), A_LD, TRANS_A);
+        }
         XK_UNROLL
         for (int j = 0; j < FN; ++j) {
           xk_mma2_k16(acc[i * FN + j], acc[(i + 1) * FN + j], a00, a10, a01, a11, fb[j][0], fb[j][1]);
@@ -411,7 +446,8 @@ for (int r = 0; r < RM; ++r) {
 // Threadgroup tiles hold T in each operand's memory order (op(A) as As[i][p], or As[p][i]
 // when TRANS_A; op(B) as Bs[p][j], or Bs[j][p] when TRANS_B) with PADS extra columns (16
 // bytes), so rows are copied in 16-byte runs and fragments are loaded (transposed where
-// needed) from 16-byte aligned rows. STAGES (>= 1) tiles of K are in flight: tile
+// needed) from 16-byte aligned rows (on XK_TILE_SWIZZLE backends the fast path's tiles
+// are unpadded and swizzled instead: see SW below). STAGES (>= 1) tiles of K are in flight: tile
 // t + STAGES - 1 is copied while tile t is multiplied. The host picks STAGES
 // (xlstm_kernels.tiles.GemmConfig.simd_stages: the config's `stages`, or as many as fit the
 // backend's budget) and checks STAGES * (A tile + B tile) against the backend's threadgroup
@@ -503,6 +539,15 @@ constexpr int B_CPR = B_COLS / V16 > 0 ? B_COLS / V16 : 1;
 constexpr bool FAST = A_COLS % V16 == 0 && B_COLS % V16 == 0 && NT % A_CPR == 0 && NT % B_CPR == 0;
 constexpr int A_RSTEP = NT / A_CPR, A_RUNS = (A_ROWS + A_RSTEP - 1) / A_RSTEP;
 constexpr int B_RSTEP = NT / B_CPR, B_RUNS = (B_ROWS + B_RSTEP - 1) / B_RSTEP;
+// Swizzled fast-path tiles (XK_TILE_SWIZZLE backends; 2-byte T, rows of whole 128-byte
+// lines, 16 x 16 fragment loads, a thread's runs 8k rows apart so that they share one
+// swizzle): rows of A_COLS / B_COLS elements at the padded tiles' stage offsets; the
+// guarded path keeps the padded layout (the two never share a threadgroup).
+constexpr bool SW = XK_TILE_SWIZZLE && FAST && sizeof(T) == 2 && (A_COLS * int(sizeof(T))) % 128 == 0 &&
+                    (B_COLS * int(sizeof(T))) % 128 == 0 && BK % 16 == 0 && FM % 2 == 0 && FN % 2 == 0 &&
+                    A_RSTEP % 8 == 0 && B_RSTEP % 8 == 0;
+constexpr int A_LDF = SW ? A_COLS : A_LD;  // the fast path's row lengths
+constexpr int B_LDF = SW ? B_COLS : B_LD;
 const long lda = TRANS_A ? M : K, ldb = TRANS_B ? K : N;
 const device T* a_org = a + a_r0 * lda + a_c0 + (TRANS_A ? k_lo * lda : k_lo);  // tile 0 of this split
 const device T* b_org = b + b_r0 * ldb + b_c0 + (TRANS_B ? k_lo : k_lo * ldb);
@@ -515,8 +560,8 @@ if (fast) {
   const device T* gb = b_org + b_r * ldb + b_c;
   const long ga_q = A_RSTEP * lda, gb_q = B_RSTEP * ldb;  // between a thread's runs
   const long ga_t = TRANS_A ? BK * lda : BK, gb_t = TRANS_B ? BK : BK * ldb;  // between K tiles
-  threadgroup T* sa = As + (a_r * A_LD + a_c);
-  threadgroup T* sb = Bs + (b_r * B_LD + b_c);
+  threadgroup T* sa = As + (SW ? xk_tile_swz(a_r, a_c, A_LDF) : a_r * A_LD + a_c);
+  threadgroup T* sb = Bs + (SW ? xk_tile_swz(b_r, b_c, B_LDF) : b_r * B_LD + b_c);
   const bool a_last = A_ROWS % A_RSTEP == 0 || a_r + (A_RUNS - 1) * A_RSTEP < A_ROWS;
   const bool b_last = B_ROWS % B_RSTEP == 0 || b_r + (B_RUNS - 1) * B_RSTEP < B_ROWS;
   // Tile t is read from stage t % STAGES and tile t + STAGES - 1 copied into stage
@@ -528,13 +573,13 @@ if (fast) {
       XK_UNROLL
       for (int q = 0; q < A_RUNS; ++q) {
         if (q + 1 < A_RUNS || a_last) {
-          xk_async_copy_aligned<V16>(sa + t * A_TILE + q * A_RSTEP * A_LD, ga + q * ga_q);
+          xk_async_copy_aligned<V16>(sa + t * A_TILE + q * A_RSTEP * A_LDF, ga + q * ga_q);
         }
       }
       XK_UNROLL
       for (int q = 0; q < B_RUNS; ++q) {
         if (q + 1 < B_RUNS || b_last) {
-          xk_async_copy_aligned<V16>(sb + t * B_TILE + q * B_RSTEP * B_LD, gb + q * gb_q);
+          xk_async_copy_aligned<V16>(sb + t * B_TILE + q * B_RSTEP * B_LDF, gb + q * gb_q);
         }
       }
       ga += ga_t;
@@ -542,8 +587,9 @@ if (fast) {
     }
     xk_async_commit();
   }
-  const threadgroup T* wa = As + (TRANS_A ? ra : ra * A_LD);
-  const threadgroup T* wb = Bs + (TRANS_B ? cb * B_LD : cb);
+  // the simdgroup's rows / columns of each tile (padded tiles: folded into the base)
+  const threadgroup T* wa = As + (SW ? 0 : (TRANS_A ? ra : ra * A_LD));
+  const threadgroup T* wb = Bs + (SW ? 0 : (TRANS_B ? cb * B_LD : cb));
   for (int t0 = 0; t0 < ntiles; t0 += STAGES) {
     XK_UNROLL
     for (int s = 0; s < STAGES; ++s) {
@@ -558,13 +604,13 @@ if (fast) {
           XK_UNROLL
           for (int q = 0; q < A_RUNS; ++q) {
             if (q + 1 < A_RUNS || a_last) {
-              xk_async_copy_aligned<V16>(sa + sw * A_TILE + q * A_RSTEP * A_LD, ga + q * ga_q);
+              xk_async_copy_aligned<V16>(sa + sw * A_TILE + q * A_RSTEP * A_LDF, ga + q * ga_q);
             }
           }
           XK_UNROLL
           for (int q = 0; q < B_RUNS; ++q) {
             if (q + 1 < B_RUNS || b_last) {
-              xk_async_copy_aligned<V16>(sb + sw * B_TILE + q * B_RSTEP * B_LD, gb + q * gb_q);
+              xk_async_copy_aligned<V16>(sb + sw * B_TILE + q * B_RSTEP * B_LDF, gb + q * gb_q);
             }
           }
           ga += ga_t;
@@ -575,8 +621,8 @@ if (fast) {
           xk_async_wait<0>();
           threadgroup_barrier(mem_flags::mem_threadgroup);  // tile t complete before the MMAs read it
         }
-        xk_simd_tile_mma<T, BK, FM, FN, A_LD, B_LD, TRANS_A, TRANS_B>(&acc[0][0], wa + s * A_TILE, wb + s * B_TILE,
-                                                                      0, 0);
+        xk_simd_tile_mma<T, BK, FM, FN, A_LDF, B_LDF, TRANS_A, TRANS_B, SW>(
+            &acc[0][0], wa + s * A_TILE, wb + s * B_TILE, SW ? ra : 0, SW ? cb : 0);
         if (STAGES == 1) {
           threadgroup_barrier(mem_flags::mem_threadgroup);  // MMAs done before the tile is refilled
         }

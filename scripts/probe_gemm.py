@@ -72,6 +72,10 @@ CONFIGS = {
 RAW_CONFIGS = {
     "p128x128x16_w2x4_g8": ((128, 128, 16, 2, 4, 1, 0), {"XK_GEMM_GROUP_M": 8}),
     "c128x256x64_w2x4_s3_g8": ((128, 256, 64, 2, 4, 1, 3), {"XK_GEMM_GROUP_M": 8}),
+    # _pad: XK_TILE_SWIZZLE 0, the padded tiles of every backend before session 6 (CUDA now
+    # swizzles the fast path's unpadded tiles)
+    "c256x128x64_w4x2_s3_pad": ((256, 128, 64, 4, 2, 1, 3), {"XK_TILE_SWIZZLE": 0}),
+    "c256x128x64_w4x2_s3_swz": ((256, 128, 64, 4, 2, 1, 3), {}),
 }
 ON_REQUEST: set = set()
 SPLIT_CONFIGS = {  # only for the under-filled 512x1024x4096 (fp16 gemm_av)

@@ -453,6 +453,75 @@ inline void xk_frag_load_b4(simdgroup_matrix<T, 8, 8>& m00, simdgroup_matrix<T, 
   }
 }
 
+// Swizzled tiles (XK_TILE_SWIZZLE): a tile of rows of ld 2-byte elements, ld * 2 a multiple
+// of 128 bytes, no padding, where the 16-byte chunk c of row r is stored at chunk
+// c ^ (r & 7) of that row. The eight rows an ldmatrix reads at one chunk then sit in eight
+// different bank groups, and a cp.async of a row's 128 bytes fills whole 128-byte lines
+// (a padded row of 144 bytes straddles two: Nsight Compute, session 6, counted 24 L2
+// sectors per 16-sector warp copy and 2.6x the shared-memory wavefronts).
+// xk_tile_swz(r, c): the element offset of (r, c) (c a multiple of 8) in such a tile.
+// xk_frag_load_a4_sw / _b4_sw: xk_frag_load_a4 / _b4 of the 16 x 16 block at element
+// (r0, c0) of the swizzled tile at `tile` (r0 a multiple of 8, c0 of 16).
+#define XK_TILE_SWIZZLE XK_SM80_
+inline int xk_tile_swz(int r, int c, int ld) {
+  return r * ld + ((((c >> 3) ^ r) & 7) | ((c >> 3) & ~7)) * 8;
+}
+namespace msl_detail {
+// This lane's row address: element (r0 + lr, c0 + lc) of the tile, swizzled. With r0 a
+// multiple of 8 and c0 of 16 that is (r0 + lr) * ld + (c0 ^ kx), kx = ((lc / 8) ^ (lr & 7)) * 8
+// depending on the lane only (one XOR per distinct c0 of the unrolled loops).
+template <class U> inline unsigned ldsm_x4_row_sw(const U* tile, int r0, int c0, int ld, bool transpose) {
+  const int l = int(lane_id_pure());
+  const int rr = l & 7, ro = (l & 8), co = (l & 16) >> 1;
+  const int lr = transpose ? co + rr : ro + rr;  // this lane's row and column offsets in memory
+  const int lc = transpose ? ro : co;
+  const int kx = (lc ^ (rr << 3)) & 56;
+  return unsigned(__cvta_generic_to_shared(tile)) + unsigned((r0 + lr) * ld + (c0 ^ kx)) * unsigned(sizeof(U));
+}
+}  // namespace msl_detail
+
+template <typename T, typename U>
+inline void xk_frag_load_a4_sw(simdgroup_matrix<T, 8, 8>& m00, simdgroup_matrix<T, 8, 8>& m10,
+                               simdgroup_matrix<T, 8, 8>& m01, simdgroup_matrix<T, 8, 8>& m11, const U* tile,
+                               int r0, int c0, int ld, bool transpose) {
+  if constexpr (msl_detail::ldsm4_ok<T, U>::v) {
+    const unsigned row = msl_detail::ldsm_x4_row_sw(tile, r0, c0, ld, transpose);
+    unsigned r[4];
+    if (transpose) {
+      msl_detail::ldsm_x4<true>(r, row);
+    } else {
+      msl_detail::ldsm_x4<false>(r, row);
+    }
+    *reinterpret_cast<unsigned*>(&m00.elements_) = r[0];
+    *reinterpret_cast<unsigned*>(&m10.elements_) = r[1];
+    *reinterpret_cast<unsigned*>(&m01.elements_) = r[2];
+    *reinterpret_cast<unsigned*>(&m11.elements_) = r[3];
+  } else {  // never swizzled (the body's SW needs 2-byte T on sm_80+): a plain tile
+    msl_detail::frag_load4_plain(m00, m10, m01, m11, tile + long(r0) * ld + c0, (unsigned long)ld, transpose);
+  }
+}
+
+template <typename T, typename U>
+inline void xk_frag_load_b4_sw(simdgroup_matrix<T, 8, 8>& m00, simdgroup_matrix<T, 8, 8>& m10,
+                               simdgroup_matrix<T, 8, 8>& m01, simdgroup_matrix<T, 8, 8>& m11, const U* tile,
+                               int r0, int c0, int ld, bool transpose) {
+  if constexpr (msl_detail::ldsm4_ok<T, U>::v) {
+    const unsigned row = msl_detail::ldsm_x4_row_sw(tile, r0, c0, ld, transpose);
+    unsigned r[4];
+    if (transpose) {
+      msl_detail::ldsm_x4<false>(r, row);
+    } else {
+      msl_detail::ldsm_x4<true>(r, row);
+    }
+    m00.xk_b_ = r[0];
+    m10.xk_b_ = r[1];
+    m01.xk_b_ = r[2];
+    m11.xk_b_ = r[3];
+  } else {  // never swizzled (the body's SW needs 2-byte T on sm_80+): a plain tile
+    msl_detail::frag_load4_plain(m00, m10, m01, m11, tile + long(r0) * ld + c0, (unsigned long)ld, transpose);
+  }
+}
+
 // xk_async_copy_aligned: cp.async with no checks (the caller guarantees shared dst and
 // both addresses aligned to the copy's 4, 8 or 16 bytes); xk_async_runs_aligned: whether
 // runs of N elements at src + r * ld + c * N are so aligned (one test, before a loop).
