@@ -70,3 +70,74 @@ def test_gemm_body_uses_the_building_blocks():
         assert name in hdr
     assert "#ifndef XK_SIMDGROUP_MMA" in hdr and "#ifndef XK_ASYNC_COPY" in hdr and "inline void xk_tile_load(" in hdr
     assert "#define XK_UNROLL" in hdr
+
+
+SWIZZLE_CHECK = r"""
+#include <cstdio>
+#include <set>
+static unsigned g_lane = 0;
+namespace msl_detail {
+inline unsigned lane_id_pure() { return g_lane; }
+}
+inline unsigned long __cvta_generic_to_shared(const void*) { return 0; }
+namespace msl_detail { using ::msl_detail::lane_id_pure; }
+@SWIZZLE@
+// A tile of ROWS x LD 2-byte elements (LD * 2 a multiple of 128): every check prints a line
+// on failure and the program exits with the number of failures.
+int main() {
+  int bad = 0;
+  for (int ld : {64, 128, 256}) {
+    const int rows = 64;
+    std::set<int> seen;  // a bijection on the tile, each element staying in its own row
+    for (int r = 0; r < rows; ++r)
+      for (int c = 0; c < ld; c += 8) {
+        const int o = xk_tile_swz(r, c, ld);
+        if (o % 8 || o / ld != r || !seen.insert(o).second) { std::printf("swz %d %d %d -> %d\n", ld, r, c, o); ++bad; }
+        if (xk_tile_swz(r + 8, c, ld) != o + 8 * ld) { std::printf("8-row step %d %d %d\n", ld, r, c); ++bad; }
+      }
+    for (int tr = 0; tr < 2; ++tr)
+      for (int r0 = 0; r0 + 16 <= rows; r0 += 8)
+        for (int c0 = 0; c0 + 16 <= ld; c0 += 16) {
+          std::set<int> groups[4];
+          for (unsigned l = 0; l < 32; ++l) {
+            g_lane = l;
+            const unsigned a = msl_detail::ldsm_x4_row_sw((const unsigned short*)nullptr, r0, c0, ld, tr != 0);
+            const int rr = l & 7, ro = l & 8, co = (l & 16) >> 1;
+            const int mr = r0 + (tr ? co + rr : ro + rr), mc = c0 + (tr ? ro : co);
+            if (a != unsigned(xk_tile_swz(mr, mc, ld)) * 2u) { std::printf("lane %u %d %d %d %d\n", l, ld, tr, r0, c0); ++bad; }
+            groups[l / 8].insert((a / 16) % 8);  // 16-byte bank group of this row of matrix l / 8
+          }
+          for (auto& g : groups)
+            if (g.size() != 8) { std::printf("bank conflict %d %d %d %d\n", ld, tr, r0, c0); ++bad; }
+        }
+  }
+  return bad;
+}
+"""
+
+
+def test_swizzled_tile_addressing(tmp_path):
+    """The CUDA GEMM's swizzled tiles (simdgroup_matrix.h), compiled for the host with
+    stand-ins for the lane id and shared-address conversion: xk_tile_swz is a bijection
+    keeping rows, 8 rows on adds 8 * ld (the copies' runs), every lane's ldmatrix address
+    is the swizzled element it must read, and the 8 rows of each 8 x 8 matrix lie in 8
+    different 16-byte bank groups (conflict-free)."""
+    import re
+    import shutil
+    import subprocess
+    from importlib import resources
+
+    import pytest
+
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        pytest.skip("needs a host C++ compiler")
+    text = resources.files("xlstm_kernels.cuda").joinpath("simdgroup_matrix.h").read_text()
+    m = re.search(r"#define XK_TILE_SWIZZLE XK_SM80_\n(.*?\n}  // namespace msl_detail\n)", text, re.S)
+    assert m, "swizzle helpers not found in simdgroup_matrix.h"
+    src = tmp_path / "swz.cpp"
+    src.write_text(SWIZZLE_CHECK.replace("@SWIZZLE@", m.group(1)))
+    exe = tmp_path / "swz"
+    subprocess.run([cxx, "-std=c++17", "-O1", str(src), "-o", str(exe)], check=True, capture_output=True)
+    run = subprocess.run([str(exe)], capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout[:2000]
