@@ -321,8 +321,10 @@ def test_waves_rule_on_the_hopper_family():
     assert presets_mod.current_stack().compute_units(fam) == 132
     assert presets_mod.current_stack().compute_units("generic_apple") is None
     for dt in ("float16", "bfloat16"):
-        res = resolve_gemm_config("gemm_at_b", 1024, 512, 4096, dt, family=fam)
-        assert res.config.split_k == 4 and "waves rule: 32 output tiles of 128x128" in res.sources["split_k"]
+        res = resolve_gemm_config("gemm_at_b", 1024, 512, 4096, dt, family=fam)  # the large gemm_at_b tile
+        assert res.config.split_k == 4 and "waves rule: 16 output tiles of 128x256" in res.sources["split_k"]
+        res = resolve_gemm_config("gemm_at_b", 96, 512, 4096, dt, family=fam)  # the default tile
+        assert res.config.split_k == 4 and "waves rule: 4 output tiles of 128x128" in res.sources["split_k"]
         res = resolve_gemm_config("gemm_av", 512, 1024, 4096, dt, family=fam)  # the large gemm_av tile
         assert res.config.split_k == 4 and "waves rule: 16 output tiles of 256x128" in res.sources["split_k"]
         assert resolve_gemm_config("gemm_at_b", 512, 1024, 1024, dt, family=fam).config.split_k == 2
