@@ -411,22 +411,45 @@ inline void frag_load4_plain(simdgroup_matrix<T, 8, 8>& m00, simdgroup_matrix<T,
 }
 }  // namespace msl_detail
 
+namespace msl_detail {
+// One ldmatrix.x4 from this lane's row address into the four fragments' registers of the
+// left (A: ldsm4_a) or right (B: ldsm4_b) operand role (.trans as layout and role need).
+template <class T> inline void ldsm4_a(simdgroup_matrix<T, 8, 8>& m00, simdgroup_matrix<T, 8, 8>& m10,
+                                       simdgroup_matrix<T, 8, 8>& m01, simdgroup_matrix<T, 8, 8>& m11,
+                                       unsigned row, bool transpose) {
+  unsigned r[4];
+  if (transpose) {
+    ldsm_x4<true>(r, row);
+  } else {
+    ldsm_x4<false>(r, row);
+  }
+  *reinterpret_cast<unsigned*>(&m00.elements_) = r[0];
+  *reinterpret_cast<unsigned*>(&m10.elements_) = r[1];
+  *reinterpret_cast<unsigned*>(&m01.elements_) = r[2];
+  *reinterpret_cast<unsigned*>(&m11.elements_) = r[3];
+}
+template <class T> inline void ldsm4_b(simdgroup_matrix<T, 8, 8>& m00, simdgroup_matrix<T, 8, 8>& m10,
+                                       simdgroup_matrix<T, 8, 8>& m01, simdgroup_matrix<T, 8, 8>& m11,
+                                       unsigned row, bool transpose) {
+  unsigned r[4];
+  if (transpose) {
+    ldsm_x4<false>(r, row);
+  } else {
+    ldsm_x4<true>(r, row);
+  }
+  m00.xk_b_ = r[0];
+  m10.xk_b_ = r[1];
+  m01.xk_b_ = r[2];
+  m11.xk_b_ = r[3];
+}
+}  // namespace msl_detail
+
 template <typename T, typename U>
 inline void xk_frag_load_a4(simdgroup_matrix<T, 8, 8>& m00, simdgroup_matrix<T, 8, 8>& m10,
                             simdgroup_matrix<T, 8, 8>& m01, simdgroup_matrix<T, 8, 8>& m11, const U* src,
                             unsigned long elements_per_row, bool transpose) {
   if constexpr (msl_detail::ldsm4_ok<T, U>::v) {
-    const unsigned row = msl_detail::ldsm_x4_row(src, elements_per_row, transpose);
-    unsigned r[4];
-    if (transpose) {
-      msl_detail::ldsm_x4<true>(r, row);
-    } else {
-      msl_detail::ldsm_x4<false>(r, row);
-    }
-    *reinterpret_cast<unsigned*>(&m00.elements_) = r[0];
-    *reinterpret_cast<unsigned*>(&m10.elements_) = r[1];
-    *reinterpret_cast<unsigned*>(&m01.elements_) = r[2];
-    *reinterpret_cast<unsigned*>(&m11.elements_) = r[3];
+    msl_detail::ldsm4_a(m00, m10, m01, m11, msl_detail::ldsm_x4_row(src, elements_per_row, transpose), transpose);
   } else {
     msl_detail::frag_load4_plain(m00, m10, m01, m11, src, elements_per_row, transpose);
   }
@@ -437,17 +460,7 @@ inline void xk_frag_load_b4(simdgroup_matrix<T, 8, 8>& m00, simdgroup_matrix<T, 
                             simdgroup_matrix<T, 8, 8>& m01, simdgroup_matrix<T, 8, 8>& m11, const U* src,
                             unsigned long elements_per_row, bool transpose) {
   if constexpr (msl_detail::ldsm4_ok<T, U>::v) {
-    const unsigned row = msl_detail::ldsm_x4_row(src, elements_per_row, transpose);
-    unsigned r[4];
-    if (transpose) {
-      msl_detail::ldsm_x4<false>(r, row);
-    } else {
-      msl_detail::ldsm_x4<true>(r, row);
-    }
-    m00.xk_b_ = r[0];
-    m10.xk_b_ = r[1];
-    m01.xk_b_ = r[2];
-    m11.xk_b_ = r[3];
+    msl_detail::ldsm4_b(m00, m10, m01, m11, msl_detail::ldsm_x4_row(src, elements_per_row, transpose), transpose);
   } else {
     msl_detail::frag_load4_plain(m00, m10, m01, m11, src, elements_per_row, transpose);
   }
@@ -485,17 +498,7 @@ inline void xk_frag_load_a4_sw(simdgroup_matrix<T, 8, 8>& m00, simdgroup_matrix<
                                simdgroup_matrix<T, 8, 8>& m01, simdgroup_matrix<T, 8, 8>& m11, const U* tile,
                                int r0, int c0, int ld, bool transpose) {
   if constexpr (msl_detail::ldsm4_ok<T, U>::v) {
-    const unsigned row = msl_detail::ldsm_x4_row_sw(tile, r0, c0, ld, transpose);
-    unsigned r[4];
-    if (transpose) {
-      msl_detail::ldsm_x4<true>(r, row);
-    } else {
-      msl_detail::ldsm_x4<false>(r, row);
-    }
-    *reinterpret_cast<unsigned*>(&m00.elements_) = r[0];
-    *reinterpret_cast<unsigned*>(&m10.elements_) = r[1];
-    *reinterpret_cast<unsigned*>(&m01.elements_) = r[2];
-    *reinterpret_cast<unsigned*>(&m11.elements_) = r[3];
+    msl_detail::ldsm4_a(m00, m10, m01, m11, msl_detail::ldsm_x4_row_sw(tile, r0, c0, ld, transpose), transpose);
   } else {  // never swizzled (the body's SW needs 2-byte T on sm_80+): a plain tile
     msl_detail::frag_load4_plain(m00, m10, m01, m11, tile + long(r0) * ld + c0, (unsigned long)ld, transpose);
   }
@@ -506,17 +509,7 @@ inline void xk_frag_load_b4_sw(simdgroup_matrix<T, 8, 8>& m00, simdgroup_matrix<
                                simdgroup_matrix<T, 8, 8>& m01, simdgroup_matrix<T, 8, 8>& m11, const U* tile,
                                int r0, int c0, int ld, bool transpose) {
   if constexpr (msl_detail::ldsm4_ok<T, U>::v) {
-    const unsigned row = msl_detail::ldsm_x4_row_sw(tile, r0, c0, ld, transpose);
-    unsigned r[4];
-    if (transpose) {
-      msl_detail::ldsm_x4<false>(r, row);
-    } else {
-      msl_detail::ldsm_x4<true>(r, row);
-    }
-    m00.xk_b_ = r[0];
-    m10.xk_b_ = r[1];
-    m01.xk_b_ = r[2];
-    m11.xk_b_ = r[3];
+    msl_detail::ldsm4_b(m00, m10, m01, m11, msl_detail::ldsm_x4_row_sw(tile, r0, c0, ld, transpose), transpose);
   } else {  // never swizzled (the body's SW needs 2-byte T on sm_80+): a plain tile
     msl_detail::frag_load4_plain(m00, m10, m01, m11, tile + long(r0) * ld + c0, (unsigned long)ld, transpose);
   }
