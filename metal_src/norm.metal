@@ -50,6 +50,45 @@
 // The statistics are recomputed from x (no saved mean/rstd). Same runs as the forward.
 
 // @header
+// xk_simd_sum_all: simd_sum on a simdgroup whose 32 lanes are all active. Every reduction
+// here is one: rows are whole simdgroups (tpr a multiple of 32) and the branches around the
+// calls are uniform per row. CUDA's header defines its own (a plain butterfly: its
+// simd_sum also handles partly active warps, code that ptxas keeps registers for).
+#ifndef XK_SIMD_SUM_ALL
+template <typename V>
+inline V xk_simd_sum_all(V v) {
+  return simd_sum(v);
+}
+#endif
+// The rsqrt of a row's statistic: on CUDA the hardware's (within 2 ulp, as MLX's CUDA
+// norms; the precise one is a division and a square root with slow-path calls), elsewhere
+// metal::precise::rsqrt, as mx.fast's Metal norms.
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+#define XK_ROW_RSQRT(x) metal::fast::rsqrt(x)
+#else
+#define XK_ROW_RSQRT(x) metal::precise::rsqrt(x)
+#endif
+
+// A row held in registers as 32-bit words of xk_word<T>::N elements (2 for 16-bit T, 1 for
+// float), element 0 in the low bits: xk_word<T>::at(u, k) is element k of word u as float.
+// (Kept as T, 16-bit elements make ptxas hold each high half in a register of its own and
+// the converted floats besides: 48+ registers for 32 bfloat elements; as words, 16.)
+template <typename T>
+struct xk_word {
+  static constexpr int N = 1;
+  static float at(uint u, int) { return as_type<float>(u); }
+};
+template <>
+struct xk_word<half> {
+  static constexpr int N = 2;
+  static float at(uint u, int k) { return float(as_type<half>(ushort(k == 0 ? u : u >> 16))); }
+};
+template <>
+struct xk_word<bfloat16_t> {
+  static constexpr int N = 2;
+  static float at(uint u, int k) { return as_type<float>(k == 0 ? u << 16 : u & 0xffff0000u); }
+};
+
 // Sum of `v` over the threads of a row, returned to every thread of the row.
 // ONE_SIMD: the row is one simdgroup. Otherwise: simd_sum, lane 0 of each simdgroup
 // writes its partial to `scratch` (32 entries), one barrier, and every simdgroup sums
@@ -59,7 +98,7 @@
 // after its reads of that array. So one barrier per reduction suffices.
 template <bool ONE_SIMD, typename V>
 inline V xk_row_sum(V v, threadgroup V* scratch, uint lane, uint sg, uint nsg) {
-  v = simd_sum(v);
+  v = xk_simd_sum_all(v);
   if (ONE_SIMD) {
     return v;
   }
@@ -68,7 +107,7 @@ inline V xk_row_sum(V v, threadgroup V* scratch, uint lane, uint sg, uint nsg) {
   }
   threadgroup_barrier(mem_flags::mem_threadgroup);
   V p = lane < nsg ? scratch[lane] : V(0.0f);
-  return simd_sum(p);
+  return xk_simd_sum_all(p);
 }
 
 // Two sums of the row at once (xk_row_sum of a and of b) with one barrier: scratch holds
@@ -77,8 +116,8 @@ inline V xk_row_sum(V v, threadgroup V* scratch, uint lane, uint sg, uint nsg) {
 template <bool ONE_SIMD>
 inline void xk_row_sum2(thread float& a, thread float& b, threadgroup float* scratch, uint lane, uint sg,
                         uint nsg) {
-  a = simd_sum(a);
-  b = simd_sum(b);
+  a = xk_simd_sum_all(a);
+  b = xk_simd_sum_all(b);
   if (ONE_SIMD) {
     return;
   }
@@ -89,8 +128,8 @@ inline void xk_row_sum2(thread float& a, thread float& b, threadgroup float* scr
   threadgroup_barrier(mem_flags::mem_threadgroup);
   const float pa = lane < nsg ? scratch[lane] : 0.0f;
   const float pb = lane < nsg ? scratch[32 + lane] : 0.0f;
-  a = simd_sum(pa);
-  b = simd_sum(pb);
+  a = xk_simd_sum_all(pa);
+  b = xk_simd_sum_all(pb);
 }
 
 // y = T(b + T(w * T(nrm))), each step rounded to T like mx.fast; w, b skipped when absent.
@@ -110,14 +149,18 @@ inline T xk_affine(float nrm, float w, float b) {
 // y[r, i] = w[h*n + i] * T(x[r, i] * rsqrt(mean(x[r, :]^2) + eps)), h = r % nh.
 // inputs:  x (rows, n) T; w (nh * n) T (a 1-element dummy if !HAS_W); eps () float;
 //          params (3) int = [rows, n, nh]
-// outputs: y (rows, n) T.  template: T, HAS_W, N_READS, ONE_SIMD, FULL, NF
-// FULL: 0 any n; 1 n == tpr * N_READS (no bounds code: wide runs when x, y, w are
-// aligned, else element accesses); 2 as 1 but always element accesses (tests).
+// outputs: y (rows, n) T.  template: T, HAS_W, N_READS, ONE_SIMD, FULL, NF, EPSB
+// FULL: 0 any n; 1 n == tpr * N_READS, nh == 1 and whole 32-bit words per run (no bounds
+// code: wide runs when x, y, w are aligned, else element accesses); 2 as 1 but always
+// element accesses (tests).
+// EPSB: eps's float bits when FULL != 0 (else 0; the FULL path reads no eps buffer).
 // NF: the row length n when FULL != 0 (else 0), so that the row's addresses need no
 // load of params: its x loads are issued first (params and eps are read after them).
 constexpr int W = XK_RUN(T, N_READS);  // elements per run
 constexpr int NR = N_READS / W;        // runs per thread
-const uint row = thread_position_in_grid.y;
+// one row per threadgroup unless ONE_SIMD: the row index from the threadgroup's position
+// is uniform (CUDA keeps it and the row addresses in uniform registers)
+const uint row = ONE_SIMD ? thread_position_in_grid.y : threadgroup_position_in_grid.y;
 const uint tid = thread_position_in_threadgroup.x;
 const uint tpr = threads_per_threadgroup.x;
 const uint lane = thread_index_in_simdgroup;
@@ -141,14 +184,20 @@ if (FULL != 0) {  // rows of exactly tpr * N_READS = NF elements (a compile-time
     // run's bytes): aligned iff w is
     const bool al = FULL == 1 && xk_run_aligned<W>(xr) && xk_run_aligned<W>(yr) &&
                     (!HAS_W || xk_run_aligned<W>(w));
-    T t[N_READS];  // run j: elements (tid + j * tpf) * W + [0, W)
+    // run j: elements (tid + j * tpf) * W + [0, W), as WW words of E elements (the host
+    // sets FULL only where W is a multiple of E; the sizes stay >= 1 for the other
+    // instantiations, where this branch is dead)
+    constexpr int E = xk_word<T>::N;
+    constexpr int WW = W / E > 0 ? W / E : 1;
+    uint u[N_READS / E > 0 ? N_READS / E : 1];
     float acc = 0.0f;
     if (al) {
       for (int j = 0; j < NR; j++) {
-        xk_load_w<W>(xr + (tid + j * tpf) * W, t + j * W);
+        xk_load_w<WW>(reinterpret_cast<const device uint*>(xr + (tid + j * tpf) * W), u + j * WW);
       }
       for (int k = 0; k < N_READS; k++) {
-        acc += float(t[k]) * float(t[k]);
+        const float v = xk_word<T>::at(u[k / E], k % E);
+        acc += v * v;
       }
     } else {
       XK_NO_UNROLL
@@ -159,11 +208,12 @@ if (FULL != 0) {  // rows of exactly tpr * N_READS = NF elements (a compile-time
         }
       }
     }
-    // the weight row (params read here, its latency behind the x loads; not after the
-    // reduction's barrier, which no load crosses)
-    const device T* wr = w + (HAS_W ? (row % uint(params[2])) * n : 0);
+    // eps as a constant (EPSB: its float bits): a load of the eps buffer by every block
+    // at once queues on one L2 line. FULL rows have one head (nh == 1): the weight row is w.
+    const float e = as_type<float>(int(EPSB));
+    const device T* wr = w;
     acc = xk_row_sum<ONE_SIMD>(acc, red_a, lane, sg, nsg);
-    const float r = metal::precise::rsqrt(acc / float(n) + eps);
+    const float r = XK_ROW_RSQRT(acc / float(n) + e);
     if (al) {
       // every weight run is loaded before the first store: y may alias w for all the
       // compiler knows, so a load placed after a store waits for it (a round trip per run).
@@ -176,11 +226,13 @@ if (FULL != 0) {  // rows of exactly tpr * N_READS = NF elements (a compile-time
         }
       }
       for (int j = 0; j < NR; j++) {
-        T o[W];  // T(w * T(x * r)) as xk_affine: the product of two T is exact in float
+        // T(w * T(x * r)) as xk_affine: the product of two T is exact in float, so T * T
+        // (a packed 16-bit multiply on CUDA) rounds it once, the same way
+        T o[W];
         for (int k = 0; k < W; k++) {
-          o[k] = T(float(t[j * W + k]) * r);
+          o[k] = T(xk_word<T>::at(u[(j * W + k) / E], k % E) * r);
           if (HAS_W) {
-            o[k] = T(float(wt[j * W + k]) * float(o[k]));
+            o[k] = wt[j * W + k] * o[k];
           }
         }
         xk_store_w<W>(yr + (tid + j * tpf) * W, o);
@@ -208,7 +260,7 @@ if (FULL != 0) {  // rows of exactly tpr * N_READS = NF elements (a compile-time
     acc += v[k] * v[k];
   }
   acc = xk_row_sum<ONE_SIMD>(acc, red_a, lane, sg, nsg);
-  const float r = metal::precise::rsqrt(acc / float(n) + eps);
+  const float r = XK_ROW_RSQRT(acc / float(n) + eps);
   for (int j = 0; j < NR; j++) {
     const uint i = (tid + j * tpr) * W;
     float wv[W];
@@ -250,7 +302,7 @@ for (uint c = tid * W; c < n; c += step) {
   }
 }
 acc = xk_row_sum<false>(acc, red_a, lane, sg, nsg);
-const float r = metal::precise::rsqrt(acc / float(n) + eps);
+const float r = XK_ROW_RSQRT(acc / float(n) + eps);
 for (uint c = tid * W; c < n; c += step) {
   float v[N_READS];
   float wv[N_READS];
@@ -303,7 +355,7 @@ if (row < nrows) {  // uniform per row
     }
   }
   q = xk_row_sum<ONE_SIMD>(q, red_b, lane, sg, nsg);
-  const float r = metal::precise::rsqrt(q / float(n) + eps);
+  const float r = XK_ROW_RSQRT(q / float(n) + eps);
   for (int j = 0; j < NR; j++) {
     const uint i = (tid + j * tpr) * W;
     float wv[W];
@@ -359,7 +411,7 @@ for (uint c = tid * W; c < n; c += step) {
   }
 }
 q = xk_row_sum<false>(q, red_b, lane, sg, nsg);
-const float r = metal::precise::rsqrt(q / float(n) + eps);
+const float r = XK_ROW_RSQRT(q / float(n) + eps);
 for (uint c = tid * W; c < n; c += step) {
   float v[N_READS];
   float wv[N_READS];
@@ -436,7 +488,7 @@ if (unit < nunits) {  // uniform per unit
       p += gv[k] * wv[k] * xv[k];
     }
     xk_row_sum2<ONE_SIMD>(ss, p, red[bi & 1u], lane, sg, nsg);
-    const float r = metal::precise::rsqrt(ss / float(n) + eps);
+    const float r = XK_ROW_RSQRT(ss / float(n) + eps);
     const float mp = r * p / float(n);
     for (int k = 0; k < N_READS; k++) {
       xv[k] *= r;  // xhat (0 past the end, where g is 0 too)
@@ -499,7 +551,7 @@ for (uint bi = b0; bi < b1; bi++) {
     }
   }
   ss = xk_row_sum<false>(ss, red_a, lane, sg, nsg);
-  const float r = metal::precise::rsqrt(ss / float(n) + eps);
+  const float r = XK_ROW_RSQRT(ss / float(n) + eps);
   float p = 0.0f;
   for (uint c = tid * W; c < n; c += step) {
     float xv[N_READS];
@@ -597,7 +649,7 @@ if (unit < nunits) {  // uniform per unit
       }
     }
     q = xk_row_sum<ONE_SIMD>(q, red_b, lane, sg, nsg);
-    const float r = metal::precise::rsqrt(q / float(n) + eps);
+    const float r = XK_ROW_RSQRT(q / float(n) + eps);
     float2 p = float2(0.0f);
     for (int k = 0; k < N_READS; k++) {
       xv[k] *= r;  // xhat (0 past the end)
@@ -685,7 +737,7 @@ for (uint bi = b0; bi < b1; bi++) {
     }
   }
   q = xk_row_sum<false>(q, red_b, lane, sg, nsg);
-  const float r = metal::precise::rsqrt(q * inv_n + eps);
+  const float r = XK_ROW_RSQRT(q * inv_n + eps);
   float2 p = float2(0.0f);
   for (uint c = tid * W; c < n; c += step) {
     float xv[N_READS];

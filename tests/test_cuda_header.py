@@ -145,9 +145,13 @@ def test_min_blocks_template_becomes_the_launch_bounds_hint(recorder):
         _, kw = norm_mod._plan("rms", mx.zeros((rows, n), dtype=dtype), mx.zeros((n,), dtype=dtype), None, 1e-5)
         return dict(kw["template"]).get("XK_MIN_BLOCKS")
 
-    assert hint(4, 4096, mx.bfloat16) == 65536 // (norm_mod.FORWARD_REGISTERS * 128)  # 32 per thread: 64 bytes
-    assert hint(4, 8192, mx.bfloat16) is None  # 64 per thread: 128 bytes
-    assert hint(4, 4096, mx.float32) is None  # float32 rows take the general path
+    base = norm_mod.FORWARD_BASE_REGISTERS
+    assert norm_mod._forward_registers(64) == -(-(base + 16) // 8) * 8
+    assert hint(4, 4096, mx.bfloat16) == 65536 // (norm_mod._forward_registers(64) * 128)  # 32 per thread: 64 bytes
+    assert hint(4, 8192, mx.bfloat16) == 65536 // (norm_mod._forward_registers(128) * 128)  # 64 per thread
+    assert hint(4, 4096, mx.float32) == 65536 // (norm_mod._forward_registers(128) * 128)  # 32 per thread
+    assert norm_mod._forward_registers(norm_mod.HINT_MAX_ROW_BYTES + 4) == 0  # no hint past the limit
+    assert hint(4, 2 * 4097, mx.bfloat16) is None  # not a FULL row
 
 
 def test_bad_launches_still_raise_after_a_good_one(recorder):
@@ -276,7 +280,8 @@ def test_grids_past_cudas_limits_launch_as_linear_blocks(recorder):
     k = _kernel("norm", "rms_norm", ["x", "w", "eps", "params"], ["y"])
     x = mx.zeros((4, 64))
     inputs = [x, x[0], mx.array(1e-5), mx.array([4, 64, 1], dtype=mx.int32)]
-    tmpl = [("T", mx.float32), ("HAS_W", True), ("N_READS", 4), ("ONE_SIMD", False), ("FULL", 0), ("NF", 0)]
+    tmpl = [("T", mx.float32), ("HAS_W", True), ("N_READS", 4), ("ONE_SIMD", False), ("FULL", 0), ("NF", 0),
+            ("EPSB", 0)]
     grid, tg = (128, 2 * 257, 65536), (128, 2, 1)  # 257 x 65536 threadgroups: z past 65535
     k(inputs=inputs, output_shapes=[(4, 64)], output_dtypes=[mx.float32], grid=grid, threadgroup=tg, template=tmpl)
     launched = recorder.launches[-1]

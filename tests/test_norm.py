@@ -236,9 +236,11 @@ def test_grads_many_rows_per_group(kernel_backend, monkeypatch, cached_max):
 
 
 def test_rms_vjp_units_fill_one_wave_on_cuda(monkeypatch):
-    """On CUDA the RMSNorm backward of the cached 256-thread layout runs about
-    RMS_VJP_TARGET_THREADS_CUDA threads of units (one wave on an H100); other layouts,
-    LayerNorm and other backends keep VJP_TARGET_THREADS."""
+    """On CUDA the RMSNorm backward of the cached layout runs about
+    RMS_VJP_TARGET_THREADS_CUDA threads of units (one wave on an H100), with
+    RMS_VJP_THREADS_CUDA_16BIT threads per row for 16-bit rows and VJP_THREADS for float32
+    rows; other layouts, LayerNorm and other backends keep VJP_THREADS and
+    VJP_TARGET_THREADS."""
 
     def units(kind, n, dtype, backend, rows=16384):
         monkeypatch.setattr(norm_mod, "current_backend", lambda: backend)
@@ -246,10 +248,14 @@ def test_rms_vjp_units_fill_one_wave_on_cuda(monkeypatch):
         _, kw, groups = norm_mod._vjp_plan(kind, x, mx.zeros((n,), dtype=dtype), kind == "ln", x, EPS)
         return groups, kw["threadgroup"][0]
 
-    groups, tpr = units("rms", 4096, mx.bfloat16, "cuda")
-    want = norm_mod.RMS_VJP_TARGET_THREADS_CUDA // tpr
-    assert tpr == norm_mod.VJP_THREADS and want - 4 <= groups <= want  # rows per group rounded up
-    assert units("rms", 4096, mx.bfloat16, "emulate")[0] == 16384 // -(-16384 // (norm_mod.VJP_TARGET_THREADS // tpr))
+    for dtype, threads in ((mx.bfloat16, norm_mod.RMS_VJP_THREADS_CUDA_16BIT), (mx.float16, norm_mod.RMS_VJP_THREADS_CUDA_16BIT),
+                           (mx.float32, norm_mod.VJP_THREADS)):
+        groups, tpr = units("rms", 4096, dtype, "cuda")
+        want = norm_mod.RMS_VJP_TARGET_THREADS_CUDA // tpr
+        assert tpr == threads and want - 4 <= groups <= want, (dtype, tpr, groups)  # rows per group rounded up
+    groups, tpr = units("rms", 4096, mx.bfloat16, "emulate")
+    assert tpr == norm_mod.VJP_THREADS
+    assert groups == 16384 // -(-16384 // (norm_mod.VJP_TARGET_THREADS // tpr))
     assert units("ln", 4096, mx.bfloat16, "cuda") == units("ln", 4096, mx.bfloat16, "emulate")
     assert units("rms", 16384, mx.float32, "cuda") == units("rms", 16384, mx.float32, "emulate")  # looped
 
@@ -412,8 +418,10 @@ def test_plan_picks_layout(d, dtype, kernel, tg, n_reads):
      (4097, "float32", "rms_norm_vjp_looped", 1024, 4), (2048, "bfloat16", "rms_norm_vjp", 256, 8),
      (4096, "bfloat16", "rms_norm_vjp", 256, 16), (4104, "bfloat16", "rms_norm_vjp_looped", 1024, 8)],
 )
-def test_vjp_plan_picks_layout(d, dtype, kernel, tpr, n_reads):
-    """Backward: about VJP_THREADS threads per row, at most VJP_MAX_READS elements each."""
+def test_vjp_plan_picks_layout(d, dtype, kernel, tpr, n_reads, monkeypatch):
+    """Backward: about VJP_THREADS threads per row, at most VJP_MAX_READS elements each
+    (the Metal / emulator plan; CUDA's 16-bit rows: test_rms_vjp_units_fill_one_wave_on_cuda)."""
+    monkeypatch.setattr(norm_mod, "current_backend", lambda: "emulate")
     x = mx.zeros((16, d), dtype=DTYPES[dtype])
     spec, kw, _ = norm_mod._vjp_plan("rms", x, None, False, x, EPS)
     assert spec.kernel == kernel and kw["threadgroup"][0] == tpr and dict(kw["template"])["N_READS"] == n_reads
@@ -557,8 +565,11 @@ def test_rms_norm_full_rows(kernel_backend, dtype, n, has_w):
         wv = None if w is None else offset_view(w, off)
         assert rel_err(rms_norm(xv, wv, EPS), want) < tol(dt), off
     assert dict(kw["template"])["NF"] == (n if dict(kw["template"])["FULL"] else 0)
+    # FULL rows take eps from its float bits: another eps is another kernel, same answer
+    assert dict(kw["template"])["EPSB"] == (norm_mod._float_bits(EPS) if dict(kw["template"])["FULL"] else 0)
+    assert rel_err(rms_norm(x, w, 0.25), rms_ref64(x, w, 0.25)) < tol(dt)
     for full in (0, 1, 2):
-        forced = {"FULL": full, "NF": n if full else 0}
+        forced = {"FULL": full, "NF": n if full else 0, "EPSB": norm_mod._float_bits(EPS) if full else 0}
         kw2 = dict(kw, template=[(k, forced.get(k, v)) for k, v in kw["template"]])
         assert rel_err(launch(spec, **kw2)[0], want) < tol(dt), full
     # a row one run short is not FULL

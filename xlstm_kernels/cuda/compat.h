@@ -869,19 +869,27 @@ struct op_xor { template <class A> static A apply(A a, A b) { return a ^ b; } };
 // Whole warp: xor butterfly (every lane gets bit-identical results, IEEE + and * commute).
 // Otherwise: every active lane reads every active lane in lane order (the loop has the
 // same trip count on all of them) and keeps those of its own group.
-template <class Op, int G, class T> inline T reduce(const T& data) {
+// ALL: the caller guarantees a whole warp (xk_simd_sum_all): the butterfly only, with no
+// __activemask() test and no partial-warp code (whose registers ptxas keeps otherwise).
+template <class Op, int G, bool ALL = false, class T> inline T reduce(const T& data) {
   typedef elems<T> EL;
   typedef typename EL::type E;
   typedef typename acc<E>::type A;
-  const unsigned mask = __activemask();
+  const unsigned mask = ALL ? 0xffffffffu : __activemask();
   const int lane = int(lane_id());
   T out = data;
 #pragma unroll
   for (int k = 0; k < EL::n; ++k) {
     A a = conv<A>(EL::at(data, k));
-    if (mask == 0xffffffffu) {
+    if (ALL || mask == 0xffffffffu) {
 #pragma unroll
-      for (int off = G / 2; off > 0; off >>= 1) a = Op::apply(a, shfl_any(mask, a, lane ^ off));
+      for (int off = G / 2; off > 0; off >>= 1) {
+        if constexpr (ALL && (same<A, float>::v || same<A, int>::v || same<A, unsigned>::v)) {
+          a = Op::apply(a, __shfl_xor_sync(0xffffffffu, a, off));  // SHFL.BFLY
+        } else {
+          a = Op::apply(a, shfl_any(mask, a, lane ^ off));
+        }
+      }
     } else {
       const int g0 = lane / G * G;
       bool first = true;
@@ -961,6 +969,10 @@ XK_REDUCE_(quad_and, op_and, 4)
 XK_REDUCE_(quad_or, op_or, 4)
 XK_REDUCE_(quad_xor, op_xor, 4)
 #undef XK_REDUCE_
+// simd_sum for callers whose simdgroup has all 32 lanes active (metal_src/norm.metal's row
+// sums); the Metal bodies fall back to simd_sum where XK_SIMD_SUM_ALL is not defined.
+#define XK_SIMD_SUM_ALL
+template <class T> inline T xk_simd_sum_all(T data) { return msl_detail::reduce<msl_detail::op_sum, 32, true>(data); }
 #define XK_PREFIX_(NAME, OP, INCL, G) \
   template <class T> inline T NAME(T data) { return msl_detail::prefix<msl_detail::OP, INCL, G>(data); }
 XK_PREFIX_(simd_prefix_inclusive_sum, op_sum, true, 32)

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
+import numpy as np
 
 from ..runtime import KernelSpec, current_backend, launch, prepare_launch
 from ..tiles.knobs import resolve_knobs
@@ -99,24 +100,37 @@ SIMD_ROWS = 8  # rows (simdgroups) per threadgroup in the simdgroup-per-row layo
 # else element accesses). False: always the general path (for comparisons; clear the
 # call memo, _CALLS.clear(), after changing it).
 FULL_ROWS = True
-# The forward's FULL path for these dtypes only: on the H100 it reads 16-bit rows faster
-# (bf16 16384x4096: 2209 vs 2065 GB/s) but float32 rows slower (2348 vs 2629 GB/s) than the
-# general path (scripts/probe_norm.py, session 4). The backward takes it for every dtype.
-FULL_FORWARD_DTYPES = (mx.float16, mx.bfloat16)
+# The forward's FULL path for these dtypes (the backward takes it for every dtype). Session 4
+# kept float32 rows on the general path (H100: 2348 vs 2629 GB/s); since session 7 (full-warp
+# reductions, the hardware rsqrt on CUDA, the uniform row index) FULL is the faster one for
+# float32 too (scripts/probe_rms.py "full" vs "default": 0.98-0.99x vs 0.92-0.96x MLX).
+FULL_FORWARD_DTYPES = (mx.float32, mx.float16, mx.bfloat16)
 # Backward (automatic layout): about VJP_THREADS threads per row, at most VJP_MAX_READS
 # elements per thread (the unit keeps x, g, w and the dw/db sums of its columns in
 # registers), longer rows the looped backward kernels.
 VJP_THREADS = 256
 VJP_MAX_READS = 16
 # Registers per thread asked of the CUDA compiler (the XK_MIN_BLOCKS occupancy hint,
-# xlstm_kernels/cuda/kernel.py: resident blocks per SM = 65536 // (registers * threads)),
-# for the cached kernels' FULL rows; 0: no hint. MLX's rms_norm_small takes 47 registers
-# (10 blocks of 128 threads per SM); ours took 53 (9 blocks) unhinted.
-FORWARD_REGISTERS = 48
-# ... only where a thread holds at most this many bytes of its row (the 16-bit rows up to
-# 4096 of the automatic layout): 64 bfloat16 elements per thread (8192-long rows) spill
-# ~450 bytes at 48 registers and ran at 0.38x MLX (H100 bench, session 6); unhinted, 96.
-HINT_MAX_ROW_BYTES = 64
+# xlstm_kernels/cuda/kernel.py: resident blocks per SM = 65536 // (registers * threads)) for
+# the cached forward's FULL rows: FORWARD_BASE_REGISTERS plus one per 4 bytes of the row a
+# thread holds (the kernel keeps it as 32-bit words), rounded up to 8 (the allocation unit);
+# 0: no hint. The forward is latency-bound: its time is about (rows / rows resident per SM) x
+# one row's round trip (Nsight Compute, H100, session 7: 4096x4096 bf16 at 10 vs 12 blocks
+# per SM, 3.1 vs 2.6 waves, 28.3 vs 20.7 us), so registers per row decide. sm_90a ptxas
+# (scripts/cuda_sass.py): 64 bytes a thread 37 registers unhinted (128 threads: 12 rows per SM),
+# 128 bytes 56 without spills (64 threads: 18 rows), float32 128 bytes 56.
+FORWARD_BASE_REGISTERS = 24
+# ... only where a thread holds at most this many bytes of its row
+HINT_MAX_ROW_BYTES = 256
+
+
+def _forward_registers(row_bytes: int) -> int:
+    """Registers per thread asked for a FULL forward thread holding `row_bytes` of its row."""
+    if FORWARD_BASE_REGISTERS <= 0 or row_bytes > HINT_MAX_ROW_BYTES:
+        return 0
+    return -(-(FORWARD_BASE_REGISTERS + row_bytes // 4) // 8) * 8
+
+
 VJP_REGISTERS = 0
 # Backward: enough (group, head) units to fill the GPU (about this many threads in
 # all); each unit sums dw/db over rows_per_group rows, so the float32 partials stay
@@ -127,6 +141,11 @@ VJP_TARGET_THREADS = 131072
 # that no partial last wave idles most SMs while it runs (H100, scripts/probe_rms.py "vjp_1wave", session 6: 16384x4096 0.99 -> 1.01x MLX
 # float32, 4096x4096 0.95 -> 0.97x float32, 0.86 -> 0.93x bfloat16).
 RMS_VJP_TARGET_THREADS_CUDA = 132 * 2 * 256
+# ... and for 16-bit rows about this many threads per row (one 16-byte run each on a 4096 row):
+# H100, scripts/probe_rms.py "vjp_512" vs "vjp" (session 7): bf16 0.91 -> 0.94x MLX
+# (16384x4096), 0.87 -> 0.91x (4096x4096); fp16 0.92 -> 0.96x, 0.89 -> 0.92x. float32 rows
+# keep VJP_THREADS (0.98 -> 0.90x with 512).
+RMS_VJP_THREADS_CUDA_16BIT = 512
 
 
 # ---------------------------------------------------------------------------------------
@@ -185,6 +204,13 @@ def _ints(*values: int) -> mx.array:
 
 
 @functools.lru_cache(maxsize=64)
+def _float_bits(value: float) -> int:
+    """The bits of float32(value) as an int (eps as a compile-time constant of the FULL
+    forward: no load of the eps buffer, which every block of the grid reads at once)."""
+    return int(np.array(value, dtype=np.float32).view(np.int32))
+
+
+@functools.lru_cache(maxsize=64)
 def _eps(eps: float) -> mx.array:
     return mx.array(eps, dtype=mx.float32)
 
@@ -215,18 +241,21 @@ def _pow2_at_least(k: int) -> int:
 
 
 def _layout(n: int, units: int, n_reads: int | None = None, simd_rows: int | None = None,
-            looped_threads: int | None = None, itemsize: int = 4, vjp: bool = False) -> _Layout:
+            looped_threads: int | None = None, itemsize: int = 4, vjp: bool = False,
+            vjp_threads: int | None = None) -> _Layout:
     """The thread layout for rows of n elements of `itemsize` bytes and `units` rows.
 
     With the n_reads knob: ceil(n / n_reads) threads per row rounded up to a multiple of
     32, one simdgroup per row when that is 32, looped beyond 1024 * n_reads. Without it
     (None) the automatic layout of the module comment (`vjp`: the backward's). Knobs left
-    at None use the module constants (read at call time)."""
+    at None use the module constants (read at call time); `vjp_threads`: the backward's
+    threads per row in place of VJP_THREADS."""
     looped = LOOPED_THREADS if looped_threads is None else looped_threads
     if n_reads is None:
         run = RUN_BYTES // itemsize
         runs = -(-n // run)
-        per = _pow2_at_least(-(-runs // (VJP_THREADS if vjp else CACHED_THREADS)))  # runs per thread
+        threads = (VJP_THREADS if vjp_threads is None else vjp_threads) if vjp else CACHED_THREADS
+        per = _pow2_at_least(-(-runs // threads))  # runs per thread
         if n > CACHED_MAX * 4 // itemsize or (vjp and per * run > max(run, VJP_MAX_READS)):
             return _Layout(True, False, looped, 1, run * (1 if vjp else LOOPED_RUNS))
         n_reads = run * per
@@ -287,10 +316,12 @@ def _plan(
     if not lay.looped:
         template.append(("ONE_SIMD", lay.one_simd))
         if kind == "rms":
-            full = FULL_ROWS and dtype in FULL_FORWARD_DTYPES and lay.tpr * lay.n_reads == n
-            template += [("FULL", int(full)), ("NF", n if full else 0)]
-            if full and lay.n_reads * dtype.size <= HINT_MAX_ROW_BYTES:
-                template += _occupancy_hint(FORWARD_REGISTERS, lay.tpr * lay.rows_per_tg)
+            # FULL rows: one head, whole 32-bit words per run (16-bit rows: n_reads even)
+            full = (FULL_ROWS and dtype in FULL_FORWARD_DTYPES and lay.tpr * lay.n_reads == n and num_heads == 1
+                    and lay.n_reads * dtype.size % 4 == 0)
+            template += [("FULL", int(full)), ("NF", n if full else 0), ("EPSB", _float_bits(eps) if full else 0)]
+            if full:
+                template += _occupancy_hint(_forward_registers(lay.n_reads * dtype.size), lay.tpr * lay.rows_per_tg)
     inputs += [_eps(float(eps)), _ints(rows, n, num_heads)]
     r = lay.rows_per_tg
     kwargs = dict(
@@ -325,12 +356,14 @@ def _vjp_plan(
     n = x.shape[-1] // num_heads
     m = x.size // (n * num_heads)  # outer rows
     dtype = x.dtype
-    lay = _layout(n, m * num_heads, itemsize=dtype.size, vjp=True)
+    rms_cuda = kind == "rms" and current_backend() == "cuda"
+    threads = RMS_VJP_THREADS_CUDA_16BIT if rms_cuda and dtype.size == 2 else VJP_THREADS
+    lay = _layout(n, m * num_heads, itemsize=dtype.size, vjp=True, vjp_threads=threads)
     if weight is None and not has_bias:
         rpg = 1  # no partials to keep small: one row per unit, most parallelism
     else:
         target = VJP_TARGET_THREADS
-        if kind == "rms" and not lay.looped and lay.tpr == VJP_THREADS and current_backend() == "cuda":
+        if rms_cuda and not lay.looped and lay.tpr == threads:
             target = RMS_VJP_TARGET_THREADS_CUDA
         target_units = max(1, target // lay.tpr)
         rpg = -(-m // max(1, target_units // num_heads))
