@@ -65,6 +65,10 @@ CONFIGS = {
     "c128x128x32_w2x2_s4": (128, 128, 32, 2, 2, None, 4),
     # 16 warps of 32x64 (one block / SM at 128 regs): more warps to hide latency; 106 KB, 128 regs, 1.86
     "c128x256x32_w4x4_s4": (128, 256, 32, 4, 4, None, 4),
+    # swizzled BK 64 at half the block (session 7): twice the blocks of the 256x128 tiles on the
+    # mid shapes (2048^2: 256 blocks, not 128 on 132 SMs); 96 KB, 2 blocks / SM if registers allow
+    "c128x128x64_w2x4_s3": (128, 128, 64, 2, 4, None, 3),
+    "c128x128x64_w2x2_s3": (128, 128, 64, 2, 2, None, 3),
 }
 # Variants of the body's compile-time switches, launched directly (gemm_av only) with header
 # macros redefined: name -> (config, {macro: value}).
@@ -88,6 +92,7 @@ SHAPES = [(4096, 4096, 4096), (2048, 2048, 2048), (4096, 4096, 1024), (512, 1024
 # the full list for fp16 gemm_av, subsets elsewhere (each new (config, dtype, op) is one
 # kernel compile, ~1-3 s). "linear" is gemm_a_bt with a bias (nn.Linear: x · wᵀ + b).
 BIG = ["c128x256x32_w2x4_s3", "c128x256x64_w2x4_s3", "c256x128x64_w4x2_s3", "c256x128x64_w4x2_s4",
+       "c128x128x64_w2x4_s3", "c128x128x64_w2x2_s3",
        "c128x256x64_w2x4_s4"]
 PLAN = {
     ("float16", "gemm_av"): list(CONFIGS) + [c for c in RAW_CONFIGS if c not in ON_REQUEST],
@@ -178,7 +183,8 @@ def main():
     ap.add_argument("--tiny", action="store_true", help="small shapes, few reps (emulator logic check)")
     ap.add_argument("--only", default=os.environ.get("PROBE_GEMM_ONLY"),
                     help="comma-separated candidate names to run (default: the plan; also PROBE_GEMM_ONLY)")
-    ap.add_argument("--budget-s", type=float, default=130.0, help="skip remaining rows after this many seconds")
+    ap.add_argument("--budget-s", type=float, default=float(os.environ.get("PROBE_GEMM_BUDGET_S", 130)),
+                    help="skip remaining rows after this many seconds (also PROBE_GEMM_BUDGET_S)")
     ap.add_argument("--ops", default=os.environ.get("PROBE_GEMM_OPS"),
                     help="comma-separated dtype:op entries of the plan to run, e.g. float16:gemm_a_bt "
                          "(default: all; also PROBE_GEMM_OPS)")

@@ -10,17 +10,26 @@ clock or of the machine hits all of them alike; the table gives the median and t
 round. Variants are module
 settings of ops.norm (the call memo is cleared between them):
   full        rows of exactly tpr * n_reads elements take the FULL path for every dtype
-              (with the shipped FORWARD_REGISTERS occupancy hint on CUDA)
-  full_nohint full without the hint (ptxas picks the registers: 53 float32, 52 bfloat16)
-  full_r40    full held to 40 registers (12 blocks of 128 threads per SM; spills a little)
+              (with the shipped occupancy hint on CUDA: FORWARD_BASE_REGISTERS + bytes / 4)
+  full_nohint full without the hint
   general     FULL_ROWS off: the general path (bounds code in every run)
-  nr16        full with 16 elements per thread (256 threads on a 4096 row)
+  t64         about 64 threads per row (CACHED_THREADS; 4096 bfloat16: 64 elements each, held
+              to 56 registers: 18 rows resident per SM against 12 at 128 threads)
+  t256        about 256 threads per row
   default     what the op does as shipped (FULL for the dtypes in FULL_FORWARD_DTYPES)
 and of the backward (dx and dw of mx.vjp, against mx.vjp of mx.fast.rms_norm):
-  vjp_512     512 threads x 8 elements
+  vjp_512     512 threads x 8 elements (every dtype)
+  vjp_256     256 threads per row for every dtype (16-bit rows before session 7)
   vjp         as shipped: on CUDA one wave of units (132 SMs x 2 blocks: no partial last wave;
-              session 6, "vjp_1wave" then: +0.5-8% over 131072 threads)
+              session 6, "vjp_1wave" then: +0.5-8% over 131072 threads), 512 threads per
+              16-bit row (session 7)
   vjp_2wave   131072 threads of units (before session 6: 512 units, 1.94 waves on an H100)
+Session 7 changed the kernels under every variant: full-warp reductions and the hardware rsqrt
+on CUDA, the uniform row index, T * T weight products (forward: bfloat16 16384x4096 "full"
+0.94 -> 0.98x MLX, bit-identical to mx.fast.rms_norm now), eps read behind the x loads, and
+FULL rows held as 32-bit words (bfloat16 4096: 48 -> 37 registers unhinted), with the hint
+FORWARD_BASE_REGISTERS + bytes / 4 (session 6: a flat 48 up to 64 bytes a thread; the
+variants "full_r40", "nr16" and "nr8" of that kernel: 0.93-0.99x of "full").
 Tried and dropped (H100, session 5): x read again for the output instead of kept in
 registers (30-34 registers, 0.67-0.85x of the kept version), and the backward prefetching
 a unit's next row (+1-2% float32, -25-40% bfloat16). Session 6: the weight runs loaded
@@ -45,23 +54,24 @@ import xlstm_kernels as xk
 from xlstm_kernels.ops import norm as norm_mod
 
 SHIPPED = norm_mod.FULL_FORWARD_DTYPES
-SHIPPED_REGISTERS = norm_mod.FORWARD_REGISTERS
-SHIPPED_VJP = (norm_mod.VJP_THREADS, norm_mod.VJP_MAX_READS, norm_mod.RMS_VJP_TARGET_THREADS_CUDA)
-# (threads per row, elements per thread, threads in all on CUDA) of the backward
-VJP_VARIANTS = {"vjp": SHIPPED_VJP, "vjp_512": (512, 8, SHIPPED_VJP[2]),
-                "vjp_2wave": (256, 16, 131072)}
+SHIPPED_BASE_REGISTERS = norm_mod.FORWARD_BASE_REGISTERS
+SHIPPED_THREADS = norm_mod.CACHED_THREADS
+SHIPPED_VJP = (norm_mod.VJP_THREADS, norm_mod.VJP_MAX_READS, norm_mod.RMS_VJP_TARGET_THREADS_CUDA,
+               norm_mod.RMS_VJP_THREADS_CUDA_16BIT)
+# (threads per row, elements per thread, threads in all on CUDA, threads per 16-bit row on CUDA)
+# of the backward
+VJP_VARIANTS = {"vjp": SHIPPED_VJP, "vjp_512": (512, 8, SHIPPED_VJP[2], 512),
+                "vjp_256": (256, 16, SHIPPED_VJP[2], 256), "vjp_2wave": (256, 16, 131072, 256)}
 
 
 def configure(name: str) -> None:
-    (norm_mod.VJP_THREADS, norm_mod.VJP_MAX_READS,
-     norm_mod.RMS_VJP_TARGET_THREADS_CUDA) = VJP_VARIANTS.get(name, SHIPPED_VJP)
+    (norm_mod.VJP_THREADS, norm_mod.VJP_MAX_READS, norm_mod.RMS_VJP_TARGET_THREADS_CUDA,
+     norm_mod.RMS_VJP_THREADS_CUDA_16BIT) = VJP_VARIANTS.get(name, SHIPPED_VJP)
     norm_mod.FULL_ROWS = name != "general"
     every = (mx.float32, mx.float16, mx.bfloat16)
     norm_mod.FULL_FORWARD_DTYPES = SHIPPED if name == "default" else every
-    norm_mod.FORWARD_REGISTERS = {"full_nohint": 0, "full_r40": 40}.get(name, SHIPPED_REGISTERS)
-    os.environ.pop("XLSTM_RMS_NORM_N_READS", None)
-    if name == "nr16":
-        os.environ["XLSTM_RMS_NORM_N_READS"] = "16"
+    norm_mod.FORWARD_BASE_REGISTERS = 0 if name == "full_nohint" else SHIPPED_BASE_REGISTERS
+    norm_mod.CACHED_THREADS = {"t64": 64, "t256": 256}.get(name, SHIPPED_THREADS)
     norm_mod._CALLS.clear()
 
 
@@ -74,7 +84,7 @@ def main() -> None:
     rounds, q = 5, 20
     if args.tiny:
         shapes, rounds, q = [(8, 256)], 2, 2
-    variants = ["default", "full", "full_nohint", "general"]
+    variants = [v for v in os.environ.get("PROBE_RMS_VARIANTS", "default,full_nohint,t64,t256,general").split(",") if v]
     eps = 1e-5
     rows = []
     if not args.tiny:
@@ -92,7 +102,7 @@ def main() -> None:
     print(f"{'shape':12s} {'dtype':9s} {'variant':11s} {'ms med':>8s} {'ms best':>8s} {'GB/s':>6s} "
           f"{'mlx med':>8s} {'ratio':>6s} {'relerr':>8s} {'host us':>7s}")
     for shape in shapes:
-        for dt in (mx.float32, mx.bfloat16):
+        for dt in (mx.float32, mx.bfloat16, mx.float16):
             rng = np.random.default_rng(1)
             x = mx.array(rng.standard_normal(shape).astype(np.float32)).astype(dt)
             w = mx.array(rng.standard_normal(shape[-1:]).astype(np.float32)).astype(dt)

@@ -70,6 +70,9 @@ def _cases():
         "rms_f32_mlx": (lambda: rms(False, mx.float32), "rms_norm"),
         "rms_bf16_ours": (lambda: rms(True, mx.bfloat16), "custom_kernel_rms_norm"),
         "rms_bf16_mlx": (lambda: rms(False, mx.bfloat16), "rms_norm"),
+        # 4096 rows: about 3 waves of blocks (the probe's worst ratio, session 7)
+        "rms_bf16_4k_ours": (lambda: rms(True, mx.bfloat16, rows=4096), "custom_kernel_rms_norm"),
+        "rms_bf16_4k_mlx": (lambda: rms(False, mx.bfloat16, rows=4096), "rms_norm"),
         "gemm_av_ours": (lambda: gemm("gemm_av"), "gemm_simd"),
         "gemm_at_b_ours": (lambda: gemm("gemm_at_b"), "gemm_simd"),
         "gemm_mlx": (lambda: gemm("mlx"), "gemm|nvjet|xmma|cutlass|sm90"),
