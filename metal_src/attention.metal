@@ -311,6 +311,28 @@ inline void xk_frag_load_a4(thread M& m00, thread M& m10, thread M& m01, thread 
 }
 #endif
 
+#ifndef XK_TILE_SWIZZLE
+// Swizzled tiles (as gemm.metal's): a backend whose fragment loads take one row address per
+// lane (CUDA's ldmatrix) may store tiles of rows of whole 128-byte lines without padding,
+// chunk c of row r at chunk c ^ (r & 7) (XK_TILE_SWIZZLE 1, its own xk_tile_swz and
+// xk_frag_load_a4_sw / _b4_sw). Here tiles stay padded: XK_TILE_SWIZZLE 0, and these forms
+// (never called with a swizzled tile) address a plain tile of rows of ld elements.
+#define XK_TILE_SWIZZLE 0
+inline int xk_tile_swz(int r, int c, int ld) {
+  return r * ld + c;
+}
+template <typename M, typename U>
+inline void xk_frag_load_a4_sw(thread M& m00, thread M& m10, thread M& m01, thread M& m11, const threadgroup U* tile,
+                               int r0, int c0, int ld, bool transpose) {
+  xk_frag_load_a4(m00, m10, m01, m11, tile + r0 * ld + c0, ulong(ld), transpose);
+}
+template <typename M, typename U>
+inline void xk_frag_load_b4_sw(thread M& m00, thread M& m10, thread M& m01, thread M& m11, const threadgroup U* tile,
+                               int r0, int c0, int ld, bool transpose) {
+  xk_frag_load_b4(m00, m10, m01, m11, tile + r0 * ld + c0, ulong(ld), transpose);
+}
+#endif
+
 // Max / sum of a per-lane value over the 8 lanes that hold one column pair of an 8x8
 // fragment (xk_frag_coord: columns fc, fc + 1 of all 8 rows); every lane gets the result,
 // all 32 lanes call it. Those lanes differ in three lane bits: in Apple's layout
@@ -334,9 +356,14 @@ inline float xk_frag_col_sum(float v) {
 
 #ifndef XK_ATTN_MMA_HELPERS
 // The two elements this lane holds (xk_frag_coord: row fr, columns fc, fc + 1) of a
-// fragment used only as the right operand of products, converted from float.
+// fragment used only as the right (_b) or only as the left (_a) operand of products,
+// converted from float.
 template <typename T>
 inline void xk_frag_set_b(thread simdgroup_matrix<T, 8, 8>& m, float a, float b) {
+  m.thread_elements() = vec<T, 2>(T(a), T(b));
+}
+template <typename T>
+inline void xk_frag_set_a(thread simdgroup_matrix<T, 8, 8>& m, float a, float b) {
   m.thread_elements() = vec<T, 2>(T(a), T(b));
 }
 #endif
@@ -429,6 +456,60 @@ inline void xk_attn_copy_rows(threadgroup T* dst, const device T* src, long r0, 
         }
       }
     }
+  }
+}
+
+// xk_attn_copy_rows into a swizzled tile (XK_TILE_SWIZZLE; rows of LD = DIM 2-byte elements,
+// DIM a multiple of 64): rows r0 .. r0 + ROWS - 1 (clamped to rlast) become tile rows
+// t0 .. t0 + ROWS - 1, their 16-byte chunk c stored at xk_tile_swz(t0 + i, c, LD). AL: each
+// chunk one xk_async_copy_aligned; else element copies (synchronous).
+template <bool AL, int ROWS, int DIM, int LD, typename T>
+inline void xk_attn_copy_rows_sw(threadgroup T* tile, int t0, const device T* src, long r0, long rlast, uint lane) {
+  constexpr int CPR = DIM / 8;  // 16-byte chunks per row
+  constexpr int RUNS = ROWS * CPR;
+  constexpr int PER = (RUNS + 31) / 32;
+  if (AL && 32 % CPR == 0 && r0 + ROWS - 1 <= rlast) {
+    // uniform: every row exists; a lane copies chunk c of rows i0, i0 + 32 / CPR, ...
+    constexpr int RSTEP = 32 / CPR;
+    const int i0 = int(lane) / CPR;
+    const int c = (int(lane) % CPR) * 8;
+    const device T* s = src + (r0 + i0) * DIM + c;
+    XK_ATTN_UNROLL
+    for (int q = 0; q < PER; ++q) {
+      if (ROWS % RSTEP == 0 || i0 + q * RSTEP < ROWS) {
+        xk_async_copy_aligned<8>(tile + xk_tile_swz(t0 + i0 + q * RSTEP, c, LD), s + q * RSTEP * DIM);
+      }
+    }
+  } else {
+    XK_ATTN_ROLLED
+    for (int e = int(lane); e < RUNS; e += 32) {
+      const int i = e / CPR;
+      const int c = (e % CPR) * 8;
+      const device T* sr = src + metal::min(r0 + i, rlast) * DIM + c;
+      threadgroup T* d = tile + xk_tile_swz(t0 + i, c, LD);
+      if (AL) {
+        xk_async_copy_aligned<8>(d, sr);
+      } else {
+        for (int kk = 0; kk < 8; ++kk) {
+          d[kk] = sr[kk];
+        }
+      }
+    }
+  }
+}
+
+// One tile of K and V rows (attention_prefill_mma): simdgroup sg copies rows
+// [kr0, kr0 + KR) of each (clamped to rlast) into tile rows sg * KR .. of the stage at st
+// (K at st, V at st + k_tile), swizzled (SW) or padded.
+template <bool SW, bool AL, int KR, int D, int DV, int CWK, int CWV, int LDK, int LDV, typename T>
+inline void xk_prefill_copy_kv(threadgroup T* st, int k_tile, const device T* kp, const device T* vp, long kr0,
+                               long rlast, uint sg, uint lane) {
+  if (SW) {
+    xk_attn_copy_rows_sw<AL, KR, D, LDK>(st, int(sg) * KR, kp, kr0, rlast, lane);
+    xk_attn_copy_rows_sw<AL, KR, DV, LDV>(st + k_tile, int(sg) * KR, vp, kr0, rlast, lane);
+  } else {
+    xk_attn_copy_rows<AL, KR, D, CWK, LDK>(st + int(sg) * KR * LDK, kp, kr0, rlast, lane);
+    xk_attn_copy_rows<AL, KR, DV, CWV, LDV>(st + k_tile + int(sg) * KR * LDV, vp, kr0, rlast, lane);
   }
 }
 
@@ -700,6 +781,348 @@ for (int r = 0; r < RM; ++r) {
         const int d = t * 8 + fc + e;
         if (d < DV) {
           op[d] = T(val[e] / l_i[r]);  // l_i == 0 only for all -inf rows: 0/0 = NaN, like MLX
+        }
+      }
+    }
+  }
+}
+
+// @kernel attention_prefill_mma
+// Flash attention forward on 16 x 16 simdgroup-matrix blocks (on CUDA, half / bfloat:
+// tensor-core mma.m16n8k16, ldmatrix and cp.async): the same outputs as attention_prefill
+// (float scores, softmax and accumulation; P rounded to T for P V), another schedule.
+// * One threadgroup of WM simdgroups per (BQ = 16 * RB * WM queries, query head, batch);
+//   simdgroup s owns query rows [16 * RB * s, + 16 * RB) of the block: RB blocks of 16
+//   rows, the rows of the products (S = Q K^T and O += P V, xk_mma2_k16).
+// * Q is copied once into threadgroup memory (each simdgroup its own rows) and read as
+//   left operands (xk_frag_load_a4) per key tile, so that no Q fragment lives across the
+//   tiles. K and V tiles of BK keys stream through ST stages: tile t + ST - 1 is copied
+//   (cp.async on CUDA) while tile t is computed, each simdgroup copying BK / WM rows of
+//   each; one threadgroup barrier per tile. Rows of DP + 16 bytes (conflict-free loads), or
+//   on XK_TILE_SWIZZLE backends with head dims multiples of 64 unpadded swizzled rows (SW).
+// * S: K rows as right operands (K^T stored transposed: xk_frag_load_b4). The online
+//   softmax runs on the lane's accumulator elements (row fr, columns fc, fc + 1 of each
+//   8 x 8 block): the row max over its 4 lanes per tile, sums lane-partial until the end.
+//   P is converted to T in registers as left operands (xk_frag_set_a: accumulator and
+//   left operand share the lane layout); V rows are right operands. O is rescaled only
+//   when some row's max moved (the same values).
+// * Head dims are zero-padded to multiples of 16 (DP, DVP) in the tiles. Query rows past
+//   Lq repeat row Lq - 1 (never stored); keys past Lk repeat key Lk - 1 and score -inf.
+// * Causal: tiles wholly right of the block's diagonal are skipped (unless some row of the
+//   block sees no key: then every tile runs, as in attention_prefill), tiles wholly left
+//   of it skip the per-key test; the last query block runs first (the most tiles).
+// Threadgroup (32 * WM, 1, 1); grid (32 * WM * ceil(Lq / BQ), Hq, B). Threadgroup memory:
+// (BQ * (DP + P) + ST * BK * (DP + DVP + 2P)) elements, P = 16 bytes (0 when SW); dynamic
+// on CUDA.
+// inputs: q, k, v (T); mask (MT); params (int64); scale (float).  outputs: o (T)
+// template: T, MT, D, DV, MASK, WM, RB, BK, ST, SWZ (1: swizzled tiles where SW allows)
+constexpr int DP = (D + 15) / 16 * 16;
+constexpr int DVP = (DV + 15) / 16 * 16;
+constexpr int TD = DP / 8;   // 8-element blocks of a q / k row (even)
+constexpr int TV = DVP / 8;  // of a v / o row (even)
+constexpr int TK = BK / 8;   // 8-key blocks of a tile (even)
+constexpr int NR = 2 * RB;   // 8-row blocks of a simdgroup
+constexpr int BQ = 16 * RB * WM;
+// SW: tiles of rows of whole 128-byte lines, swizzled instead of padded (XK_TILE_SWIZZLE
+// backends, head dims multiples of 64: the padded rows' copies straddle lines, gemm_simd's
+// session-6 finding); else rows of DP + 16 bytes.
+constexpr bool SW = SWZ != 0 && XK_TILE_SWIZZLE && sizeof(T) == 2 && D % 64 == 0 && DV % 64 == 0;
+constexpr int PAD = SW ? 0 : 16 / int(sizeof(T));
+constexpr int LDK = DP + PAD;  // Q and K tile rows
+constexpr int LDV = DVP + PAD;
+constexpr int Q_ELEMS = BQ * LDK;
+constexpr int K_TILE = BK * LDK;
+constexpr int STAGE = BK * (LDK + LDV);
+constexpr int TG_WORDS = ((Q_ELEMS + ST * STAGE) * int(sizeof(T)) + 15) / 16;
+constexpr int KR = BK / WM;  // K and V rows each simdgroup copies per tile
+constexpr int V16 = 16 / int(sizeof(T));
+constexpr int CWK = D % V16 == 0 ? V16 : (V16 > 4 && D % 4 == 0) ? 4 : D % 2 == 0 ? 2 : 1;  // copy runs
+constexpr int CWV = DV % V16 == 0 ? V16 : (V16 > 4 && DV % 4 == 0) ? 4 : DV % 2 == 0 ? 2 : 1;
+static_assert(BK % 16 == 0 && BK % WM == 0 && RB >= 1 && ST >= 1, "attention_prefill_mma: bad tile");
+
+const long Hq = params[0], Hkv = params[1], Lq = params[2], Lk = params[3];
+const long off = Lk - Lq;
+const uint sg = simdgroup_index_in_threadgroup;
+const uint lane = thread_index_in_simdgroup;
+const long nqb = (Lq + BQ - 1) / BQ;
+const long q0 = (nqb - 1 - long(threadgroup_position_in_grid.x)) * BQ;  // the last block first
+const long h = threadgroup_position_in_grid.y;
+const long b = threadgroup_position_in_grid.z;
+const long hk = h / (Hq / Hkv);
+const device T* qp = q + (b * Hq + h) * Lq * D;
+const device T* kp = k + (b * Hkv + hk) * Lk * D;
+const device T* vp = v + (b * Hkv + hk) * Lk * DV;
+const long mbase = b * params[4] + h * params[5];
+const long msk = params[7];
+
+// One buffer of 16-byte words: Q, then the stages; every tile row starts 16-byte aligned.
+#ifdef XK_THREADGROUP_DYNAMIC
+threadgroup vec<float, 4>* xk_tiles = XK_THREADGROUP_DYNAMIC(TG_WORDS, vec<float, 4>);
+#else
+threadgroup vec<float, 4> xk_tiles[TG_WORDS];
+#endif
+threadgroup T* Qs = reinterpret_cast<threadgroup T*>(xk_tiles);
+threadgroup T* stages = Qs + Q_ELEMS;
+const long r0 = q0 + long(sg) * (16 * RB);  // the simdgroup's first query row
+threadgroup T* Qw = Qs + int(sg) * (16 * RB) * LDK;
+
+// Columns D .. DP of Q and K and DV .. DVP of V are zero in every buffer (the copies never
+// write them; the first barrier of the loop orders these stores before any read).
+if (D % 16 != 0 || DV % 16 != 0) {
+  for (int e = int(thread_index_in_threadgroup); e < BQ + ST * BK; e += 32 * WM) {
+    threadgroup T* kr = e < BQ ? Qs + e * LDK : stages + ((e - BQ) / BK) * STAGE + ((e - BQ) % BK) * LDK;
+    for (int d = D; d < DP; ++d) {
+      kr[d] = T(0);
+    }
+    if (e >= BQ) {
+      threadgroup T* vr = stages + ((e - BQ) / BK) * STAGE + K_TILE + ((e - BQ) % BK) * LDV;
+      for (int d = DV; d < DVP; ++d) {
+        vr[d] = T(0);
+      }
+    }
+  }
+}
+
+const int nkb = int((Lk + BK - 1) / BK);
+int kb_end = nkb;
+if (MASK == 1 && q0 + off >= 0) {
+  // Every row of this block sees key 0: tiles wholly right of the diagonal contribute nothing.
+  const long last = metal::min(q0 + BQ, Lq) - 1 + off;
+  kb_end = int(metal::min(long(nkb), last / BK + 1));
+}
+const bool al = xk_async_runs_aligned<CWK>(qp, D) && xk_async_runs_aligned<CWK>(kp, D) &&
+                xk_async_runs_aligned<CWV>(vp, DV);
+
+// Q (this simdgroup's rows) first, then tiles 0 .. ST - 2: one commit group each.
+if (SW) {
+  if (al) {
+    xk_attn_copy_rows_sw<true, 16 * RB, D, LDK>(Qs, int(sg) * (16 * RB), qp, r0, Lq - 1, lane);
+  } else {
+    xk_attn_copy_rows_sw<false, 16 * RB, D, LDK>(Qs, int(sg) * (16 * RB), qp, r0, Lq - 1, lane);
+  }
+} else if (al) {
+  xk_attn_copy_rows<true, 16 * RB, D, CWK, LDK>(Qw, qp, r0, Lq - 1, lane);
+} else {
+  xk_attn_copy_rows<false, 16 * RB, D, CWK, LDK>(Qw, qp, r0, Lq - 1, lane);
+}
+xk_async_commit();
+for (int t = 0; t < ST - 1; ++t) {
+  if (t < kb_end) {
+    if (al) {
+      xk_prefill_copy_kv<SW, true, KR, D, DV, CWK, CWV, LDK, LDV>(stages + t * STAGE, K_TILE, kp, vp,
+                                                                  long(t) * BK + long(sg) * KR, Lk - 1, sg, lane);
+    } else {
+      xk_prefill_copy_kv<SW, false, KR, D, DV, CWK, CWV, LDK, LDV>(stages + t * STAGE, K_TILE, kp, vp,
+                                                                   long(t) * BK + long(sg) * KR, Lk - 1, sg, lane);
+    }
+  }
+  xk_async_commit();
+}
+
+int fr, fc;
+xk_frag_coord(lane, fr, fc);
+simdgroup_matrix<float, 8, 8> O[NR][TV];  // O (8-row block i, output-column block)
+XK_ATTN_UNROLL
+for (int i = 0; i < NR; ++i) {
+  XK_ATTN_UNROLL
+  for (int tv = 0; tv < TV; ++tv) {
+    O[i][tv] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
+  }
+}
+float m_i[NR];  // running max of the lane's row of block i (log2 domain; the same in its 4 lanes)
+float l_i[NR];  // this lane's part of that row's running sum
+XK_ATTN_UNROLL
+for (int i = 0; i < NR; ++i) {
+  m_i[i] = -INFINITY;
+  l_i[i] = 0.0f;
+}
+const float qscale = scale * XK_LOG2E;
+
+int sc = 0;       // the stage of tile t
+int sl = ST - 1;  // the stage of tile t + ST - 1 (ST == 1: of tile t)
+for (int t = 0; t < kb_end; ++t) {
+  if (ST > 1) {
+    xk_async_wait<ST - 2>();                           // this thread's copies of tile t (and Q) are done
+    threadgroup_barrier(mem_flags::mem_threadgroup);  // everyone's; the stage of tile t - 1 is free
+  }
+  const int tl = ST > 1 ? t + ST - 1 : t;  // the tile copied now
+  if (tl < kb_end) {
+    const long kr0 = long(tl) * BK + long(sg) * KR;
+    if (al) {
+      xk_prefill_copy_kv<SW, true, KR, D, DV, CWK, CWV, LDK, LDV>(stages + sl * STAGE, K_TILE, kp, vp, kr0, Lk - 1,
+                                                                  sg, lane);
+    } else {
+      xk_prefill_copy_kv<SW, false, KR, D, DV, CWK, CWV, LDK, LDV>(stages + sl * STAGE, K_TILE, kp, vp, kr0, Lk - 1,
+                                                                   sg, lane);
+    }
+  }
+  xk_async_commit();
+  if (ST == 1) {
+    xk_async_wait<0>();
+    threadgroup_barrier(mem_flags::mem_threadgroup);  // tile t (and Q) is in
+  }
+  const threadgroup T* Ks = stages + sc * STAGE;
+  const threadgroup T* Vs = Ks + K_TILE;
+  const long k0 = long(t) * BK;
+  sc = sc + 1 == ST ? 0 : sc + 1;
+  sl = sl + 1 == ST ? 0 : sl + 1;
+
+  // S = Q K^T, 16 head-dim elements per step: the RB blocks of Q as left operands, 16 keys
+  // of K at a time as right operands.
+  simdgroup_matrix<float, 8, 8> S[NR][TK];
+  XK_ATTN_UNROLL
+  for (int i = 0; i < NR; ++i) {
+    XK_ATTN_UNROLL
+    for (int j = 0; j < TK; ++j) {
+      S[i][j] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
+    }
+  }
+  XK_ATTN_UNROLL
+  for (int dd = 0; dd < TD; dd += 2) {
+    simdgroup_matrix<T, 8, 8> qa[RB][4];  // q<row block><d block>: 00, 10, 01, 11
+    XK_ATTN_UNROLL
+    for (int rb = 0; rb < RB; ++rb) {
+      if (SW) {
+        xk_frag_load_a4_sw(qa[rb][0], qa[rb][1], qa[rb][2], qa[rb][3], Qs, int(sg) * (16 * RB) + rb * 16, dd * 8,
+                           LDK, false);
+      } else {
+        xk_frag_load_a4(qa[rb][0], qa[rb][1], qa[rb][2], qa[rb][3], Qw + rb * 16 * LDK + dd * 8, LDK, false);
+      }
+    }
+    XK_ATTN_UNROLL
+    for (int j = 0; j < TK; j += 2) {
+      simdgroup_matrix<T, 8, 8> k00, k10, k01, k11;  // K^T: k<d block><key block>
+      if (SW) {
+        xk_frag_load_b4_sw(k00, k10, k01, k11, Ks, j * 8, dd * 8, LDK, true);
+      } else {
+        xk_frag_load_b4(k00, k10, k01, k11, Ks + j * 8 * LDK + dd * 8, LDK, true);
+      }
+      XK_ATTN_UNROLL
+      for (int rb = 0; rb < RB; ++rb) {
+        xk_mma2_k16(S[2 * rb][j], S[2 * rb + 1][j], qa[rb][0], qa[rb][1], qa[rb][2], qa[rb][3], k00, k10);
+        xk_mma2_k16(S[2 * rb][j + 1], S[2 * rb + 1][j + 1], qa[rb][0], qa[rb][1], qa[rb][2], qa[rb][3], k01, k11);
+      }
+    }
+  }
+
+  // Scores in the log2 domain; key limits and masks only on the tiles that need them (a
+  // uniform branch: the tiles inside every row's limits skip the per-key tests).
+  XK_ATTN_UNROLL
+  for (int i = 0; i < NR; ++i) {
+    XK_ATTN_UNROLL
+    for (int j = 0; j < TK; ++j) {
+      const vec<float, 2> s2 = xk_frag_get(S[i][j]);
+      xk_frag_set(S[i][j], s2[0] * qscale, s2[1] * qscale);
+    }
+  }
+  if (k0 + BK > Lk || (MASK != 0 && !(MASK == 1 && k0 + BK - 1 <= q0 + off))) {
+    const int kin = int(metal::min(Lk - k0, long(BK)));  // keys of the tile that exist
+    XK_ATTN_UNROLL
+    for (int i = 0; i < NR; ++i) {
+      const long qrow = r0 + 8 * i + fr;
+      const bool qvalid = qrow < Lq;
+      const long mrow = mbase + qrow * params[6];
+      // causal: tile keys past cvis are masked for this row (clamped into [-1, BK])
+      const int cvis = int(metal::clamp(qrow + off - k0, long(-1), long(BK)));
+      XK_ATTN_UNROLL
+      for (int j = 0; j < TK; ++j) {
+        vec<float, 2> s2 = xk_frag_get(S[i][j]);
+        XK_ATTN_UNROLL
+        for (int e = 0; e < 2; ++e) {
+          const int c = j * 8 + fc + e;
+          if (c >= kin) {
+            s2[e] = -INFINITY;
+          } else if (MASK == 1) {
+            s2[e] = c > cvis ? -FLT_MAX : s2[e];
+          } else if (MASK != 0 && qvalid) {
+            s2[e] = xk_attn_mask<MT, MASK>(s2[e], qrow, k0 + c, off, mask, mrow, msk);
+          }
+        }
+        xk_frag_set(S[i][j], s2[0], s2[1]);
+      }
+    }
+  }
+
+  // The online softmax per row; P as T left operands.
+  simdgroup_matrix<T, 8, 8> P[NR][TK];
+  float fac[NR];
+  bool moved = false;
+  XK_ATTN_UNROLL
+  for (int i = 0; i < NR; ++i) {
+    float rmax = -INFINITY;
+    XK_ATTN_UNROLL
+    for (int j = 0; j < TK; ++j) {
+      const vec<float, 2> s2 = xk_frag_get(S[i][j]);
+      rmax = metal::max(rmax, metal::max(s2[0], s2[1]));
+    }
+    const float m_new = metal::max(m_i[i], xk_frag_row_max(rmax));
+    const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // all -inf so far: keep exp2 finite
+    fac[i] = metal::fast::exp2(m_i[i] - m_use);
+    m_i[i] = m_new;
+    moved = moved || fac[i] != 1.0f;
+    float rsum = 0.0f;
+    XK_ATTN_UNROLL
+    for (int j = 0; j < TK; ++j) {
+      const vec<float, 2> s2 = xk_frag_get(S[i][j]);
+      const float p0 = metal::fast::exp2(s2[0] - m_use);
+      const float p1 = metal::fast::exp2(s2[1] - m_use);
+      rsum += p0 + p1;
+      xk_frag_set_a(P[i][j], p0, p1);
+    }
+    l_i[i] = l_i[i] * fac[i] + rsum;
+  }
+  if (simd_any(moved)) {
+    XK_ATTN_UNROLL
+    for (int i = 0; i < NR; ++i) {
+      XK_ATTN_UNROLL
+      for (int tv = 0; tv < TV; ++tv) {
+        const vec<float, 2> o2 = xk_frag_get(O[i][tv]);
+        xk_frag_set(O[i][tv], o2[0] * fac[i], o2[1] * fac[i]);
+      }
+    }
+  }
+
+  // O += P V, 16 keys per step: V rows as right operands (v<key block><column block>).
+  XK_ATTN_UNROLL
+  for (int kk = 0; kk < TK; kk += 2) {
+    XK_ATTN_UNROLL
+    for (int tv = 0; tv < TV; tv += 2) {
+      simdgroup_matrix<T, 8, 8> v00, v10, v01, v11;
+      if (SW) {
+        xk_frag_load_b4_sw(v00, v10, v01, v11, Vs, kk * 8, tv * 8, LDV, false);
+      } else {
+        xk_frag_load_b4(v00, v10, v01, v11, Vs + kk * 8 * LDV + tv * 8, LDV, false);
+      }
+      XK_ATTN_UNROLL
+      for (int rb = 0; rb < RB; ++rb) {
+        xk_mma2_k16(O[2 * rb][tv], O[2 * rb + 1][tv], P[2 * rb][kk], P[2 * rb + 1][kk], P[2 * rb][kk + 1],
+                    P[2 * rb + 1][kk + 1], v00, v10);
+        xk_mma2_k16(O[2 * rb][tv + 1], O[2 * rb + 1][tv + 1], P[2 * rb][kk], P[2 * rb + 1][kk],
+                    P[2 * rb][kk + 1], P[2 * rb + 1][kk + 1], v01, v11);
+      }
+    }
+  }
+  if (ST == 1) {
+    threadgroup_barrier(mem_flags::mem_threadgroup);  // the tile is read before it is refilled
+  }
+}
+
+// The normalised rows: lane element e of O[i][tv] is column tv * 8 + fc + e of row 8i + fr.
+XK_ATTN_UNROLL
+for (int i = 0; i < NR; ++i) {
+  // lsum == 0 only for rows whose scores are all -inf: 0 * inf = NaN, as 0 / 0 in MLX
+  const float inv = 1.0f / xk_frag_row_sum(l_i[i]);
+  const long qrow = r0 + 8 * i + fr;
+  if (qrow < Lq) {
+    device T* op = o + ((b * Hq + h) * Lq + qrow) * DV;
+    XK_ATTN_UNROLL
+    for (int tv = 0; tv < TV; ++tv) {
+      const vec<float, 2> val = xk_frag_get(O[i][tv]);
+      XK_ATTN_UNROLL
+      for (int e = 0; e < 2; ++e) {
+        const int d = tv * 8 + fc + e;
+        if (d < DV) {
+          op[d] = T(val[e] * inv);
         }
       }
     }

@@ -268,6 +268,7 @@ def test_head_dims_and_tiles(kernel_backend, d, dv, dtype_name, block_q, block_k
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
 def test_prefill_tensor_core_tiles(kernel_backend, monkeypatch, dtype_name, d, mask_kind):
+    monkeypatch.setenv("XLSTM_ATTENTION_PREFILL_MMA", "0")  # attention_prefill (the 16 x 16 tiles: below)
     dtype = DTYPES[dtype_name]
     b, hq, hkv, lq, lk = 1, 4, 2, 130, 150
     seed = seed_of("tc prefill", dtype_name, d, mask_kind)
@@ -301,6 +302,114 @@ def test_prefill_tile_variants(kernel_backend, monkeypatch, dtype_name, d, dv, b
     assert_close(out, np_attention(q, k, v, d**-0.5, "causal"), dtype, f"prefill {dtype_name} {block_q}x{block_k}")
     if kernel_backend != "reference":
         assert spy.templates[-1]["RM"] == rm
+
+
+# The tile prefill (attention_prefill_mma, 2-byte dtypes): every simdgroup layout (WM x RB),
+# key tile and stage count, over query lengths spanning several blocks (the last partial),
+# key lengths spanning several tiles (the last partial), GQA, head dims that are not
+# multiples of 16 (zero-padded tiles), odd ones (element copies), D != DV, every mask.
+PREFILL_MMA_CASES = {
+    # (B, Hq, Hkv, Lq, Lk, D, DV, (WM, RB, BK, ST))
+    "w4r1_bk16_st1_d64": (1, 4, 2, 130, 150, 64, 64, (4, 1, 16, 1)),
+    "w2r2_bk32_st2_d48": (1, 2, 1, 150, 130, 48, 48, (2, 2, 32, 2)),
+    "w1r2_bk32_st3_d40_dv24": (2, 2, 2, 70, 90, 40, 24, (1, 2, 32, 3)),
+    "w4r1_bk64_st2_d31_dv33": (1, 2, 1, 70, 100, 31, 33, (4, 1, 64, 2)),
+    "w1r1_bk16_st2_d16_gqa4": (1, 8, 2, 19, 45, 16, 16, (1, 1, 16, 2)),
+    "w2r1_bk48_st1_d96": (1, 2, 2, 33, 110, 96, 96, (2, 1, 48, 1)),
+    "w2r1_bk32_st2_d64_dv128": (1, 4, 1, 66, 100, 64, 128, (2, 1, 32, 2)),  # swizzled tiles on cuda
+}
+
+
+@pytest.mark.parametrize("case", list(PREFILL_MMA_CASES))
+@pytest.mark.parametrize("mask_kind", MASKS)
+@pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
+def test_prefill_mma_tiles(kernel_backend, monkeypatch, case, mask_kind, dtype_name):
+    b, hq, hkv, lq, lk, d, dv, tiles = PREFILL_MMA_CASES[case]
+    dtype = DTYPES[dtype_name]
+    monkeypatch.setattr(att, "PREFILL_MMA_TILES", tiles)
+    monkeypatch.setenv("XLSTM_ATTENTION_PREFILL_MMA", "1")
+    seed = seed_of("prefill mma", case, mask_kind, dtype_name)
+    q, k, v = make_qkv(b, hq, hkv, lq, lk, d, dv, dtype, seed)
+    mask = make_mask(mask_kind, b, hq, lq, lk, dtype, seed, layout="head")
+    spy = LaunchSpy(monkeypatch)
+    out = att.attention_prefill(q, k, v, scale=d**-0.5, mask=mask)
+    assert_close(out, np_attention(q, k, v, d**-0.5, mask), dtype, f"prefill tiles {case} {mask_kind}")
+    if kernel_backend != "reference":
+        t = spy.templates[-1]
+        assert spy.kernels == ["attention_prefill_mma"]
+        assert (t["WM"], t["RB"], t["BK"], t["ST"]) == tiles
+
+
+@pytest.mark.parametrize("lq, lk", [(5, 300), (300, 40), (64, 64)])
+def test_prefill_mma_causal_rows_without_keys(kernel_backend, monkeypatch, lq, lk):
+    """Causal with Lq > Lk (leading rows see no key: every tile runs and they average V
+    uniformly, as in MLX), Lq < Lk (skipped tiles right of the diagonal), Lq = Lk."""
+    monkeypatch.setattr(att, "PREFILL_MMA_TILES", (2, 1, 16, 2))
+    monkeypatch.setenv("XLSTM_ATTENTION_PREFILL_MMA", "1")
+    q, k, v = make_qkv(1, 2, 1, lq, lk, 32, 32, mx.float16, seed_of("mma causal", lq, lk))
+    out = att.attention_prefill(q, k, v, scale=0.2, mask="causal")
+    assert_close(out, np_attention(q, k, v, 0.2, "causal"), mx.float16, f"prefill tiles causal {lq}x{lk}")
+
+
+def test_prefill_mma_nan_like_prefill(kernel_backend, monkeypatch):
+    """NaN inputs and a row whose additive mask is all -inf: NaN exactly where
+    attention_prefill gives it (a NaN key poisons every row, a NaN query its row)."""
+    if kernel_backend == "reference":
+        pytest.skip("compares the two prefill kernels")
+    b, hq, hkv, lq, lk, d = 1, 2, 1, 40, 70, 32
+    q, k, v = make_qkv(b, hq, hkv, lq, lk, d, d, mx.float16, seed_of("mma nan"))
+    qn, kn, vn = (np.asarray(x.astype(mx.float32)).copy() for x in (q, k, v))
+    qn[0, 1, 7, 3] = np.nan
+    vn[0, 0, 50, 9] = np.nan
+    addm = np.zeros((lq, lk), dtype=np.float32)
+    addm[20, :] = -np.inf
+    args = [mx.array(x).astype(mx.float16) for x in (qn, kn, vn)]
+    mask = mx.array(addm).astype(mx.float16)
+    outs = {}
+    for flag in ("0", "1"):
+        monkeypatch.setenv("XLSTM_ATTENTION_PREFILL_MMA", flag)
+        outs[flag] = f64(att.attention_prefill(*args, scale=0.2, mask=mask))
+    assert np.isnan(outs["0"]).any() and not np.isnan(outs["0"]).all()
+    assert np.array_equal(np.isnan(outs["1"]), np.isnan(outs["0"]))
+    fin = ~np.isnan(outs["0"])
+    assert rel_err(outs["1"][fin], outs["0"][fin]) < 1e-2
+
+
+def test_prefill_mma_plan(monkeypatch):
+    """Layouts by query length, the budget per backend, fallbacks, and bad overrides."""
+    h = mx.float16
+    assert att._prefill_mma_plan(1024, 128, 128, h, "cuda") == (4, 2, 64, 2)  # 102 KiB: two blocks per SM
+    assert att._prefill_mma_plan(1024, 64, 64, h, "cuda") == (4, 2, 128, 2)  # 128 keys: 192 accumulators
+    assert att._prefill_mma_plan(100, 128, 128, h, "cuda") == (4, 1, 128, 2)
+    assert att._prefill_mma_plan(20, 64, 64, h, "cuda") == (2, 1, 128, 2)
+    assert att._prefill_mma_plan(3, 64, 64, h, "cuda") == (1, 1, 128, 2)
+    assert att._prefill_mma_plan(1024, 256, 256, h, "cuda") == (4, 1, 64, 2)  # RB 2: too many registers
+    assert att._prefill_mma_plan(1024, 64, 64, h, "emulate") == (4, 2, 16, 2)  # 32 KiB: 2 stages first
+    assert att._prefill_mma_plan(1024, 128, 128, h, "emulate") == (4, 1, 16, 1)
+    assert att._prefill_mma_plan(1024, 256, 256, h, "emulate") == (1, 1, 16, 1)
+    assert att._prefill_mma_plan(1024, 64, 64, mx.float32, "cuda") is None
+    q = mx.zeros((1, 2, 64, 256), dtype=h)
+    assert att._use_prefill_mma(None, q, q, "cuda") and att._use_prefill_mma(None, q, q, "emulate")
+    assert not att._use_prefill_mma(None, q, q, "metal") and att._use_prefill_mma(True, q, q, "metal")
+    assert not att._use_prefill_mma(True, q.astype(mx.float32), q.astype(mx.float32), "cuda")
+    monkeypatch.setattr(att, "PREFILL_MMA_TILES", (4, 2, 64, 2))
+    with pytest.raises(ValueError, match=r"PREFILL_MMA_TILES=\(4, 2, 64, 2\).*needs \d+ bytes.*'emulate'"):
+        att._prefill_mma_plan(64, 128, 128, h, "emulate")
+    monkeypatch.setattr(att, "PREFILL_MMA_TILES", (4, 1, 24, 1))
+    with pytest.raises(ValueError, match="BK a multiple of 16"):
+        att._prefill_mma_plan(64, 64, 64, h, "cuda")
+
+
+def test_prefill_block_arguments_select_prefill(kernel_backend, monkeypatch):
+    """block_q= / block_k= name attention_prefill's tiles: such a call runs it."""
+    if kernel_backend == "reference":
+        pytest.skip("kernel selection")
+    monkeypatch.setenv("XLSTM_ATTENTION_PREFILL_MMA", "1")
+    q, k, v = make_qkv(1, 2, 1, 20, 30, 32, 32, mx.bfloat16, seed_of("block args"))
+    spy = LaunchSpy(monkeypatch)
+    att.attention_prefill(q, k, v, scale=0.2, block_q=16)
+    att.attention_prefill(q, k, v, scale=0.2)
+    assert spy.kernels == ["attention_prefill", "attention_prefill_mma"]
 
 
 def test_prefill_threadgroup_memory_error(kernel_backend):
@@ -849,6 +958,23 @@ def test_check_schedules_prefill(backend, mask_kind, d, dtype_name):
 
 
 @pytest.mark.emulator_only
+@pytest.mark.parametrize("dtype_name, mask_kind, tiles", [("float16", "causal", (2, 1, 16, 2)),
+                                                          ("bfloat16", "bool", (2, 1, 16, 3)),
+                                                          ("float16", "additive", (4, 1, 32, 1))])
+def test_check_schedules_prefill_mma(backend, monkeypatch, dtype_name, mask_kind, tiles):
+    """The tile prefill under shuffled schedules: the shared K / V stages (copied by every
+    simdgroup, one barrier per tile) and the Q rows (each simdgroup its own)."""
+    monkeypatch.setattr(att, "PREFILL_MMA_TILES", tiles)
+    dtype = DTYPES[dtype_name]
+    q, k, v = make_qkv(1, 2, 1, 37, 75, 40, 40, dtype, seed_of("sched-prefill-mma", dtype_name))
+    mask = make_mask(mask_kind, 1, 2, 37, 75, dtype, 6)
+    spec, kwargs = att._prefill_mma_launch(q, k, v, _mask_obj(mask, q, k), 0.125, "emulate")
+    kwargs.pop("shared_memory")  # cuda's dynamic buffer size; the emulator declares the buffer
+    (out,) = emulate.check_schedules(runtime.get_kernel(spec, "emulate"), **kwargs)
+    assert_close(out, np_attention(q, k, v, 0.125, mask), dtype, "prefill tiles (schedules)")
+
+
+@pytest.mark.emulator_only
 def test_check_schedules_split_kv(backend):
     q, k, v = make_qkv(1, 2, 1, 2, 45, 64, 64, mx.float32, seed_of("sched-split"))
     m = _mask_obj("causal", q, k)
@@ -887,6 +1013,11 @@ def test_bounds(backend, d, dv, dtype_name, mask_kind):
     spec, kwargs = att._prefill_launch(q, k, v, m, 0.125)
     (out,) = runtime.get_kernel(spec, "emulate")(**kwargs, check_bounds=True)
     assert_close(out, ref, dtype, "prefill (bounds)")
+    if dtype != mx.float32:
+        spec, kwargs = att._prefill_mma_launch(q, k, v, m, 0.125, "emulate")
+        kwargs.pop("shared_memory")
+        (out,) = runtime.get_kernel(spec, "emulate")(**kwargs, check_bounds=True)
+        assert_close(out, ref, dtype, "prefill tiles (bounds)")
     spec, kwargs = att._partial_launch(q, k, v, m, 0.125, 16)
     o_part, lse = runtime.get_kernel(spec, "emulate")(**kwargs, check_bounds=True)
     spec, kwargs = att._reduce_launch(o_part, lse, 16, lk, dtype)

@@ -725,10 +725,19 @@ template <class A> inline typename msl_detail::geo1<A>::V normalize(const A& a) 
 }
 
 // The fast versions (metal::fast::): hardware approximations where they meet Metal's
-// fast-math error bounds; tanh stays accurate (tanh.approx is off by ~1e-3).
+// fast-math error bounds; tanh stays accurate (tanh.approx is off by ~1e-3). exp2 is the
+// hardware's with subnormal results flushed to zero, as Metal's fast math does (exp2f
+// gives the same value for normal results, after a range test and two scalings).
+namespace msl_detail {
+inline float ex2_ftz(float x) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+}
+}  // namespace msl_detail
 namespace fast_impl {
 XK_F1_(f_, exp, __expf(x))
-XK_F1_(f_, exp2, exp2f(x))
+XK_F1_(f_, exp2, msl_detail::ex2_ftz(x))
 XK_F1_(f_, log, __logf(x))
 XK_F1_(f_, log2, __log2f(x))
 XK_F1_(f_, sin, __sinf(x))

@@ -598,5 +598,14 @@ inline void xk_frag_set_b(simdgroup_matrix<T, 8, 8>& m, float a, float b) {
   }
 }
 
+// xk_frag_set_a: the same for a fragment used only as the left operand: its registers are
+// the lane's own elements (mma's A layout is the accumulator's), so no data moves; a 2-byte
+// matrix's right-operand register is left unset.
+template <class T>
+inline void xk_frag_set_a(simdgroup_matrix<T, 8, 8>& m, float a, float b) {
+  m.elements_[0] = msl_detail::conv<T>(a);
+  m.elements_[1] = msl_detail::conv<T>(b);
+}
+
 }  // namespace mlx::core::cu
 #endif

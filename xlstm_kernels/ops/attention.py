@@ -31,6 +31,19 @@ Kernels (``metal_src/attention.metal``):
   multiple of 16 (one Kᵀ/V fragment read feeds two products); BQ 64 (32/16/8 for short
   query runs), BK 64 where the K and V tiles fit 32 KiB side by side, else 32. Every
   head dim from 1 to 256 runs on it (zero-padded to a multiple of 8 inside the tiles).
+* ``attention_prefill_mma``: the prefill for float16 / bfloat16 on cuda (and the emulator,
+  which tests what cuda runs): flash attention on 16 x 16 simdgroup-matrix blocks (tensor-core
+  m16n8k16, ldmatrix and cp.async on CUDA). WM simdgroups of RB x 16 query rows each (BQ =
+  16 * RB * WM), Q in threadgroup memory read per key tile, K / V tiles of BK keys through ST
+  stages copied by all simdgroups, the online softmax on the accumulator registers and P
+  converted in registers (no threadgroup round trip); head dims padded to multiples of 16;
+  on CUDA, head dims that are multiples of 64 use swizzled unpadded tiles. Tiles per call from
+  ``PREFILL_MMA_LAYOUTS`` / ``PREFILL_MMA_KEY_TILES`` / ``PREFILL_MMA_STAGES``: the largest
+  layout whose BQ fits the query length, within the backend's threadgroup memory (227 KiB
+  on cuda: 4 x 2 x 64 keys x 2 stages at D = 128, two blocks per SM; 32 KiB elsewhere) and
+  ``_PREFILL_MMA_ACC_REGISTERS``. Knob ``prefill_mma`` (variable
+  ``XLSTM_ATTENTION_PREFILL_MMA``); off by default on Apple GPUs and for float32. A call
+  naming ``block_q=`` / ``block_k=`` runs ``attention_prefill``.
 * ``attention_partial`` + ``attention_reduce``: split-KV decode. Pass 1 runs one
   threadgroup per (key block, key/value head and group of R of its query rows, batch):
   the (Hq / Hkv) query heads x Lq queries of a kv head share every K / V read (R = all of
@@ -133,6 +146,7 @@ _TG_MEMORY = 32 * 1024
 
 _INPUTS = ("q", "k", "v", "mask", "params", "scale")
 PREFILL = KernelSpec("attention", "attention_prefill", _INPUTS, ("o",))
+PREFILL_MMA = KernelSpec("attention", "attention_prefill_mma", _INPUTS, ("o",))
 PARTIAL = KernelSpec("attention", "attention_partial", _INPUTS, ("o_part", "lse"))
 PARTIAL_MMA = KernelSpec("attention", "attention_partial_mma", _INPUTS, ("o_part", "lse"))
 REDUCE = KernelSpec("attention", "attention_reduce", ("o_part", "lse", "params"), ("o",))
@@ -427,6 +441,107 @@ def _prefill_launch(q, k, v, m: _Mask, scale: float, block_q=None, block_k=None)
     )
 
 
+#: Threadgroup memory the tile prefill (attention_prefill_mma) may use, per backend: CUDA's
+#: dynamic shared memory per block (227 KiB on sm_90; two blocks of the default tiles fit an
+#: SM), 32 KiB elsewhere (Apple GPUs, the emulator).
+_PREFILL_MMA_BUDGET = {"cuda": 227 * 1024}
+#: Simdgroup layouts (WM simdgroups x RB blocks of 16 query rows each) of the tile prefill,
+#: largest first: a call takes the first whose BQ = 16 * RB * WM does not exceed its query
+#: length rounded up to 16 (else the smallest), then falls back along the list until the
+#: tiles fit the budget.
+PREFILL_MMA_LAYOUTS = ((4, 2), (4, 1), (2, 1), (1, 1))
+#: Stages (ST) and keys per tile (BK) tried for each layout, stages first, first fit wins:
+#: the register rule gives D = 64 tiles of 128 keys (H100, 1x32x32x1024x1024x64: 0.91-0.95x
+#: MLX against 0.64-0.68x with 64 keys; probe-prefill-cuda-h100-session8-r2.txt), D = 128
+#: tiles of 64.
+PREFILL_MMA_KEY_TILES = (128, 64, 32, 16)
+PREFILL_MMA_STAGES = (2, 1)
+#: Float accumulator registers per lane the tile prefill may hold: RB x 16 rows of O (DVP
+#: columns) and of S (BK keys) over 32 lanes, RB * (DVP + BK) / 2. 192 keeps ptxas (sm_90,
+#: 255 registers at 128 threads) free of spills: RB 2 with DV <= 128 and BK 64; RB 1 above.
+_PREFILL_MMA_ACC_REGISTERS = 192
+#: Swizzled tiles (template SWZ) on backends that have them (CUDA) for head dims that are
+#: multiples of 64: rows of whole 128-byte lines instead of padded rows.
+PREFILL_MMA_SWIZZLE = True
+#: (WM, RB, BK, ST) for every call when set (probes, tests); must fit the budget.
+PREFILL_MMA_TILES: tuple[int, int, int, int] | None = None
+
+
+def _prefill_mma_bytes(wm: int, rb: int, bk: int, st: int, d: int, dv: int) -> int:
+    """Threadgroup bytes of ``attention_prefill_mma`` (2-byte dtypes): Q (BQ rows) and ST
+    stages of BK K and V rows, head dims padded to multiples of 16 plus 16 bytes per row."""
+    ldk, ldv = -(-d // 16) * 16 + 8, -(-dv // 16) * 16 + 8
+    return (16 * rb * wm * ldk + st * bk * (ldk + ldv)) * 2
+
+
+def _prefill_mma_plan(lq: int, d: int, dv: int, dtype: mx.Dtype, backend: str) -> tuple[int, int, int, int] | None:
+    """(WM, RB, BK, ST) of the tile prefill for a call, or None (float32, or no tiles fit
+    the backend's threadgroup memory)."""
+    if dtype == mx.float32:
+        return None
+    budget = _PREFILL_MMA_BUDGET.get(backend, _TG_MEMORY)
+    if PREFILL_MMA_TILES is not None:
+        wm, rb, bk, st = PREFILL_MMA_TILES
+        if bk % 16 or bk % wm or min(wm, rb, st) < 1 or 32 * wm > 1024:
+            raise ValueError(f"PREFILL_MMA_TILES={PREFILL_MMA_TILES}: expected (WM, RB, BK, ST) with BK a multiple "
+                             f"of 16 and of WM, WM <= 32, RB and ST >= 1")
+        need = _prefill_mma_bytes(wm, rb, bk, st, d, dv)
+        if need > budget:
+            raise ValueError(f"PREFILL_MMA_TILES={PREFILL_MMA_TILES} with head dims ({d}, {dv}) needs {need} bytes of "
+                             f"threadgroup memory (> {budget} on backend {backend!r})")
+        return wm, rb, bk, st
+    rows = max(16, -(-lq // 16) * 16)
+    layouts = PREFILL_MMA_LAYOUTS
+    first = next((i for i, (wm, rb) in enumerate(layouts) if 16 * wm * rb <= rows), len(layouts) - 1)
+    for wm, rb in layouts[first:]:
+        for st in PREFILL_MMA_STAGES:
+            for bk in PREFILL_MMA_KEY_TILES:
+                regs = rb * (-(-dv // 16) * 16 + bk) // 2
+                if (bk % wm == 0 and regs <= _PREFILL_MMA_ACC_REGISTERS
+                        and _prefill_mma_bytes(wm, rb, bk, st, d, dv) <= budget):
+                    return wm, rb, bk, st
+    return None
+
+
+def _prefill_mma_default(dtype: mx.Dtype, backend: str) -> bool:
+    """The prefill_mma knob's built-in value: on for float16 / bfloat16 on cuda and on the
+    emulator (which tests what cuda runs); off for float32 and on Apple GPUs (not measured
+    there; attention_prefill follows MLX's Metal SDPA)."""
+    return dtype != mx.float32 and backend != "metal"
+
+
+def _use_prefill_mma(knob: bool | None, q, v, backend: str) -> bool:
+    """Whether the prefill runs the tile kernel: the prefill_mma knob, else
+    :func:`_prefill_mma_default`; never for float32 or where no tiles fit."""
+    want = _prefill_mma_default(q.dtype, backend) if knob is None else bool(knob)
+    return want and _prefill_mma_plan(q.shape[2], q.shape[3], v.shape[3], q.dtype, backend) is not None
+
+
+def _prefill_mma_launch(q, k, v, m: _Mask, scale: float, backend: str) -> tuple[KernelSpec, dict]:
+    """(spec, launch kwargs) of the tile prefill: one threadgroup of WM simdgroups per
+    (16 * RB * WM queries, query head, batch)."""
+    b, hq, lq, d = q.shape
+    hkv, lk, dv = k.shape[1], k.shape[2], v.shape[3]
+    wm, rb, bk, st = _prefill_mma_plan(lq, d, dv, q.dtype, backend)
+    bq = 16 * rb * wm
+    mbuf = m.buffer()
+    params = mx.array([hq, hkv, lq, lk, *m.strides, 0, 0], dtype=mx.int64)
+    threads = 32 * wm
+    check_int32("scaled_dot_product_attention", "the prefill grid x (threads per query block * blocks)",
+                threads * -(-lq // bq), f"q has shape {tuple(q.shape)}")
+    return PREFILL_MMA, dict(
+        inputs=[q, k, v, mbuf, params, _scale_array(scale)],
+        output_shapes=[(b, hq, lq, dv)],
+        output_dtypes=[q.dtype],
+        grid=(threads * -(-lq // bq), hq, b),
+        threadgroup=(threads, 1, 1),
+        template=[("T", q.dtype), ("MT", mbuf.dtype), ("D", d), ("DV", dv), ("MASK", m.kind),
+                  ("WM", wm), ("RB", rb), ("BK", bk), ("ST", st), ("SWZ", int(PREFILL_MMA_SWIZZLE))],
+        # cuda: the body's tile buffer is dynamic shared memory (XK_THREADGROUP_DYNAMIC)
+        shared_memory=-(-_prefill_mma_bytes(wm, rb, bk, st, d, dv) // 16) * 16,
+    )
+
+
 #: Register estimate (32-bit registers per lane) of the split-KV pass 1 that R, the query
 #: rows per threadgroup, must stay within: about 60 + R x (KC partial scores + q and
 #: accumulator elements per lane) + the KC K-row runs in flight (fitted to ptxas -v of
@@ -664,17 +779,19 @@ def _knob_args(cfg: dict) -> dict:
 
 def knob_values(lq: int, lk: int, d: int, dv: int, dtype: Any, args: dict | None = None) -> dict[str, int]:
     """The knobs a call with these sizes uses, defaults and heuristics filled in:
-    {"block_q", "block_k", "split_kv_block_size", "split_kv_min_keys", "split_kv_mma"}. `args`: knob
+    {"block_q", "block_k", "split_kv_block_size", "split_kv_min_keys", "split_kv_mma", "prefill_mma"}. `args`: knob
     arguments ({knob: value})."""
     v = resolve_knobs("attention", dtype, lk, args=args, fits=attention_fits(d, dv, dtype)).values
     bq, bk = _prefill_tiles(lq, d, dv, getattr(mx, dtype_name(dtype)), v["block_q"], v["block_k"])
     mx_dtype = getattr(mx, dtype_name(dtype))
     backend = current_backend()
     mma = _mma_default(mx_dtype, backend) if v["split_kv_mma"] is None else bool(v["split_kv_mma"])
+    pmma = _prefill_mma_default(mx_dtype, backend) if v["prefill_mma"] is None else bool(v["prefill_mma"])
     return {"block_q": bq, "block_k": bk,
             "split_kv_block_size": SPLIT_KV_BLOCK_SIZE if v["split_kv_block_size"] is None else v["split_kv_block_size"],
             "split_kv_min_keys": SPLIT_KV_MIN_KEYS if v["split_kv_min_keys"] is None else v["split_kv_min_keys"],
-            "split_kv_mma": mma and _mma_plan(1, d, dv, mx_dtype, backend) is not None}
+            "split_kv_mma": mma and _mma_plan(1, d, dv, mx_dtype, backend) is not None,
+            "prefill_mma": pmma and _prefill_mma_plan(lq, d, dv, mx_dtype, backend) is not None}
 
 
 # ---------------------------------------------------------------------------------------
@@ -732,6 +849,9 @@ def _build_attention(q, k, v, scale, mask, path: str, cfg: dict, replay: bool = 
 
         return reference
     mma = path == "split" and _use_mma(kv["split_kv_mma"], q, k, v, backend)
+    # the tile prefill, unless the call names attention_prefill's tiles (block_q= / block_k=)
+    prefill_mma = (path == "prefill" and cfg.get("block_q") is None and cfg.get("block_k") is None
+                   and _use_prefill_mma(kv["prefill_mma"], q, v, backend))
     if path == "split":  # the reduction sees B * Hq * Lq rows (a shape dimension and its grid y)
         check_int32("scaled_dot_product_attention", "rows B * Hq * Lq of the split-KV reduction", b * hq * lq,
                     f"q has shape {tuple(q.shape)}")
@@ -739,6 +859,9 @@ def _build_attention(q, k, v, scale, mask, path: str, cfg: dict, replay: bool = 
     def forward(q, k, v, mm: _Mask) -> mx.array:
         if path == "split":
             return _split_kv_forward(q, k, v, mm, scale, block_size, backend, mma)
+        if prefill_mma:
+            (o,) = _run(_prefill_mma_launch(q, k, v, mm, scale, backend), backend)
+            return o
         (o,) = _run(_prefill_launch(q, k, v, mm, scale, block_q, block_k), backend)
         return o
 

@@ -18,6 +18,11 @@ Ops and their knobs (the names are public API: env variables, preset keys, ``kno
                                            (attention_partial_mma; default on for 2-byte dtypes on
                                            cuda / the emulator) or
                                            the lane walk (attention_partial)
+                           prefill_mma     true | false: prefill as 16 x 16 simdgroup-matrix tiles
+                                           (attention_prefill_mma; default on for 2-byte dtypes on
+                                           cuda / the emulator) or attention_prefill (the one
+                                           block_q / block_k describe; an argument block_q= /
+                                           block_k= selects it)
     mlstm                  chunk_size      1..128: steps per chunk of the chunkwise kernels
     slstm                  threads_per_unit  1 | 2 | 4 | 8 | 16 | 32: lanes per unit K (DH*K <= 1024
                                              threads per threadgroup: a shape fit)
@@ -199,6 +204,11 @@ KNOBS: dict[str, dict[str, Knob]] = {
              "built-in default: on for float16 / bfloat16 on cuda and the emulator, off for float32 and on "
              "Apple GPUs (ops.attention._mma_default)", (False, True),
              (False, True), "split-KV pass 1 as simdgroup-matrix tiles (tensor cores on CUDA) instead of the lane walk"),
+        Knob("prefill_mma", "bool", None,
+             "built-in default: on for float16 / bfloat16 on cuda and the emulator, off for float32 and on "
+             "Apple GPUs (ops.attention._prefill_mma_default)", (False, True),
+             (False, True), "prefill as 16 x 16 simdgroup-matrix tiles (attention_prefill_mma; tensor cores on CUDA) "
+             "instead of attention_prefill; block_q / block_k apply to attention_prefill only"),
     )},
     "mlstm": {k.name: k for k in (
         Knob("chunk_size", "int", _IntRule(1, 128),
