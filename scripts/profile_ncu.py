@@ -35,10 +35,10 @@ def _cases():
             return lambda: xk.scaled_dot_product_attention(q, k, v, scale=d**-0.5, knobs=knobs)
         return lambda: mx.fast.scaled_dot_product_attention(q, k, v, scale=d**-0.5)
 
-    def prefill(ours: bool, b=2, hq=32, hkv=8, lq=2048, lk=2048, d=128, dtype=mx.float16):
+    def prefill(ours: bool, b=2, hq=32, hkv=8, lq=2048, lk=2048, d=128, dtype=mx.float16, knobs=None):
         q, k, v = rnd((b, hq, lq, d), dtype), rnd((b, hkv, lk, d), dtype), rnd((b, hkv, lk, d), dtype)
         if ours:
-            return lambda: xk.scaled_dot_product_attention(q, k, v, scale=d**-0.5, mask="causal")
+            return lambda: xk.scaled_dot_product_attention(q, k, v, scale=d**-0.5, mask="causal", knobs=knobs)
         return lambda: mx.fast.scaled_dot_product_attention(q, k, v, scale=d**-0.5, mask="causal")
 
     def rms(ours: bool, dtype, rows=16384, n=4096):
@@ -62,9 +62,10 @@ def _cases():
         "decode_ours": (lambda: decode(True), "attention_partial"),  # the default pass 1 (tiles for fp16)
         "decode_ours_lane": (lambda: decode(True, knobs={"split_kv_mma": False}), "attention_partial"),
         "decode_mlx": (lambda: decode(False), "sdpav_2pass_1|sdpav_1pass"),
-        # prefill attention (causal, 2x32x2048x128 fp16, GQA 4): the next swizzle candidate
-        # (its K/V tiles are padded like the GEMM's were, session 6)
+        # prefill attention (causal, 2x32x2048x128 fp16, GQA 4): the tile prefill
+        # (attention_prefill_mma, session 8) and the 8x8 kernel it replaced on CUDA
         "prefill_ours": (lambda: prefill(True), "attention_prefill"),
+        "prefill_ours_simd8": (lambda: prefill(True, knobs={"prefill_mma": False}), "attention_prefill"),
         "prefill_mlx": (lambda: prefill(False), "attention|sdpa|flash|fmha|cudnn"),
         "rms_f32_ours": (lambda: rms(True, mx.float32), "custom_kernel_rms_norm"),
         "rms_f32_mlx": (lambda: rms(False, mx.float32), "rms_norm"),
