@@ -727,7 +727,8 @@ template <class A> inline typename msl_detail::geo1<A>::V normalize(const A& a) 
 // The fast versions (metal::fast::): hardware approximations where they meet Metal's
 // fast-math error bounds; tanh stays accurate (tanh.approx is off by ~1e-3). exp2 is the
 // hardware's with subnormal results flushed to zero, as Metal's fast math does (exp2f
-// gives the same value for normal results, after a range test and two scalings).
+// gives the same value for normal results, after a range test and two scalings); exp is
+// exp2(x * log2(e)) the same way (what __expf computes, without its subnormal handling).
 namespace msl_detail {
 inline float ex2_ftz(float x) {
   float r;
@@ -736,7 +737,7 @@ inline float ex2_ftz(float x) {
 }
 }  // namespace msl_detail
 namespace fast_impl {
-XK_F1_(f_, exp, __expf(x))
+XK_F1_(f_, exp, msl_detail::ex2_ftz(x * 1.4426950408889634f))
 XK_F1_(f_, exp2, msl_detail::ex2_ftz(x))
 XK_F1_(f_, log, __logf(x))
 XK_F1_(f_, log2, __log2f(x))
