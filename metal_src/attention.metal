@@ -465,7 +465,7 @@ inline void xk_attn_copy_rows(threadgroup T* dst, const device T* src, long r0, 
 // chunk one xk_async_copy_aligned; else element copies (synchronous).
 template <bool AL, int ROWS, int DIM, int LD, typename T>
 inline void xk_attn_copy_rows_sw(threadgroup T* tile, int t0, const device T* src, long r0, long rlast, uint lane) {
-  constexpr int CPR = DIM / 8;  // 16-byte chunks per row
+  constexpr int CPR = DIM >= 8 ? DIM / 8 : 1;  // 16-byte chunks per row (instantiated, never run, for DIM < 8)
   constexpr int RUNS = ROWS * CPR;
   constexpr int PER = (RUNS + 31) / 32;
   if (AL && 32 % CPR == 0 && r0 + ROWS - 1 <= rlast) {
@@ -1023,7 +1023,7 @@ for (int t = 0; t < kb_end; ++t) {
       const bool qvalid = qrow < Lq;
       const long mrow = mbase + qrow * params[6];
       // causal: tile keys past cvis are masked for this row (clamped into [-1, BK])
-      const int cvis = int(metal::clamp(qrow + off - k0, long(-1), long(BK)));
+      const int cvis = int(metal::min(metal::max(qrow + off - k0, long(-1)), long(BK)));
       XK_ATTN_UNROLL
       for (int j = 0; j < TK; ++j) {
         vec<float, 2> s2 = xk_frag_get(S[i][j]);

@@ -317,6 +317,7 @@ PREFILL_MMA_CASES = {
     "w1r1_bk16_st2_d16_gqa4": (1, 8, 2, 19, 45, 16, 16, (1, 1, 16, 2)),
     "w2r1_bk48_st1_d96": (1, 2, 2, 33, 110, 96, 96, (2, 1, 48, 1)),
     "w2r1_bk32_st2_d64_dv128": (1, 4, 1, 66, 100, 64, 128, (2, 1, 32, 2)),  # swizzled tiles on cuda
+    "w1r1_bk16_st1_d4_dv3": (2, 3, 1, 21, 35, 4, 3, (1, 1, 16, 1)),  # head dims below 8: element copies
 }
 
 
