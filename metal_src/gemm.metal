@@ -198,6 +198,101 @@ inline void xk_frag_load_b4_sw(thread M& m00, thread M& m10, thread M& m01, thre
 }
 #endif
 
+// ---- Warpgroup products (gemm_simd with WG) ---------------------------------------------
+// Four simdgroups (a warpgroup: simdgroups 4g .. 4g + 3) multiply 64 rows of the A tile by
+// the whole B tile together; simdgroup 4g + w owns rows 64g + 16w .. + 15 (FM = 2 fragment
+// rows) and every column (FN = BN / 8). Tiles sit in the warpgroup layout below.
+//
+// xk_tile_wg(r, c, rows): element (r, c) of a tile of `rows` rows (2-byte T, columns a
+// multiple of 64 or exactly 64) stored as panels of 64 columns: panel c / 64 holds its rows
+// of 128 bytes one after another, and in row r the 16-byte chunk q sits at q ^ (r & 7).
+// (CUDA's wgmma reads exactly this: the 128-byte swizzle of its shared-memory descriptors,
+// K-major for a K-contiguous operand, MN-major otherwise.)
+inline int xk_tile_wg(int r, int c, int rows) {
+  return (c >> 6) * rows * 64 + r * 64 + ((((c >> 3) ^ r) & 7) << 3) + (c & 7);
+}
+
+#ifndef XK_WARPGROUP_MMA
+// Portable form, asynchronous as the hardware's: xk_wg_mma records the product of one K
+// tile (the stage's A and B tiles) and returns; xk_wg_wait<G> runs the recorded products
+// but the last G. So a body that reuses a stage before waiting for the products that read
+// it computes wrong results here too (the emulator then fails the tests, as the GPU would).
+// Each lane adds, for each element (row, col) it holds (fr, fc: its xk_frag_coord), the
+// BK products of A row `row` and B column `col` read through xk_tile_wg.
+// q: a per-thread queue of up to 4 recorded products (QA / QB: the stage tiles, QR: the
+// simdgroup's first row in the A tile).
+template <typename T, int BM, int BN, int BK, bool TRANS_A, bool TRANS_B>
+struct xk_wg_queue {
+  const threadgroup T* qa[4];
+  const threadgroup T* qb[4];
+  int qr[4];
+  int n;
+};
+template <typename Q>
+inline void xk_wg_init(thread Q& q) {
+  q.n = 0;
+}
+template <typename T, int BM, int BN, int BK, bool TRANS_A, bool TRANS_B>
+inline void xk_wg_mma(thread xk_wg_queue<T, BM, BN, BK, TRANS_A, TRANS_B>& q, thread simdgroup_matrix<float, 8, 8>* acc,
+                      const threadgroup T* ta, const threadgroup T* tb, int ra) {
+  q.qa[q.n] = ta;
+  q.qb[q.n] = tb;
+  q.qr[q.n] = ra;
+  q.n += 1;
+}
+template <typename Q>
+inline void xk_wg_commit(thread Q& q) {}
+// The element (r, p) of op(A) and (p, c) of op(B) in the stage tiles.
+template <typename T, int BM, int BN, int BK, bool TRANS_A>
+inline float xk_wg_a(const threadgroup T* ta, int r, int p) {
+  return float(TRANS_A ? ta[xk_tile_wg(p, r, BK)] : ta[xk_tile_wg(r, p, BM)]);
+}
+template <typename T, int BM, int BN, int BK, bool TRANS_B>
+inline float xk_wg_b(const threadgroup T* tb, int p, int c) {
+  return float(TRANS_B ? tb[xk_tile_wg(c, p, BN)] : tb[xk_tile_wg(p, c, BK)]);
+}
+template <int G, typename T, int BM, int BN, int BK, bool TRANS_A, bool TRANS_B>
+inline void xk_wg_wait(thread xk_wg_queue<T, BM, BN, BK, TRANS_A, TRANS_B>& q, thread simdgroup_matrix<float, 8, 8>* acc,
+                       int fr, int fc) {
+  constexpr int FN = BN / 8;
+  const int run = q.n - G;
+  if (run <= 0) {
+    return;
+  }
+  for (int u = 0; u < run; ++u) {
+    for (int i = 0; i < 2; ++i) {
+      const int r = q.qr[u] + i * 8 + fr;
+      for (int j = 0; j < FN; ++j) {
+        thread vec<float, 2>& e = reinterpret_cast<thread vec<float, 2>&>(acc[i * FN + j].thread_elements());
+        for (int h = 0; h < 2; ++h) {
+          const int c = j * 8 + fc + h;
+          float s = 0.0f;
+          for (int p = 0; p < BK; ++p) {
+            s = metal::fma(xk_wg_a<T, BM, BN, BK, TRANS_A>(q.qa[u], r, p), xk_wg_b<T, BM, BN, BK, TRANS_B>(q.qb[u], p, c), s);
+          }
+          e[h] += s;
+        }
+      }
+    }
+  }
+  for (int u = run; u < q.n; ++u) {
+    q.qa[u - run] = q.qa[u];
+    q.qb[u - run] = q.qb[u];
+    q.qr[u - run] = q.qr[u];
+  }
+  q.n = G;
+}
+// Shared-memory writes of this thread's finished copies made visible to the products
+// (CUDA: a proxy fence; here nothing).
+inline void xk_wg_fence_copies() {}
+#endif
+
+// XK_WG_PROXY_FENCE 0: no xk_wg_fence_copies before the barrier that publishes a warpgroup
+// tile (a probe switch: scripts/probe_gemm.py measures its cost on the H100).
+#ifndef XK_WG_PROXY_FENCE
+#define XK_WG_PROXY_FENCE 1
+#endif
+
 // Tile rows per band of gemm_simd's threadgroup order (1: row-major, the grid's own order).
 #ifndef XK_GEMM_GROUP_M
 #define XK_GEMM_GROUP_M 1
@@ -347,6 +442,29 @@ inline void xk_tile_load(threadgroup T* dst, const device T* src, long r0, long 
   }
 }
 
+// A ROWS x COLS block at (r0, c0) of a row-major matrix (leading dimension ld) into a tile
+// of the warpgroup layout (xk_tile_wg; 2-byte T), zero outside [0, r_hi) x [0, c_hi): runs
+// of 8 elements through xk_async_copy where they lie inside, element by element at the
+// edges (gemm_simd's guarded warpgroup copies).
+template <typename T, int ROWS, int COLS, int NT>
+inline void xk_wg_tile_load(threadgroup T* dst, const device T* src, long r0, long c0, long r_hi, long c_hi, long ld,
+                            uint tid) {
+  constexpr int CPR = COLS / 8;  // runs per row
+  constexpr int RUNS = ROWS * CPR;
+  for (int e = int(tid); e < RUNS; e += NT) {
+    const int r = e / CPR, c = (e % CPR) * 8;
+    threadgroup T* d = dst + xk_tile_wg(r, c, ROWS);
+    const long gr = r0 + r, gc = c0 + c;
+    if (gr < r_hi && gc + 8 <= c_hi) {
+      xk_async_copy<8>(d, src + gr * ld + gc);
+    } else {
+      for (int q = 0; q < 8; ++q) {
+        d[q] = (gr < r_hi && gc + q < c_hi) ? src[gr * ld + gc + q] : T(0);
+      }
+    }
+  }
+}
+
 // The fused epilogue for one output element (float in, float out).
 template <bool HAS_BIAS, int ACT, bool HAS_RES>
 inline float xk_epilogue_values(float v, float bias_value, float res_value) {
@@ -468,7 +586,11 @@ for (int r = 0; r < RM; ++r) {
 // Fragment pairs: row blocks 2r, 2r + 1 share each B fragment (xk_mma2, and xk_mma2_k16
 // over two k-steps when BK % 16 == 0); an odd last row block uses single products.
 // inputs: A, B, bias, residual, params.  outputs: C (T), P (float; SPLIT > 1 only, else 1 elem)
-// template: T, BM, BN, BK, WM, WN, STAGES, TRANS_A, TRANS_B, HAS_BIAS, ACT, HAS_RES, SPLIT
+// WG (warpgroup products; 2-byte T, WN == 1, WM a multiple of 4, BM == 16 * WM, BK == 64,
+// BN in {64, 128, 256}, STAGES >= 3, all checked by the host): four simdgroups multiply 64
+// rows by the whole B tile together (xk_wg_mma: CUDA's wgmma on sm_90a), from unpadded tiles
+// in the warpgroup layout (xk_tile_wg) in every threadgroup, edge ones included.
+// template: T, BM, BN, BK, WM, WN, STAGES, TRANS_A, TRANS_B, HAS_BIAS, ACT, HAS_RES, SPLIT, WG
 const long M = params[0], N = params[1], K = params[2];
 const uint sg = simdgroup_index_in_threadgroup;
 const uint tid = thread_index_in_threadgroup;
@@ -480,7 +602,8 @@ constexpr int A_LD = (TRANS_A ? BM : BK) + PADS;
 constexpr int B_LD = (TRANS_B ? BK : BN) + PADS;
 constexpr int A_TILE = (TRANS_A ? BK : BM) * A_LD;
 constexpr int B_TILE = (TRANS_B ? BN : BK) * B_LD;
-constexpr int TG_WORDS = (STAGES * (A_TILE + B_TILE) * int(sizeof(T)) + 15) / 16;  // 16-byte words
+// (warpgroup tiles: unpadded, BM x BK and BK x BN in every layout)
+constexpr int TG_WORDS = (STAGES * (WG ? BM * BK + BK * BN : A_TILE + B_TILE) * int(sizeof(T)) + 15) / 16;  // 16-byte words
 const int wm = int(sg) / WN;
 const int wn = int(sg) % WN;
 // Threadgroup -> output tile: with XK_GEMM_GROUP_M = G > 1, the threadgroups (in launch
@@ -505,6 +628,16 @@ const long k_lo = SPLIT > 1 ? split * params[5] : 0;
 const long k_hi = SPLIT > 1 ? metal::min(K, k_lo + params[5]) : K;
 const device T* a = A + batch * params[3];
 const device T* b = B + batch * params[4];
+// The output this launch does not use (P when SPLIT == 1, else C) has one element: set here,
+// so that no output is left undefined without an init fill (MLX's init_value fills every
+// output, C included: a whole extra pass over C per call).
+if (tid == 0 && threadgroup_position_in_grid.x == 0 && threadgroup_position_in_grid.y == 0 && z == 0) {
+  if (SPLIT > 1) {
+    C[0] = T(0);
+  } else {
+    P[0] = 0.0f;
+  }
+}
 // op(A) (M x K) is A (M, K) or, TRANS_A, A (K, M); op(B) (K x N) is B (K, N) or, TRANS_B, B (N, K).
 const long a_r0 = TRANS_A ? 0 : row0, a_c0 = TRANS_A ? row0 : 0;
 const long a_rhi = TRANS_A ? k_hi : M, a_chi = TRANS_A ? M : k_hi;
@@ -519,7 +652,7 @@ threadgroup vec<float, 4>* tg_words = XK_THREADGROUP_DYNAMIC(TG_WORDS, vec<float
 threadgroup vec<float, 4> tg_words[TG_WORDS];
 #endif
 threadgroup T* As = reinterpret_cast<threadgroup T*>(tg_words);
-threadgroup T* Bs = As + STAGES * A_TILE;
+threadgroup T* Bs = As + STAGES * (WG ? BM * BK : A_TILE);  // (warpgroup tiles: unpadded)
 
 // Fully unrolled wherever acc is indexed (init, products, epilogue), so that the FM x FN
 // fragments stay in registers (a loop left rolled indexes them through memory).
@@ -562,7 +695,113 @@ const device T* a_org = a + a_r0 * lda + a_c0 + (TRANS_A ? k_lo * lda : k_lo);  
 const device T* b_org = b + b_r0 * ldb + b_c0 + (TRANS_B ? k_lo : k_lo * ldb);
 const bool fast = FAST && row0 + BM <= M && col0 + BN <= N && (k_hi - k_lo) % BK == 0 &&
                   xk_async_runs_aligned<V16>(a_org, lda) && xk_async_runs_aligned<V16>(b_org, ldb);
-if (fast) {
+if (WG) {
+  // Warpgroup products: tile t + STAGES - 2 is copied while tile t is multiplied and tile
+  // t - 1's products may still run, so the stage refilled in iteration t is that of tile
+  // t - 2, whose products every simdgroup waited for (xk_wg_wait<1> at the end of iteration
+  // t - 1) before this iteration's barrier.
+  constexpr int WA = BM * BK, WB = BK * BN;  // unpadded stage tiles
+  xk_wg_queue<T, BM, BN, BK, TRANS_A, TRANS_B> wq;
+  xk_wg_init(wq);
+  int wfr, wfc;  // the lane's fragment coordinates (the portable products need them)
+  xk_frag_coord(thread_index_in_simdgroup, wfr, wfc);
+  // Fast copies (interior threadgroup, K range a multiple of BK, 16-byte aligned operands):
+  // each thread copies the same 16-byte runs of every tile, rows A_RSW (B_RSW) apart in one
+  // column, so one swizzled offset and one source pointer serve all its runs.
+  constexpr int A_CPW = A_COLS / 8 > 0 ? A_COLS / 8 : 1, B_CPW = B_COLS / 8 > 0 ? B_COLS / 8 : 1;
+  constexpr int A_RSW = NT / A_CPW > 0 ? NT / A_CPW : 1, B_RSW = NT / B_CPW > 0 ? NT / B_CPW : 1;
+  constexpr bool WFAST = NT % A_CPW == 0 && NT % B_CPW == 0 && A_RSW % 8 == 0 && B_RSW % 8 == 0 &&
+                         A_ROWS % A_RSW == 0 && B_ROWS % B_RSW == 0;
+  constexpr int A_RUNW = A_ROWS / A_RSW, B_RUNW = B_ROWS / B_RSW;
+  const bool wfast = WFAST && row0 + BM <= M && col0 + BN <= N && (k_hi - k_lo) % BK == 0 &&
+                     xk_async_runs_aligned<8>(a_org, lda) && xk_async_runs_aligned<8>(b_org, ldb);
+  if (wfast) {
+    const int a_r = int(tid) / A_CPW, a_c = (int(tid) % A_CPW) * 8;
+    const int b_r = int(tid) / B_CPW, b_c = (int(tid) % B_CPW) * 8;
+    const device T* ga = a_org + a_r * lda + a_c;
+    const device T* gb = b_org + b_r * ldb + b_c;
+    const long ga_q = A_RSW * lda, gb_q = B_RSW * ldb;  // between a thread's runs
+    const long ga_t = TRANS_A ? BK * lda : BK, gb_t = TRANS_B ? BK : BK * ldb;  // between K tiles
+    threadgroup T* sa = As + xk_tile_wg(a_r, a_c, A_ROWS);
+    threadgroup T* sb = Bs + xk_tile_wg(b_r, b_c, B_ROWS);
+    for (int t = 0; t < STAGES - 2; ++t) {
+      if (t < ntiles) {
+        XK_UNROLL
+        for (int q = 0; q < A_RUNW; ++q) {
+          xk_async_copy_aligned<8>(sa + t * WA + q * A_RSW * 64, ga + q * ga_q);
+        }
+        XK_UNROLL
+        for (int q = 0; q < B_RUNW; ++q) {
+          xk_async_copy_aligned<8>(sb + t * WB + q * B_RSW * 64, gb + q * gb_q);
+        }
+        ga += ga_t;
+        gb += gb_t;
+      }
+      xk_async_commit();
+    }
+    for (int t0 = 0; t0 < ntiles; t0 += STAGES) {
+      XK_UNROLL
+      for (int s = 0; s < STAGES; ++s) {
+        const int t = t0 + s;
+        if (t < ntiles) {  // the same for the whole threadgroup
+          xk_async_wait<STAGES - 3>();  // this thread's copies of tile t are done
+          if (XK_WG_PROXY_FENCE) xk_wg_fence_copies();
+          threadgroup_barrier(mem_flags::mem_threadgroup);  // everyone's tile t is in; tile t - 2's products are done
+          const int sl = (s + STAGES - 2) % STAGES;  // tile t - 2's stage, refilled with tile t + STAGES - 2
+          if (t + STAGES - 2 < ntiles) {
+            XK_UNROLL
+            for (int q = 0; q < A_RUNW; ++q) {
+              xk_async_copy_aligned<8>(sa + sl * WA + q * A_RSW * 64, ga + q * ga_q);
+            }
+            XK_UNROLL
+            for (int q = 0; q < B_RUNW; ++q) {
+              xk_async_copy_aligned<8>(sb + sl * WB + q * B_RSW * 64, gb + q * gb_q);
+            }
+            ga += ga_t;
+            gb += gb_t;
+          }
+          xk_async_commit();
+          xk_wg_mma(wq, &acc[0][0], As + s * WA, Bs + s * WB, ra);
+          xk_wg_commit(wq);
+          xk_wg_wait<1>(wq, &acc[0][0], wfr, wfc);  // tile t - 1's products are done
+        }
+      }
+    }
+    xk_wg_wait<0>(wq, &acc[0][0], wfr, wfc);  // (in each branch: no products in flight where they join)
+  } else {
+    // Guarded copies (edge threadgroups; tiles zero outside the operands), same schedule.
+    for (int t = 0; t < STAGES - 2; ++t) {
+      if (t < ntiles) {
+        const long k0 = k_lo + long(t) * BK;
+        xk_wg_tile_load<T, A_ROWS, A_COLS, NT>(As + t * WA, a, a_r0 + (TRANS_A ? k0 : 0), a_c0 + (TRANS_A ? 0 : k0),
+                                              a_rhi, a_chi, lda, tid);
+        xk_wg_tile_load<T, B_ROWS, B_COLS, NT>(Bs + t * WB, b, b_r0 + (TRANS_B ? 0 : k0), b_c0 + (TRANS_B ? k0 : 0),
+                                              b_rhi, b_chi, ldb, tid);
+      }
+      xk_async_commit();
+    }
+    for (int t = 0; t < ntiles; ++t) {
+      xk_async_wait<STAGES - 3>();
+      if (XK_WG_PROXY_FENCE) xk_wg_fence_copies();
+      threadgroup_barrier(mem_flags::mem_threadgroup);
+      const int tl = t + STAGES - 2;
+      if (tl < ntiles) {
+        const int sl = tl % STAGES;
+        const long k0 = k_lo + long(tl) * BK;
+        xk_wg_tile_load<T, A_ROWS, A_COLS, NT>(As + sl * WA, a, a_r0 + (TRANS_A ? k0 : 0), a_c0 + (TRANS_A ? 0 : k0),
+                                              a_rhi, a_chi, lda, tid);
+        xk_wg_tile_load<T, B_ROWS, B_COLS, NT>(Bs + sl * WB, b, b_r0 + (TRANS_B ? 0 : k0), b_c0 + (TRANS_B ? k0 : 0),
+                                              b_rhi, b_chi, ldb, tid);
+      }
+      xk_async_commit();
+      const int s = t % STAGES;
+      xk_wg_mma(wq, &acc[0][0], As + s * WA, Bs + s * WB, ra);
+      xk_wg_commit(wq);
+      xk_wg_wait<1>(wq, &acc[0][0], wfr, wfc);
+    }
+    xk_wg_wait<0>(wq, &acc[0][0], wfr, wfc);
+  }
+} else if (fast) {
   const int a_r = int(tid) / A_CPR, a_c = (int(tid) % A_CPR) * V16;
   const int b_r = int(tid) / B_CPR, b_c = (int(tid) % B_CPR) * V16;
   const device T* ga = a_org + a_r * lda + a_c;
@@ -691,58 +930,69 @@ const uint lane = thread_index_in_simdgroup;
 int fr, fc;
 xk_frag_coord(lane, fr, fc);
 constexpr bool EPI_LOADS = SPLIT == 1 && (HAS_BIAS || HAS_RES);
-float bias_v[FN][2];
+// Columns in chunks of JC fragments, so that the values loaded ahead stay a few registers
+// next to the accumulators (warpgroup tiles hold FN = 32 fragments a row: bias and two rows
+// of residual for all of them spilled, H100 session 9).
+constexpr int JC = FN < 8 ? FN : 8;
 XK_UNROLL
-for (int j = 0; j < FN; ++j) {
-  const long col = col0 + wn * (BN / WN) + j * 8 + fc;
+for (int jc = 0; jc < FN; jc += JC) {
+  float bias_v[JC][2];
   XK_UNROLL
-  for (int e = 0; e < 2; ++e) {
-    bias_v[j][e] = (EPI_LOADS && HAS_BIAS && col + e < N) ? float(bias[col + e]) : 0.0f;
-  }
-}
-float res_v[2][FN][2];  // residual values of fragment rows i (slot i % 2) and i + 1
-XK_UNROLL
-for (int i = 0; i <= FM; ++i) {
-  // row i's values were loaded one step earlier; row i + 1's go out before row i's stores
-  if (i < FM) {
-    const long rrow = row0 + wm * (BM / WM) + i * 8 + fr;
+  for (int jj = 0; jj < JC; ++jj) {
+    const long col = col0 + wn * (BN / WN) + (jc + jj) * 8 + fc;
     XK_UNROLL
-    for (int j = 0; j < FN; ++j) {
-      const long col = col0 + wn * (BN / WN) + j * 8 + fc;
-      XK_UNROLL
-      for (int e = 0; e < 2; ++e) {
-        res_v[i % 2][j][e] = (EPI_LOADS && HAS_RES && rrow < M && col + e < N)
-                                 ? float(residual[(batch * M + rrow) * N + col + e]) : 0.0f;
-      }
+    for (int e = 0; e < 2; ++e) {
+      bias_v[jj][e] = (EPI_LOADS && HAS_BIAS && jc + jj < FN && col + e < N) ? float(bias[col + e]) : 0.0f;
     }
   }
-  if (i == 0) {
-    continue;
-  }
-  const int fi = i - 1;  // the fragment row stored now
-  const long row = row0 + wm * (BM / WM) + fi * 8 + fr;
+  float res_v[2][JC][2];  // residual values of fragment rows i (slot i % 2) and i + 1
   XK_UNROLL
-  for (int j = 0; j < FN; ++j) {
-    const vec<float, 2> v = acc[fi][j].thread_elements();
-    const long col = col0 + wn * (BN / WN) + j * 8 + fc;
-    if (row < M && col + 1 < N) {  // both elements: one store of 2 (xk_store: any alignment)
-      const long idx = (batch * M + row) * N + col;
-      if (SPLIT > 1) {
-        xk_store<2>(P + split * params[7] * M * N + idx, v);
-      } else {
-        const float y0 = xk_epilogue_values<HAS_BIAS, ACT, HAS_RES>(v[0], bias_v[j][0], res_v[fi % 2][j][0]);
-        const float y1 = xk_epilogue_values<HAS_BIAS, ACT, HAS_RES>(v[1], bias_v[j][1], res_v[fi % 2][j][1]);
-        xk_store<2>(C + idx, vec<T, 2>(T(y0), T(y1)));
+  for (int i = 0; i <= FM; ++i) {
+    // row i's values were loaded one step earlier; row i + 1's go out before row i's stores
+    if (i < FM) {
+      const long rrow = row0 + wm * (BM / WM) + i * 8 + fr;
+      XK_UNROLL
+      for (int jj = 0; jj < JC; ++jj) {
+        const long col = col0 + wn * (BN / WN) + (jc + jj) * 8 + fc;
+        XK_UNROLL
+        for (int e = 0; e < 2; ++e) {
+          res_v[i % 2][jj][e] = (EPI_LOADS && HAS_RES && jc + jj < FN && rrow < M && col + e < N)
+                                    ? float(residual[(batch * M + rrow) * N + col + e]) : 0.0f;
+        }
       }
+    }
+    if (i == 0) {
       continue;
     }
-    for (int e = 0; e < 2; ++e) {
-      if (row < M && col + e < N) {
-        const long idx = (batch * M + row) * N + col + e;
+    const int fi = i - 1;  // the fragment row stored now
+    const long row = row0 + wm * (BM / WM) + fi * 8 + fr;
+    XK_UNROLL
+    for (int jj = 0; jj < JC; ++jj) {
+      const int j = jc + jj;
+      if (j >= FN) {  // (a last chunk of fewer fragments)
+        continue;
+      }
+      const vec<float, 2> v = acc[fi][j].thread_elements();
+      const long col = col0 + wn * (BN / WN) + j * 8 + fc;
+      if (row < M && col + 1 < N) {  // both elements: one store of 2 (xk_store: any alignment)
+        const long idx = (batch * M + row) * N + col;
         if (SPLIT > 1) {
-          P[split * params[7] * M * N + idx] = v[e];
+          xk_store<2>(P + split * params[7] * M * N + idx, v);
         } else {
-          C[idx] = T(xk_epilogue_values<HAS_BIAS, ACT, HAS_RES>(v[e], bias_v[j][e], res_v[fi % 2][j][e]));
+          const float y0 = xk_epilogue_values<HAS_BIAS, ACT, HAS_RES>(v[0], bias_v[jj][0], res_v[fi % 2][jj][0]);
+          const float y1 = xk_epilogue_values<HAS_BIAS, ACT, HAS_RES>(v[1], bias_v[jj][1], res_v[fi % 2][jj][1]);
+          xk_store<2>(C + idx, vec<T, 2>(T(y0), T(y1)));
+        }
+        continue;
+      }
+      for (int e = 0; e < 2; ++e) {
+        if (row < M && col + e < N) {
+          const long idx = (batch * M + row) * N + col + e;
+          if (SPLIT > 1) {
+            P[split * params[7] * M * N + idx] = v[e];
+          } else {
+            C[idx] = T(xk_epilogue_values<HAS_BIAS, ACT, HAS_RES>(v[e], bias_v[jj][e], res_v[fi % 2][jj][e]));
+          }
         }
       }
     }

@@ -69,7 +69,17 @@ CONFIGS = {
     # mid shapes (2048^2: 256 blocks, not 128 on 132 SMs); 96 KB, 2 blocks / SM if registers allow
     "c128x128x64_w2x4_s3": (128, 128, 64, 2, 4, None, 3),
     "c128x128x64_w2x2_s3": (128, 128, 64, 2, 2, None, 3),
+    # warpgroup products (session 9: wgmma on sm_90a; an 8th field True): 16 rows per warp, one
+    # product spans the tile's columns. 128x256 with 2 warpgroups (48 KB a stage), 256x128 with
+    # 4 (512 threads), 128x128 at 2 blocks / SM with 3 stages (96 KB)
+    "g128x256_w8_s4": (128, 256, 64, 8, 1, None, 4, True),
+    "g128x256_w8_s3": (128, 256, 64, 8, 1, None, 3, True),
+    "g256x128_w16_s4": (256, 128, 64, 16, 1, None, 4, True),
+    "g256x128_w16_s3": (256, 128, 64, 16, 1, None, 3, True),
+    "g128x128_w8_s3": (128, 128, 64, 8, 1, None, 3, True),
+    "g128x128_w8_s4": (128, 128, 64, 8, 1, None, 4, True),
 }
+WG = ["g128x256_w8_s4", "g128x256_w8_s3", "g256x128_w16_s4", "g256x128_w16_s3", "g128x128_w8_s3", "g128x128_w8_s4"]
 # Variants of the body's compile-time switches, launched directly (gemm_av only) with header
 # macros redefined: name -> (config, {macro: value}).
 #   _g8:  XK_GEMM_GROUP_M 8: threadgroups walk bands of 8 tile rows column by column (L2 reuse)
@@ -80,6 +90,8 @@ RAW_CONFIGS = {
     # swizzles the fast path's unpadded tiles)
     "c256x128x64_w4x2_s3_pad": ((256, 128, 64, 4, 2, 1, 3), {"XK_TILE_SWIZZLE": 0}),
     "c256x128x64_w4x2_s3_swz": ((256, 128, 64, 4, 2, 1, 3), {}),
+    # _nofence: warpgroup tiles without the proxy fence before each tile's barrier
+    "g128x256_w8_s4_nofence": ((128, 256, 64, 8, 1, 1, 4, True), {"XK_WG_PROXY_FENCE": 0}),
 }
 ON_REQUEST: set = set()
 SPLIT_CONFIGS = {  # only for the under-filled 512x1024x4096 (fp16 gemm_av)
@@ -96,11 +108,13 @@ BIG = ["c128x256x32_w2x4_s3", "c128x256x64_w2x4_s3", "c256x128x64_w4x2_s3", "c25
        "c128x256x64_w2x4_s4"]
 PLAN = {
     ("float16", "gemm_av"): list(CONFIGS) + [c for c in RAW_CONFIGS if c not in ON_REQUEST],
-    ("float16", "gemm_at_b"): ["auto", "p128x128x16_w2x4", *BIG, "c256x128x32_w4x2_s3", "c128x128x32_w2x4_s4"],
-    ("float16", "gemm_a_bt"): ["auto", "p128x128x16_w2x4", *BIG, "c128x128x32_w2x4_s4"],
-    ("bfloat16", "gemm_av"): ["auto", "p128x128x16_w2x4", *BIG],
-    ("bfloat16", "gemm_at_b"): ["auto", "p128x128x16_w2x4", *BIG],
-    ("float16", "linear"): ["auto", "p128x128x16_w2x4", *BIG],
+    ("float16", "gemm_at_b"): ["auto", *WG, "p128x128x16_w2x4", *BIG, "c256x128x32_w4x2_s3", "c128x128x32_w2x4_s4"],
+    ("float16", "gemm_a_bt"): ["auto", *WG, "p128x128x16_w2x4", *BIG, "c128x128x32_w2x4_s4"],
+    ("bfloat16", "gemm_av"): ["auto", *WG, "p128x128x16_w2x4", *BIG],
+    ("bfloat16", "gemm_at_b"): ["auto", *WG, "p128x128x16_w2x4", *BIG],
+    ("bfloat16", "gemm_a_bt"): ["auto", *WG, "p128x128x16_w2x4", *BIG],
+    ("float16", "linear"): ["auto", *WG, "p128x128x16_w2x4", *BIG],
+    ("bfloat16", "linear"): ["auto", *WG, *BIG],
 }
 TINY_SHAPES = [(160, 136, 72), (33, 29, 31)]
 
@@ -136,8 +150,8 @@ def raw_gemm_av(a, b, tiles, defines, backend):
                template=[("T", a.dtype), ("BM", bm), ("BN", bn), ("BK", bk), ("WM", wm), ("WN", wn),
                          ("STAGES", cfg.simd_stages(a.dtype, False, False, backend)),
                          ("TRANS_A", False), ("TRANS_B", False), ("HAS_BIAS", False), ("ACT", 0),
-                         ("HAS_RES", False), ("SPLIT", 1)],
-               init_value=0.0, **extra)
+                         ("HAS_RES", False), ("SPLIT", 1), ("WG", cfg.uses_warpgroup(a.dtype))],
+               **extra)
     return out[0].reshape(m, n)
 
 
@@ -252,17 +266,20 @@ def main():
                     tiles = None
                     cfg = xk.tiles.resolve_gemm_config(kop, m, n, k, dtype, backend=backend).config
                 else:
-                    bm, bn, bk, wm, wn, split, st = spec
-                    if args.tiny:  # emulator: tiles that fit its shapes quickly (and its 32 KiB)
+                    bm, bn, bk, wm, wn, split, st, *more = spec
+                    wg = bool(more and more[0])
+                    if args.tiny and wg:  # emulator: the smallest warpgroup tiles (a CUDA-sized launch)
+                        bm, bn, wm, st = 64, 64, 4, 3
+                    elif args.tiny:  # emulator: tiles that fit its shapes quickly (and its 32 KiB)
                         bm, bn, bk, wm, wn, st = min(bm, 32), min(bn, 32), min(bk, 16), min(wm, 2), min(wn, 2), min(st, 3)
-                    tiles = dict(path="simd", bm=bm, bn=bn, bk=bk, wm=wm, wn=wn, stages=st)
+                    tiles = dict(path="simd", bm=bm, bn=bn, bk=bk, wm=wm, wn=wn, stages=st, warpgroup=wg)
                     if split is not None:
                         tiles["split_k"] = split
                     # what the op runs: split_k from the waves rule where not given
                     cfg = xk.tiles.resolve_gemm_config(kop, m, n, k, dtype, tiles, backend=backend).config
                 stages = cfg.simd_stages(dtype, ta, tb, backend) if cfg.path == "simd" else 0
                 name_cfg = (f"{cfg.bm}x{cfg.bn}x{cfg.bk} w{cfg.wm}x{cfg.wn} k{cfg.split_k} st{stages}"
-                            if cfg.path == "simd" else cfg.path)
+                            f"{' wg' if cfg.uses_warpgroup(dtype) else ''}" if cfg.path == "simd" else cfg.path)
                 ours = lambda t=tiles: ours_f(t)  # noqa: E731
                 if defines is not None:
                     ours = lambda a=a, b=b, t=tiles, d=defines: raw_gemm_av(a, b, t, d, backend)  # noqa: E731

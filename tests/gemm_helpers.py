@@ -205,8 +205,8 @@ def raw_calls(op: str, a: mx.array, b: mx.array, cfg: GemmConfig, bias=None, act
               backend: str = "emulate"):
     """[(spec, kwargs)] for the kernel launches gemm.<op>(a, b) makes with config `cfg`
     (2-D operands, one batch), as ``xlstm_kernels.ops.gemm._kernel_gemm`` builds them on
-    `backend` (whose budget picks the simd kernel's STAGES when ``cfg.stages`` is 0; the
-    cuda launch's dynamic shared memory is not part of the kwargs).
+    `backend` (whose budget picks the simd kernel's STAGES when ``cfg.stages`` is 0), with
+    the simd launch's ``shared_memory`` (cuda's dynamic buffer; the emulator's limit).
 
     For split-K the reduce call's `inputs[0]` is None: it is the partial-sum output of
     the first call.
@@ -243,8 +243,9 @@ def raw_calls(op: str, a: mx.array, b: mx.array, cfg: GemmConfig, bias=None, act
             threadgroup=(32 * cfg.wn, cfg.wm, 1),
             template=[("T", dtype), ("BM", cfg.bm), ("BN", cfg.bn), ("BK", cfg.bk), ("WM", cfg.wm), ("WN", cfg.wn),
                       ("STAGES", cfg.simd_stages(dtype, trans_a, trans_b, backend)),
-                      ("TRANS_A", trans_a), ("TRANS_B", trans_b), *epilogue, ("SPLIT", split)],
-            init_value=0.0,
+                      ("TRANS_A", trans_a), ("TRANS_B", trans_b), *epilogue, ("SPLIT", split),
+                      ("WG", cfg.uses_warpgroup(dtype))],
+            shared_memory=cfg.simd_threadgroup_bytes(dtype, trans_a, trans_b, backend),
         ))]
         if split > 1:
             total = m * n

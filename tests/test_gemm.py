@@ -325,8 +325,9 @@ def test_waves_rule_on_the_hopper_family():
         assert res.config.split_k == 4 and "waves rule: 16 output tiles of 128x256" in res.sources["split_k"]
         res = resolve_gemm_config("gemm_at_b", 96, 512, 4096, dt, family=fam)  # the default tile
         assert res.config.split_k == 4 and "waves rule: 4 output tiles of 128x128" in res.sources["split_k"]
-        res = resolve_gemm_config("gemm_av", 512, 1024, 4096, dt, family=fam)  # the large gemm_av tile
-        assert res.config.split_k == 4 and "waves rule: 16 output tiles of 256x128" in res.sources["split_k"]
+        res = resolve_gemm_config("gemm_av", 512, 1024, 4096, dt, family=fam)  # the large (warpgroup) tile
+        assert res.config.split_k == 4 and "waves rule: 16 output tiles of 128x256" in res.sources["split_k"]
+        assert res.config.uses_warpgroup(dt)
         assert resolve_gemm_config("gemm_at_b", 512, 1024, 1024, dt, family=fam).config.split_k == 2
         assert resolve_gemm_config("gemm_av", 2048, 2048, 2048, dt, family=fam).config.split_k == 1
         assert resolve_gemm_config("gemm_av", 4096, 4096, 1024, dt, family=fam).config.split_k == 1
@@ -752,7 +753,7 @@ def test_simd_four_stage_pipeline(name, op, aligned):
 
         mp.setattr(ek, "MAX_THREADGROUP_MEMORY", 0)
         with pytest.raises(ek.EmulatorError, match=f"threadgroup memory of {4 * stage} bytes"):
-            kernel(**kwargs)
+            kernel(**{**kwargs, "shared_memory": 0})  # (as an Apple launch)
     with use_backend("emulate"):
         out = check_schedules(kernel, **kwargs, seeds=(1,))[0]
     assert_close(out.reshape(m, n), np_reference(op, a, b, None, None, None), dtype, k, f"{name}/{op}")
@@ -845,7 +846,9 @@ def test_simd_cuda_tiles_through_the_emulator(name, shape, op, monkeypatch):
     with pytest.MonkeyPatch.context() as mp:  # the kernel really holds the cuda schedule's buffer
         mp.setattr(ek, "MAX_THREADGROUP_MEMORY", 0)
         with pytest.raises(ek.EmulatorError, match=f"threadgroup memory of {need} bytes"):
-            kernel(**kwargs)
+            kernel(**{**kwargs, "shared_memory": 0})  # (as an Apple launch)
+        with pytest.raises(ek.EmulatorError, match=f"exceeds the launch's shared_memory={need - 16}"):
+            kernel(**{**kwargs, "shared_memory": need - 16})
     with use_backend("emulate"):
         out = check_schedules(kernel, **kwargs, schedules=("sequential", "random"), seeds=(1,))[0]
     assert_close(out.reshape(m, n), np_reference(op, a, b, bias, "gelu_approx", res), dtype, k,
@@ -875,6 +878,143 @@ def test_simd_cuda_tiles_through_the_ops(kernel_backend, spy, name, op):
     aligned = (2 * cfg.bm, 2 * cfg.bn, 4 * cfg.bk)
     a, b = operands(op, *aligned, dtype, seed_of("cuda-tiles-ops-aligned", name, op))
     _check_op(op, a, b, dtype, aligned[2], f"{name} {op} aligned", tiles=cfg)
+
+
+# Warpgroup products (GemmConfig.warpgroup: gemm_simd's WG, CUDA's wgmma on sm_90a): every
+# product width, 4 / 8 / 16 simdgroups, 3 and 4 stages, both 16-bit dtypes. Through the
+# emulator as the CUDA launch each models (its shared_memory: 48-208 KiB): aligned 2 x 2
+# tiles (the unguarded copies; K tiles = STAGES + 2, so the pipeline drains with products
+# in flight) and ragged sizes (the guarded copies, partial tiles everywhere), every layout,
+# the fused epilogue; all thread orders bit-identical. The portable products run
+# asynchronously (recorded at xk_wg_mma, computed at xk_wg_wait), so a stage refilled
+# before its products were waited for gives wrong results here as on the GPU.
+WG_CASES = {
+    "wg64x64_w4_s3": (GemmConfig(path="simd", bm=64, bn=64, bk=64, wm=4, wn=1, stages=3, warpgroup=True), "float16"),
+    "wg128x128_w8_s4": (GemmConfig(path="simd", bm=128, bn=128, bk=64, wm=8, wn=1, stages=4, warpgroup=True),
+                        "bfloat16"),
+    "wg128x256_w8_s3": (GemmConfig(path="simd", bm=128, bn=256, bk=64, wm=8, wn=1, stages=3, warpgroup=True),
+                        "float16"),
+    "wg256x128_w16_s3": (GemmConfig(path="simd", bm=256, bn=128, bk=64, wm=16, wn=1, stages=3, warpgroup=True),
+                         "bfloat16"),
+}
+
+
+@pytest.mark.emulator_only
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("shape", ["aligned", "ragged"])
+@pytest.mark.parametrize("name", WG_CASES)
+def test_warpgroup_tiles_through_the_emulator(name, shape, op):
+    from xlstm_kernels.emulate import check_schedules
+
+    cfg, dtype_name = WG_CASES[name]
+    dtype = DTYPES[dtype_name]
+    ta, tb = op == "gemm_at_b", op == "gemm_a_bt"
+    cfg.validate(dtype, backend="emulate")
+    cfg.validate(dtype, backend="cuda")
+    if shape == "aligned":
+        m, n, k = 2 * cfg.bm, 2 * cfg.bn, (cfg.stages + 2) * cfg.bk
+    else:
+        m, n, k = 2 * cfg.bm + 5, cfg.bn + 3, 3 * cfg.bk + 5
+    a, b = operands(op, m, n, k, dtype, seed_of("wg-tiles", name, shape, op))
+    rng = np.random.default_rng(seed_of("wg-tiles-epi", name, shape, op))
+    bias, res = rand(rng, (n,), dtype), rand(rng, (m, n), dtype)
+    (spec, kwargs), = raw_calls(op, a, b, cfg, bias, ACT_CODE["gelu_approx"], res)
+    t = dict(kwargs["template"])
+    assert t["WG"] is True and t["STAGES"] == cfg.stages
+    assert kwargs["shared_memory"] == cfg.stages * 2 * (cfg.bm * cfg.bk + cfg.bk * cfg.bn)
+    kernel = get_kernel(spec, "emulate")
+    with use_backend("emulate"):
+        out = check_schedules(kernel, **kwargs, schedules=("sequential", "random"), seeds=(1,))[0]
+    assert_close(out.reshape(m, n), np_reference(op, a, b, bias, "gelu_approx", res), dtype, k,
+                 f"{name} {shape} {op}")
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("name", WG_CASES)
+def test_warpgroup_tiles_through_the_ops(kernel_backend, spy, name, op):
+    """The public ops with warpgroup tiles (cuda: wgmma; emulate: the portable products),
+    ragged and aligned, split-K too; float32 with the same tiles runs the simd path's own
+    products (WG off)."""
+    if kernel_backend not in ("cuda", "emulate"):
+        pytest.skip(f"warpgroup tiles run on cuda and the emulator, not on {kernel_backend!r}")
+    cfg, dtype_name = WG_CASES[name]
+    dtype = DTYPES[dtype_name]
+    m, n, k = 2 * cfg.bm + 7, cfg.bn + 9, 5 * cfg.bk + 3
+    a, b = operands(op, m, n, k, dtype, seed_of("wg-ops", name, op))
+    _check_op(op, a, b, dtype, k, f"{name} {op}", tiles=cfg)
+    t = spy.only("gemm_simd").template
+    assert t["WG"] is True and t["BN"] == cfg.bn
+    spy.calls.clear()
+    aligned = (2 * cfg.bm, cfg.bn, 4 * cfg.bk)
+    a, b = operands(op, *aligned, dtype, seed_of("wg-ops-aligned", name, op))
+    _check_op(op, a, b, dtype, aligned[2], f"{name} {op} aligned split-K", tiles=cfg.replace(split_k=2))
+    assert [c.kernel for c in spy.calls] == ["gemm_simd", "gemm_split_k_reduce"]
+    assert spy.calls[0].template["SPLIT"] == 2 and spy.calls[0].template["WG"] is True
+    spy.calls.clear()
+    if name == "wg64x64_w4_s3":  # float32: the same tiles without warpgroup products (padded float tiles)
+        f32 = DTYPES["float32"]
+        a, b = operands(op, 70, 67, 130, f32, seed_of("wg-ops-f32", op))
+        if kernel_backend == "cuda":
+            _check_op(op, a, b, f32, 130, f"{name} {op} float32", tiles=cfg)
+            assert spy.only("gemm_simd").template["WG"] is False
+        else:  # one stage of float tiles exceeds the emulator's 32 KiB: said so
+            with pytest.raises(TileConfigError, match=r"needs 34816 bytes .* for float32"):
+                _run_op(op, a, b, tiles=cfg)
+
+
+@pytest.mark.parametrize("changes, fields", [
+    ({"wn": 2, "bn": 128}, r"WN=1"),
+    ({"wm": 6, "bm": 96}, r"WM to be a multiple of 4"),
+    ({"bm": 128}, r"BM = 16\*WM = 64"),
+    ({"bk": 32}, r"BK=64"),
+    ({"bn": 192}, r"BN in \(64, 128, 256\)"),
+    ({"stages": 2}, r"stages >= 3"),
+])
+def test_warpgroup_config_errors(changes, fields):
+    good = GemmConfig(path="simd", bm=64, bn=64, bk=64, wm=4, wn=1, stages=3, warpgroup=True)
+    good.validate(DTYPES["float16"], backend="cuda")
+    with pytest.raises(TileConfigError, match=fields):
+        good.replace(**changes).validate(DTYPES["float16"], backend="cuda")
+
+
+def test_warpgroup_needs_cuda_shared_memory():
+    cfg = GemmConfig(path="simd", bm=128, bn=256, bk=64, wm=8, wn=1, warpgroup=True)
+    for backend in ("cuda", "emulate"):
+        cfg.validate(DTYPES["bfloat16"], backend=backend)
+    with pytest.raises(TileConfigError, match=r"backend 'metal' cannot run them"):
+        cfg.validate(DTYPES["bfloat16"], backend="metal")
+    # auto stages: as many as fit 227 KiB, at most 4, at least 3 (48 KiB per stage here)
+    assert cfg.simd_stages(DTYPES["bfloat16"], False, False, "emulate") == 4
+    assert cfg.replace(bm=256, wm=16).simd_stages(DTYPES["float16"], True, False, "cuda") == 3
+    with pytest.raises(TileConfigError, match=r"STAGES=5 needs .* bytes"):
+        cfg.replace(stages=5).validate(DTYPES["float16"], backend="cuda")
+
+
+def test_preset_warpgroup_is_a_preference():
+    """The nvidia_hopper preset's warpgroup tiles: a partial tiles= argument that does not
+    make warpgroup tiles drops the preset's warpgroup (said in the sources); an explicit
+    warpgroup=True with such tiles is an error naming the fields."""
+    fam = "nvidia_hopper"
+    small = {"path": "simd", "bm": 32, "bn": 32, "bk": 16, "wm": 2, "wn": 2}
+    res = resolve_gemm_config("gemm_a_bt", 512, 2976, 1024, "float16", small, family=fam, backend="cuda")
+    assert res.config.warpgroup is False and "dropped" in res.sources["warpgroup"]
+    res = resolve_gemm_config("gemm_a_bt", 512, 2976, 1024, "float16", family=fam, backend="cuda")
+    assert res.config.warpgroup is True and (res.config.bm, res.config.bn, res.config.wm) == (128, 256, 8)
+    with pytest.raises(TileConfigError, match=r"warpgroup products needs WN=1"):
+        resolve_gemm_config("gemm_a_bt", 512, 2976, 1024, "float16", {**small, "warpgroup": True}, family=fam,
+                            backend="cuda")
+
+
+def test_warpgroup_env_variable(monkeypatch):
+    monkeypatch.setenv("XLSTM_GEMM_PATH", "simd")
+    monkeypatch.setenv("XLSTM_GEMM_TILE_AV", "64x64x64")
+    monkeypatch.setenv("XLSTM_GEMM_WARPS", "4x1")
+    monkeypatch.setenv("XLSTM_GEMM_WARPGROUP", "1")
+    cfg = resolve_gemm_config("gemm_av", 256, 256, 256, DTYPES["float16"], backend="emulate").config
+    assert cfg.warpgroup is True and (cfg.bm, cfg.bn, cfg.bk, cfg.wm, cfg.wn) == (64, 64, 64, 4, 1)
+    monkeypatch.setenv("XLSTM_GEMM_WARPGROUP", "maybe")
+    with pytest.raises(TileConfigError, match="XLSTM_GEMM_WARPGROUP"):
+        resolve_gemm_config("gemm_av", 256, 256, 256, DTYPES["float16"], backend="emulate")
 
 
 # XK_GEMM_GROUP_M (threadgroups walk bands of G tile rows column by column): on a ragged

@@ -567,6 +567,241 @@ inline void xk_async_commit() {}
 template <int G> inline void xk_async_wait() {}
 #endif
 
+// ---- Warpgroup products (metal_src/gemm.metal: gemm_simd with WG; portable form there) ---
+// Hopper's wgmma (sm_90a): each xk_wg_mma issues the BK / 16 products m64nBNk16 of one K
+// tile for the four warps of a warpgroup, reading both operands from shared memory through
+// descriptors (the 128-byte swizzle: exactly the tiles of xk_tile_wg, whose stage bases
+// are 1024-byte aligned), accumulating in float into the warps' fragments (warp 4g + w of
+// the block holds rows 16w .. 16w + 15 of the warpgroup's 64 as FM = 2 fragment rows of
+// FN = BN / 8 fragments: the same lane layout as mma.sync, so the body's epilogue reads
+// them as before). A K-contiguous operand is K-major (A of gemm_av / gemm_a_bt, B of
+// gemm_a_bt: rows of 64 elements, 8-row groups 1024 bytes apart, a k-step of 16 is +32
+// bytes); an MN-contiguous one MN-major (panels of 64 columns BK * 128 bytes apart, a
+// k-step is +2048 bytes). xk_wg_commit / xk_wg_wait<G>: wgmma.commit_group / wait_group G
+// (products of all but the last G commits done, their accumulators readable).
+// xk_wg_fence_copies: fence.proxy.async (this thread's finished cp.async writes visible to
+// wgmma, which reads through the async proxy), before the barrier that publishes a tile.
+// Without sm_90a (or for other shapes) the portable form of gemm.metal runs instead.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define XK_WARPGROUP_MMA
+template <typename T, int BM, int BN, int BK, bool TRANS_A, bool TRANS_B> struct xk_wg_queue {};
+template <typename Q> inline void xk_wg_init(Q&) {}
+namespace msl_detail {
+inline unsigned long long wg_desc(unsigned addr, unsigned lbo, unsigned sbo) {
+  return (unsigned long long)((addr & 0x3FFFFu) >> 4) | ((unsigned long long)(lbo >> 4) << 16) |
+         ((unsigned long long)(sbo >> 4) << 32) | (1ull << 62);
+}
+template <int FN> inline void wg_fence_acc(simdgroup_matrix<float, 8, 8>* c) {
+#pragma unroll
+  for (int k = 0; k < 2 * FN; ++k) {
+    asm volatile("" : "+f"(c[k].elements_[0]), "+f"(c[k].elements_[1])::"memory");
+  }
+}
+#define XK_WG_D4(j, FN) "+f"(c[j].elements_[0]), "+f"(c[j].elements_[1]), "+f"(c[FN + j].elements_[0]), \
+                        "+f"(c[FN + j].elements_[1])
+template <class T, int TA, int TB> inline void wgmma_n64(simdgroup_matrix<float, 8, 8>* c, unsigned long long da,
+                                                        unsigned long long db) {
+  if constexpr (same<T, ::__nv_bfloat16>::v) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+                 "%32, %33, p, 1, 1, %35, %36;\n}\n"
+                 : XK_WG_D4(0, 8),
+                   XK_WG_D4(1, 8),
+                   XK_WG_D4(2, 8),
+                   XK_WG_D4(3, 8),
+                   XK_WG_D4(4, 8),
+                   XK_WG_D4(5, 8),
+                   XK_WG_D4(6, 8),
+                   XK_WG_D4(7, 8)
+                 : "l"(da), "l"(db), "r"(1), "n"(TA), "n"(TB));
+  } else {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+                 "%32, %33, p, 1, 1, %35, %36;\n}\n"
+                 : XK_WG_D4(0, 8),
+                   XK_WG_D4(1, 8),
+                   XK_WG_D4(2, 8),
+                   XK_WG_D4(3, 8),
+                   XK_WG_D4(4, 8),
+                   XK_WG_D4(5, 8),
+                   XK_WG_D4(6, 8),
+                   XK_WG_D4(7, 8)
+                 : "l"(da), "l"(db), "r"(1), "n"(TA), "n"(TB));
+  }
+}
+
+template <class T, int TA, int TB> inline void wgmma_n128(simdgroup_matrix<float, 8, 8>* c, unsigned long long da,
+                                                        unsigned long long db) {
+  if constexpr (same<T, ::__nv_bfloat16>::v) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+                 "%64, %65, p, 1, 1, %67, %68;\n}\n"
+                 : XK_WG_D4(0, 16),
+                   XK_WG_D4(1, 16),
+                   XK_WG_D4(2, 16),
+                   XK_WG_D4(3, 16),
+                   XK_WG_D4(4, 16),
+                   XK_WG_D4(5, 16),
+                   XK_WG_D4(6, 16),
+                   XK_WG_D4(7, 16),
+                   XK_WG_D4(8, 16),
+                   XK_WG_D4(9, 16),
+                   XK_WG_D4(10, 16),
+                   XK_WG_D4(11, 16),
+                   XK_WG_D4(12, 16),
+                   XK_WG_D4(13, 16),
+                   XK_WG_D4(14, 16),
+                   XK_WG_D4(15, 16)
+                 : "l"(da), "l"(db), "r"(1), "n"(TA), "n"(TB));
+  } else {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+                 "%64, %65, p, 1, 1, %67, %68;\n}\n"
+                 : XK_WG_D4(0, 16),
+                   XK_WG_D4(1, 16),
+                   XK_WG_D4(2, 16),
+                   XK_WG_D4(3, 16),
+                   XK_WG_D4(4, 16),
+                   XK_WG_D4(5, 16),
+                   XK_WG_D4(6, 16),
+                   XK_WG_D4(7, 16),
+                   XK_WG_D4(8, 16),
+                   XK_WG_D4(9, 16),
+                   XK_WG_D4(10, 16),
+                   XK_WG_D4(11, 16),
+                   XK_WG_D4(12, 16),
+                   XK_WG_D4(13, 16),
+                   XK_WG_D4(14, 16),
+                   XK_WG_D4(15, 16)
+                 : "l"(da), "l"(db), "r"(1), "n"(TA), "n"(TB));
+  }
+}
+
+template <class T, int TA, int TB> inline void wgmma_n256(simdgroup_matrix<float, 8, 8>* c, unsigned long long da,
+                                                        unsigned long long db) {
+  if constexpr (same<T, ::__nv_bfloat16>::v) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
+                 "%128, %129, p, 1, 1, %131, %132;\n}\n"
+                 : XK_WG_D4(0, 32),
+                   XK_WG_D4(1, 32),
+                   XK_WG_D4(2, 32),
+                   XK_WG_D4(3, 32),
+                   XK_WG_D4(4, 32),
+                   XK_WG_D4(5, 32),
+                   XK_WG_D4(6, 32),
+                   XK_WG_D4(7, 32),
+                   XK_WG_D4(8, 32),
+                   XK_WG_D4(9, 32),
+                   XK_WG_D4(10, 32),
+                   XK_WG_D4(11, 32),
+                   XK_WG_D4(12, 32),
+                   XK_WG_D4(13, 32),
+                   XK_WG_D4(14, 32),
+                   XK_WG_D4(15, 32),
+                   XK_WG_D4(16, 32),
+                   XK_WG_D4(17, 32),
+                   XK_WG_D4(18, 32),
+                   XK_WG_D4(19, 32),
+                   XK_WG_D4(20, 32),
+                   XK_WG_D4(21, 32),
+                   XK_WG_D4(22, 32),
+                   XK_WG_D4(23, 32),
+                   XK_WG_D4(24, 32),
+                   XK_WG_D4(25, 32),
+                   XK_WG_D4(26, 32),
+                   XK_WG_D4(27, 32),
+                   XK_WG_D4(28, 32),
+                   XK_WG_D4(29, 32),
+                   XK_WG_D4(30, 32),
+                   XK_WG_D4(31, 32)
+                 : "l"(da), "l"(db), "r"(1), "n"(TA), "n"(TB));
+  } else {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
+                 "%128, %129, p, 1, 1, %131, %132;\n}\n"
+                 : XK_WG_D4(0, 32),
+                   XK_WG_D4(1, 32),
+                   XK_WG_D4(2, 32),
+                   XK_WG_D4(3, 32),
+                   XK_WG_D4(4, 32),
+                   XK_WG_D4(5, 32),
+                   XK_WG_D4(6, 32),
+                   XK_WG_D4(7, 32),
+                   XK_WG_D4(8, 32),
+                   XK_WG_D4(9, 32),
+                   XK_WG_D4(10, 32),
+                   XK_WG_D4(11, 32),
+                   XK_WG_D4(12, 32),
+                   XK_WG_D4(13, 32),
+                   XK_WG_D4(14, 32),
+                   XK_WG_D4(15, 32),
+                   XK_WG_D4(16, 32),
+                   XK_WG_D4(17, 32),
+                   XK_WG_D4(18, 32),
+                   XK_WG_D4(19, 32),
+                   XK_WG_D4(20, 32),
+                   XK_WG_D4(21, 32),
+                   XK_WG_D4(22, 32),
+                   XK_WG_D4(23, 32),
+                   XK_WG_D4(24, 32),
+                   XK_WG_D4(25, 32),
+                   XK_WG_D4(26, 32),
+                   XK_WG_D4(27, 32),
+                   XK_WG_D4(28, 32),
+                   XK_WG_D4(29, 32),
+                   XK_WG_D4(30, 32),
+                   XK_WG_D4(31, 32)
+                 : "l"(da), "l"(db), "r"(1), "n"(TA), "n"(TB));
+  }
+}
+
+#undef XK_WG_D4
+}  // namespace msl_detail
+template <typename T, int BM, int BN, int BK, bool TRANS_A, bool TRANS_B>
+inline void xk_wg_mma(xk_wg_queue<T, BM, BN, BK, TRANS_A, TRANS_B>&, simdgroup_matrix<float, 8, 8>* acc, const T* ta,
+                      const T* tb, int ra) {
+  if constexpr (sizeof(T) == 2 && BK % 16 == 0 && (BN == 64 || BN == 128 || BN == 256)) {
+    const unsigned sa = unsigned(__cvta_generic_to_shared(ta)), sb = unsigned(__cvta_generic_to_shared(tb));
+    if (((sa | sb) & 1023u) != 0) __trap();  // the swizzle is anchored at 1024-byte boundaries
+    const unsigned a0 = sa + unsigned(TRANS_A ? (ra >> 6) * BK * 128 : (ra & ~63) * 128);
+    constexpr unsigned A_STEP = TRANS_A ? 2048u : 32u, B_STEP = TRANS_B ? 32u : 2048u;
+    constexpr unsigned A_LBO = TRANS_A ? unsigned(BK) * 128u : 16u, B_LBO = TRANS_B ? 16u : unsigned(BK) * 128u;
+    msl_detail::wg_fence_acc<BN / 8>(acc);
+    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; ++kk) {
+      const unsigned long long da = msl_detail::wg_desc(a0 + unsigned(kk) * A_STEP, A_LBO, 1024u);
+      const unsigned long long db = msl_detail::wg_desc(sb + unsigned(kk) * B_STEP, B_LBO, 1024u);
+      if constexpr (BN == 64) {
+        msl_detail::wgmma_n64<T, TRANS_A ? 1 : 0, TRANS_B ? 0 : 1>(acc, da, db);
+      } else if constexpr (BN == 128) {
+        msl_detail::wgmma_n128<T, TRANS_A ? 1 : 0, TRANS_B ? 0 : 1>(acc, da, db);
+      } else {
+        msl_detail::wgmma_n256<T, TRANS_A ? 1 : 0, TRANS_B ? 0 : 1>(acc, da, db);
+      }
+    }
+    // (no register fence here: an instruction defining the accumulators before the commit
+    // makes ptxas serialise the products, warning C7515)
+  } else {
+    __trap();  // the host never picks WG for these (gemm.metal's portable form is not compiled here)
+  }
+}
+template <typename Q> inline void xk_wg_commit(Q&) { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int G, typename T, int BM, int BN, int BK, bool TRANS_A, bool TRANS_B>
+inline void xk_wg_wait(xk_wg_queue<T, BM, BN, BK, TRANS_A, TRANS_B>&, simdgroup_matrix<float, 8, 8>* acc, int, int) {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(G < 0 ? 0 : G) : "memory");
+  msl_detail::wg_fence_acc<BN / 8>(acc);
+}
+inline void xk_wg_fence_copies() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+#endif
+
 // ---- metal_src/attention.metal's split-KV tile helper (portable form there) -------------
 // xk_frag_set_b: the elements (row fr, columns fc and fc + 1 of xk_frag_coord) of a fragment
 // used only as the right operand of products, from floats (a float accumulator converted

@@ -37,6 +37,9 @@ from .translate import translate
 __all__ = ["EmulatorError", "EmulatedKernel", "metal_kernel", "check_schedules", "MAX_THREADGROUP_MEMORY"]
 
 MAX_THREADGROUP_MEMORY = 32 * 1024
+# A launch given `shared_memory` models a CUDA launch (the body's buffer is the launch's
+# dynamic shared memory there): its limit is that many bytes, up to sm_90's 227 KiB.
+MAX_CUDA_SHARED_MEMORY = 232448
 MAX_THREADS_PER_THREADGROUP = 1024
 SCHEDULES = {"sequential": 0, "reverse": 1, "random": 2}
 _MATH_MODES = {"safe": (), "relaxed": ("-fno-math-errno", "-fno-trapping-math"), "fast": ("-ffast-math",)}
@@ -324,6 +327,7 @@ class EmulatedKernel:
         check_bounds: bool = False,
         check_unwritten: bool = True,
         workers: int | None = None,
+        shared_memory: int = 0,
     ) -> list[mx.array]:
         """Run the kernel; MLX's keywords plus the emulator-only ones.
 
@@ -337,6 +341,10 @@ class EmulatedKernel:
                 fixed-size arrays (slower: builds at -O0).
             check_unwritten: raise if a floating-point output element keeps the
                 poison bit pattern (no thread wrote it); only without ``init_value``.
+            shared_memory: bytes of dynamic threadgroup memory of the CUDA launch this
+                one models (``mx.fast.cuda_kernel``'s keyword; the body declares the
+                buffer statically here): the threadgroup memory limit is then
+                max(32 KiB, shared_memory), at most 227 KiB (sm_90); 0: Apple's 32 KiB.
             workers: CPU threads running threadgroups in parallel
                 (default ``XLSTM_EMULATE_WORKERS`` or the CPU count).
 
@@ -360,8 +368,17 @@ class EmulatedKernel:
         if verbose:
             print(sig.format_verbose(self.name, gen), end="", flush=True)
 
+        shared_memory = int(shared_memory)
+        if not 0 <= shared_memory <= MAX_CUDA_SHARED_MEMORY:
+            raise ValueError(f"[{self.name}] shared_memory={shared_memory}: expected 0 to {MAX_CUDA_SHARED_MEMORY} "
+                             "bytes (the dynamic shared memory of a CUDA launch on sm_90)")
         compiled = _build(gen, self.name, self.math_mode, bool(check_bounds))
-        if compiled.tg_bytes > MAX_THREADGROUP_MEMORY:
+        if compiled.tg_bytes > max(MAX_THREADGROUP_MEMORY, shared_memory):
+            if shared_memory:
+                raise EmulatorError(
+                    f"[{self.name}] threadgroup memory of {compiled.tg_bytes} bytes exceeds the launch's "
+                    f"shared_memory={shared_memory} (the CUDA launch it models):\n{_threadgroup_report(compiled)}"
+                )
             raise EmulatorError(
                 f"[{self.name}] threadgroup memory of {compiled.tg_bytes} bytes exceeds the "
                 f"{MAX_THREADGROUP_MEMORY}-byte (32 KiB) limit of Apple GPUs:\n{_threadgroup_report(compiled)}"

@@ -228,14 +228,14 @@ def _build_launcher(layout, a_shape, b_shape, dtype, has_bias, act, has_res, til
         template = [
             ("T", dtype), ("BM", cfg.bm), ("BN", cfg.bn), ("BK", cfg.bk), ("WM", cfg.wm), ("WN", cfg.wn),
             ("STAGES", stages), ("TRANS_A", layout.trans_a), ("TRANS_B", layout.trans_b), *epilogue,
-            ("SPLIT", split),
+            ("SPLIT", split), ("WG", cfg.uses_warpgroup(dtype)),
         ]
         partial_shape = (split, nbatch, m, n) if split > 1 else (1,)
         main = prepare_launch(
             SIMD, inputs=example, output_shapes=[(nbatch, m, n) if split == 1 else (1,), partial_shape],
             output_dtypes=[dtype, mx.float32], grid=grid, threadgroup=(32 * cfg.wn, cfg.wm, 1),
             template=template, backend=backend,
-            init_value=0.0,  # the unused one of C / P stays defined
+            # (no init_value: the body sets the unused one of C / P itself)
             # cuda: the body's tile buffer is dynamic shared memory (XK_THREADGROUP_DYNAMIC)
             shared_memory=cfg.simd_threadgroup_bytes(dtype, layout.trans_a, layout.trans_b, backend),
         )

@@ -94,6 +94,16 @@ def get_kernel(spec: KernelSpec, backend: str | None = None) -> Any:
         return _cache.setdefault(key, k)
 
 
+def _takes_shared_memory(kernel: Any) -> bool:
+    """Whether `kernel` takes a launch's ``shared_memory`` (cuda; the emulator, which
+    models a CUDA launch with it); Metal's kernels declare their buffers statically."""
+    if hasattr(kernel, "prepare"):
+        return True
+    from ..emulate import EmulatedKernel
+
+    return isinstance(kernel, EmulatedKernel)
+
+
 def launch(
     spec: KernelSpec,
     *,
@@ -109,10 +119,11 @@ def launch(
 ) -> list[mx.array]:
     """Run `spec` on `backend` (default: the active one). `grid` counts threads.
     `shared_memory`: bytes of dynamic threadgroup memory for a body that takes its buffer
-    through ``XK_THREADGROUP_DYNAMIC`` on cuda; the other backends declare it statically
-    and ignore it."""
+    through ``XK_THREADGROUP_DYNAMIC`` on cuda; the emulator takes it as the limit of the
+    CUDA launch it models (above Apple's 32 KiB); metal declares the buffer statically
+    and ignores it."""
     kernel = get_kernel(spec, backend)
-    extra = {"shared_memory": int(shared_memory)} if shared_memory and hasattr(kernel, "prepare") else {}
+    extra = {"shared_memory": int(shared_memory)} if shared_memory and _takes_shared_memory(kernel) else {}
     return kernel(
         inputs=list(inputs),
         output_shapes=[tuple(s) for s in output_shapes],
@@ -150,6 +161,8 @@ def prepare_launch(
     kwargs = dict(output_shapes=[tuple(s) for s in output_shapes], output_dtypes=list(output_dtypes),
                   grid=tuple(grid), threadgroup=tuple(threadgroup), template=list(template) if template else None,
                   init_value=init_value)
+    if shared_memory and _takes_shared_memory(kernel):
+        kwargs["shared_memory"] = int(shared_memory)
 
     def run(inputs: Sequence[Any]) -> list[mx.array]:
         return kernel(inputs=list(inputs), **kwargs)

@@ -41,6 +41,7 @@ __all__ = [
     "ENV_SPLIT_K",
     "ENV_TILE",
     "ENV_VEC4",
+    "ENV_WARPGROUP",
     "ENV_WARPS",
     "GEMM_ENV_VARS",
     "EnvLayer",
@@ -67,13 +68,14 @@ ENV_WARPS = "XLSTM_GEMM_WARPS"
 ENV_SPLIT_K = "XLSTM_GEMM_SPLIT_K"
 ENV_STAGES = "XLSTM_GEMM_STAGES"
 ENV_GEMV_THREADS = "XLSTM_GEMM_GEMV_THREADS"
+ENV_WARPGROUP = "XLSTM_GEMM_WARPGROUP"
 ENV_PRESETS = "XLSTM_KERNELS_PRESETS"
 ENV_DEVICE = "XLSTM_KERNELS_DEVICE"
 
 # Every variable a GEMM resolve reads (its values key the resolve cache).
 GEMM_ENV_VARS = (
     *ENV_TILE.values(), ENV_PATH, ENV_PAD, ENV_DB, ENV_VEC4, ENV_ALIGN_EXECW, ENV_MICRO,
-    ENV_WARPS, ENV_SPLIT_K, ENV_STAGES, ENV_GEMV_THREADS, ENV_PRESETS, ENV_DEVICE,
+    ENV_WARPS, ENV_SPLIT_K, ENV_STAGES, ENV_GEMV_THREADS, ENV_WARPGROUP, ENV_PRESETS, ENV_DEVICE,
     "XDG_CONFIG_HOME", "HOME",
 )
 
@@ -240,7 +242,8 @@ def read_gemm_env(op: str) -> EnvLayer:
     text = _get(ENV_PAD)
     if text is not None:
         layer.set("pad", _parse_pad(ENV_PAD, text), ENV_PAD)
-    for var, field in ((ENV_DB, "double_buffer"), (ENV_VEC4, "vec4"), (ENV_ALIGN_EXECW, "align_execw")):
+    for var, field in ((ENV_DB, "double_buffer"), (ENV_VEC4, "vec4"), (ENV_ALIGN_EXECW, "align_execw"),
+                       (ENV_WARPGROUP, "warpgroup")):
         text = _get(var)
         if text is not None:
             layer.set(field, parse_bool(var, text), var)

@@ -82,9 +82,19 @@ FIELDS: dict[str, str] = {
     "split_k": "pos",
     "stages": "stages",
     "gemv_threads": "gemv",
+    "warpgroup": "bool",
 }
 SCALAR_FIELDS = ("tm", "tn", "tk", "rm", "rn", "pad", "double_buffer", "vec4", "align_execw")
-SIMD_FIELDS = ("bm", "bn", "bk", "wm", "wn", "stages")
+SIMD_FIELDS = ("bm", "bn", "bk", "wm", "wn", "stages", "warpgroup")
+# Warpgroup products (``warpgroup``: gemm_simd's WG, CUDA's wgmma on sm_90a): K tiles of
+# this depth, B tiles of these widths, at least WG_MIN_STAGES stages (their pipeline keeps
+# one K tile's products in flight while another is copied); CUDA-sized shared memory, so
+# they run on the cuda backend and on the emulator (as the CUDA launch it models), never
+# on Apple GPUs.
+WG_BK = 64
+WG_BN = (64, 128, 256)
+WG_MIN_STAGES = 3
+WG_BACKENDS = ("cuda", "emulate")
 
 _ACCEPTED = {
     "path": "one of 'simd', 'scalar', 'gemv'",
@@ -222,6 +232,7 @@ class GemmConfig:
     split_k: int = 1
     stages: int = 0
     gemv_threads: int = 128
+    warpgroup: bool = False
 
     def __post_init__(self):
         if self.align_execw is True and isinstance(self.rn, int) and not isinstance(self.rn, bool):
@@ -271,11 +282,19 @@ class GemmConfig:
         b = max(self.bk * (self.bn + p), self.bn * (self.bk + p))
         return size * (a + b)
 
+    def uses_warpgroup(self, dtype: Any) -> bool:
+        """Whether a simd launch of this config for `dtype` runs warpgroup products (WG):
+        ``warpgroup`` set and a 2-byte dtype (float32 runs the simd path's own products)."""
+        return bool(self.warpgroup) and dtype_size(dtype) == 2
+
     def simd_stage_bytes(self, dtype: Any, trans_a: bool, trans_b: bool) -> int:
         """Bytes of one stage of gemm_simd's tiles in one operand layout: op(A) as
         BM x (BK+p), or BK x (BM+p) when `trans_a` (gemm_at_b); op(B) as BK x (BN+p), or
-        BN x (BK+p) when `trans_b` (gemm_a_bt); p = 16 // sizeof(T)."""
+        BN x (BK+p) when `trans_b` (gemm_a_bt); p = 16 // sizeof(T). Warpgroup tiles
+        (uses_warpgroup) are unpadded: BM x BK and BK x BN in every layout."""
         size = dtype_size(dtype)
+        if self.uses_warpgroup(dtype):
+            return size * (self.bm * self.bk + self.bk * self.bn)
         p = 16 // size
         a = self.bk * (self.bm + p) if trans_a else self.bm * (self.bk + p)
         b = self.bn * (self.bk + p) if trans_b else self.bk * (self.bn + p)
@@ -287,6 +306,9 @@ class GemmConfig:
         budget (at least 1). The stage count changes the schedule, never the results."""
         if self.stages:
             return self.stages
+        if self.uses_warpgroup(dtype):  # CUDA's shared memory: up to 4 stages, at least 3
+            fit = THREADGROUP_LIMITS["cuda"] // self.simd_stage_bytes(dtype, trans_a, trans_b)
+            return max(WG_MIN_STAGES, min(4, fit))
         budget, most = SIMD_AUTO_STAGES.get(backend or "", _APPLE_AUTO_STAGES)
         return max(1, min(most, budget // self.simd_stage_bytes(dtype, trans_a, trans_b)))
 
@@ -393,9 +415,12 @@ class GemmConfig:
                 ("wm", "wn"),
                 f"{tile} needs 32*WM*WN = {t} threads per threadgroup, more than the {MAX_THREADS} Apple GPUs allow",
             ))
+        if self.warpgroup:
+            out += self._warpgroup_problems(tile, backend)
         if dtype is not None:
-            cuda = backend == "cuda"
-            limit = THREADGROUP_LIMITS.get(backend or "", MAX_THREADGROUP_BYTES)
+            # warpgroup tiles are CUDA-sized wherever they run (cuda, the emulator)
+            cuda = backend == "cuda" or self.uses_warpgroup(dtype)
+            limit = THREADGROUP_LIMITS["cuda"] if cuda else THREADGROUP_LIMITS.get(backend or "", MAX_THREADGROUP_BYTES)
             where = ("the 227 KiB of dynamic shared memory a CUDA threadgroup may have on sm_90"
                      if cuda else "the 32 KiB Apple GPUs have")
             # one stage (every backend: at least one stage runs), in gemm_av's layout first, then
@@ -424,6 +449,29 @@ class GemmConfig:
                             f"({limit} bytes, backend '{backend}'); use stages <= {fit}, or stages=0 (as many as fit)"
                         ),
                     ))
+        return out
+
+    def _warpgroup_problems(self, tile: str, backend: str | None) -> list[tuple[tuple[str, ...], str]]:
+        out = []
+        what = f"{tile} with warpgroup products"
+        if self.wn != 1:
+            out.append((("warpgroup", "wn"), f"{what} needs WN=1 (a warpgroup spans every column of the tile)"))
+        if self.wm % 4:
+            out.append((("warpgroup", "wm"), f"{what} needs WM to be a multiple of 4 (4 simdgroups per warpgroup)"))
+        elif self.bm != 16 * self.wm:
+            out.append((("warpgroup", "bm", "wm"), f"{what} needs BM = 16*WM = {16 * self.wm} (16 rows per simdgroup)"))
+        if self.bk != WG_BK:
+            out.append((("warpgroup", "bk"), f"{what} needs BK={WG_BK} (rows of 128 bytes, the products' swizzle)"))
+        if self.bn not in WG_BN:
+            out.append((("warpgroup", "bn"), f"{what} needs BN in {WG_BN} (the widths of one product)"))
+        if self.stages and self.stages < WG_MIN_STAGES:
+            out.append((("warpgroup", "stages"), f"{what} needs stages >= {WG_MIN_STAGES} (or 0: as many as fit)"))
+        if backend is not None and backend not in WG_BACKENDS:
+            out.append((
+                ("warpgroup",),
+                f"{what}: backend {backend!r} cannot run them (they need CUDA's shared memory, at least "
+                f"{WG_MIN_STAGES} stages of 16 KiB; backends {', '.join(WG_BACKENDS)})",
+            ))
         return out
 
     def validate(self, dtype: Any = None, source: str = "argument", backend: str | None = None) -> GemmConfig:

@@ -26,6 +26,8 @@ Shape rules (M x N output, K reduction), applied unless levels 0-2 set the field
              K // 512) parts when that is >= 2 (an under-filled GPU, e.g.
              512x1024x4096 with 128x128 tiles: 32 tiles for 132 SMs -> 4 splits).
     vec4     a preset's vec4 is dropped when the final TK or TN is not a multiple of 4.
+    warpgroup a preset's warpgroup is dropped when the final simd tile cannot take warpgroup
+             products (WN = 1, BM = 16*WM, WM a multiple of 4, BK = 64, BN 64/128/256).
 """
 
 from __future__ import annotations
@@ -278,6 +280,12 @@ def _resolve(op, m, n, k, dt, tiles, batch, family, stamps, backend=None) -> Res
     if cfg.tn != values["tn"]:
         sources["tn"] = f"align_execw ({sources['align_execw']}): TN = 32*RN"
         rank["tn"] = rank["align_execw"]
+
+    # warpgroup from a preset is only a preference: dropped when the tile fields given
+    # explicitly (argument, set_gemm_tiles, environment) do not make warpgroup tiles
+    if cfg.warpgroup is True and not explicit("warpgroup") and cfg._warpgroup_problems("", None):
+        cfg = cfg.replace(warpgroup=False)
+        sources["warpgroup"] = f"{sources['warpgroup']} (dropped: the tile given does not make warpgroup tiles)"
 
     # vec4 from a preset is only a preference
     if cfg.vec4 and not explicit("vec4") and (cfg.tk % 4 or cfg.tn % 4):
