@@ -78,6 +78,11 @@ CONFIGS = {
     "g256x128_w16_s3": (256, 128, 64, 16, 1, None, 3, True),
     "g128x128_w8_s3": (128, 128, 64, 8, 1, None, 3, True),
     "g128x128_w8_s4": (128, 128, 64, 8, 1, None, 4, True),
+    # smaller warpgroup tiles for the medium shapes (session 10: more blocks on 132 SMs)
+    "g64x128_w4_s4": (64, 128, 64, 4, 1, None, 4, True),
+    "g128x64_w8_s4": (128, 64, 64, 8, 1, None, 4, True),
+    "g64x64_w4_s4": (64, 64, 64, 4, 1, None, 4, True),
+    "g64x256_w4_s3": (64, 256, 64, 4, 1, None, 3, True),
 }
 WG = ["g128x256_w8_s4", "g128x256_w8_s3", "g256x128_w16_s4", "g256x128_w16_s3", "g128x128_w8_s3", "g128x128_w8_s4"]
 # Variants of the body's compile-time switches, launched directly (gemm_av only) with header
@@ -100,6 +105,9 @@ SPLIT_CONFIGS = {  # only for the under-filled 512x1024x4096 (fp16 gemm_av)
     "c128x256x32_w2x4_s3_k8": (128, 256, 32, 2, 4, 8, 3),  # 128 blocks of K 512
 }
 SHAPES = [(4096, 4096, 4096), (2048, 2048, 2048), (4096, 4096, 1024), (512, 1024, 4096)]
+# PROBE_GEMM_SHAPES="1024x1024x1024,512x512x512": other shapes (M x N x K)
+if os.environ.get("PROBE_GEMM_SHAPES"):
+    SHAPES = [tuple(int(d) for d in s.split("x")) for s in os.environ["PROBE_GEMM_SHAPES"].split(",")]
 # (dtype, op) -> candidates run, most informative first (the --budget-s cut-off skips the rest):
 # the full list for fp16 gemm_av, subsets elsewhere (each new (config, dtype, op) is one
 # kernel compile, ~1-3 s). "linear" is gemm_a_bt with a bias (nn.Linear: x · wᵀ + b).
