@@ -10,12 +10,17 @@ graph building in Python, apart):
   mlx          mx.fast.rms_norm (MLX's own kernel: no custom-kernel path)
   ours         xk.rms_norm as shipped (call memo, mx.compile replay, mx.custom_function)
   ours_noreplay  the same with XLSTM_KERNELS_REPLAY=0
-  raw          the cuda_kernel object that ours launches, called directly (same text, inputs, grid)
+  ours_memo_fn ours' memoised function called directly (no key, no memo lookup)
+  raw          the cuda_kernel object that ours launches, called directly (same inputs, grid),
+               with the text inline
   raw_cf       raw inside an mx.custom_function
   raw_compiled mx.compile(raw)
   raw_inc      raw's exact text moved into two files that a short text #includes: MLX hashes
                the kernel text on every eval (the JIT module's name), so this is raw with
                ~100 bytes to hash instead of several KB
+  inc_cf_compiled     mx.compile(mx.custom_function(raw_inc)): ours' graph without its Python
+  inc_compiled_in_cf  mx.custom_function(mx.compile(raw_inc)): the custom function outside
+  inc_cfvjp[_compiled] raw_inc in a custom function with a Python vjp (as ours has), [compiled]
   raw_pad      raw + 64 KiB of comment in the text: the slope of that hash
   copy_raw     a bare cuda_kernel copying x to y (16 bytes a thread, short text): the floor of
                a custom kernel moving the same bytes
@@ -41,6 +46,11 @@ import xlstm_kernels as xk
 from xlstm_kernels.ops import norm as norm_mod
 from xlstm_kernels.runtime import backends
 from xlstm_kernels.runtime import kernels as rk
+
+try:
+    from xlstm_kernels.cuda import kernel as ck
+except ImportError:  # no cuda module (older checkout)
+    ck = None
 
 EPS = 1e-5
 
@@ -71,15 +81,22 @@ class Recorder:
         mx.fast.cuda_kernel = self.real
 
 
+def fresh(inline: bool) -> None:
+    """New kernel objects and call memos from here on; `inline`: kernel texts pasted into the
+    cuda_kernel text (as before session 10) instead of #included from content-named files."""
+    ck.INCLUDE_HEADERS = not inline
+    norm_mod._CALLS.clear()
+    rk._cache.clear()
+
+
 def record_rms_launch(x, w):
     """(construction keywords, call keywords) of the cuda_kernel launch behind xk.rms_norm(x, w)."""
     os.environ["XLSTM_KERNELS_REPLAY"] = "0"
-    norm_mod._CALLS.clear()
-    rk._cache.clear()  # fresh kernel objects, so that their cuda_kernel is made (and recorded) again
+    fresh(inline=True)  # fresh kernel objects (their cuda_kernel made and recorded again), texts inline
     with Recorder() as rec:
         mx.eval(xk.rms_norm(x, w, EPS))
     os.environ.pop("XLSTM_KERNELS_REPLAY")
-    norm_mod._CALLS.clear()
+    fresh(inline=False)
     launches = [(e["kw"], c) for e in rec.made for c in e["calls"]]
     if len(launches) != 1:
         raise RuntimeError(f"expected one cuda_kernel launch behind rms_norm, recorded {len(launches)} "
@@ -103,7 +120,7 @@ def include_text(kw, tmp):
 
 COPY_SRC = """\
 const unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
-if (i < n_vec) {
+if (i < n_vec[0]) {
   reinterpret_cast<uint4*>(y)[i] = reinterpret_cast<const uint4*>(x)[i];
 }
 """
@@ -142,6 +159,7 @@ def main() -> None:
                 os.environ.pop("XLSTM_KERNELS_REPLAY")
 
         variants["ours_noreplay"] = noreplay
+        setups = {}
         if cuda:
             kw, ckw = record_rms_launch(x, w)
             names = kw["input_names"]
@@ -167,6 +185,28 @@ def main() -> None:
             comp = mx.compile(lambda a, b: run(raw, a, b))
             variants["raw_compiled"] = lambda: comp(x, w)
             variants["raw_inc"] = lambda: run(raw_inc, x, w)
+            cf_inc = mx.custom_function(lambda a, b: run(raw_inc, a, b))
+            comp_cf_inc = mx.compile(lambda a, b: cf_inc(a, b))
+            variants["inc_cf_compiled"] = lambda: comp_cf_inc(x, w)  # what ours records, minus Python
+            comp_inc = mx.compile(lambda a, b: run(raw_inc, a, b))
+            cf_of_comp = mx.custom_function(lambda a, b: comp_inc(a, b))
+            variants["inc_compiled_in_cf"] = lambda: cf_of_comp(x, w)  # the custom function outside
+            cfv_inc = mx.custom_function(lambda a, b: run(raw_inc, a, b))
+
+            @cfv_inc.vjp
+            def _cfv_vjp(primals, cotangent, output):
+                return mx.zeros_like(primals[0]), mx.zeros_like(primals[1])
+
+            comp_cfv_inc = mx.compile(lambda a, b: cfv_inc(a, b))
+            variants["inc_cfvjp"] = lambda: cfv_inc(x, w)  # a Python vjp on the custom function
+            variants["inc_cfvjp_compiled"] = lambda: comp_cfv_inc(x, w)
+            mx.eval(xk.rms_norm(x, w, EPS))  # memoised now
+            key = ("rms_norm", x.shape, x.dtype, (w.shape, w.dtype), None, EPS, 1)
+            memo_fn = norm_mod._CALLS.get(key)
+            if memo_fn is None:
+                raise RuntimeError("no memo entry for rms_norm: has ops.norm's call key changed?")
+            else:
+                variants["ours_memo_fn"] = lambda: memo_fn(x, w, None)  # ours without _call's key and lookup
             variants["raw_pad"] = lambda: run(raw_pad, x, w)
             copy = mx.fast.cuda_kernel(name="xk_evalcost_copy", input_names=["x", "n_vec"], output_names=["y"],
                                        source=COPY_SRC)
@@ -182,12 +222,18 @@ def main() -> None:
         for v, fn in variants.items():
             if v in ("copy_raw", "mlx_mul"):
                 continue
+            if v in setups:
+                setups[v]()
             errs[v] = (mx.abs(fn().astype(mx.float32) - want).max() / mx.abs(want).max()).item()
         for q in queues:
             times = {v: [] for v in variants}
             host = {v: [] for v in variants}
-            for _ in range(rounds):
-                for v, fn in variants.items():
+            names = list(variants)
+            for r in range(rounds):  # each round starts at another variant: no order bias
+                for v in names[r % len(names):] + names[:r % len(names)]:
+                    fn = variants[v]
+                    if v in setups:
+                        setups[v]()
                     mx.eval([fn() for _ in range(2)])
                     t0 = time.perf_counter()
                     outs = [fn() for _ in range(q)]

@@ -84,7 +84,8 @@ CONFIGS = {
     "g64x64_w4_s4": (64, 64, 64, 4, 1, None, 4, True),
     "g64x256_w4_s3": (64, 256, 64, 4, 1, None, 3, True),
 }
-WG = ["g128x256_w8_s4", "g128x256_w8_s3", "g256x128_w16_s4", "g256x128_w16_s3", "g128x128_w8_s3", "g128x128_w8_s4"]
+WG = ["g128x256_w8_s4", "g128x256_w8_s3", "g256x128_w16_s4", "g256x128_w16_s3", "g128x128_w8_s3", "g128x128_w8_s4",
+      "g64x128_w4_s4", "g128x64_w8_s4", "g64x64_w4_s4", "g64x256_w4_s3"]
 # Variants of the body's compile-time switches, launched directly (gemm_av only) with header
 # macros redefined: name -> (config, {macro: value}).
 #   _g8:  XK_GEMM_GROUP_M 8: threadgroups walk bands of 8 tile rows column by column (L2 reuse)

@@ -60,6 +60,7 @@ import mlx.core as mx
 
 from ..emulate.kernel import _as_array, check_counts, launch_shape
 from ..emulate.translate import _TG_DECL, _blank_comments, _c_string, rewrite_half_literals
+from .text_files import as_include
 
 __all__ = ["CudaKernel", "CudaKernelError", "metal_kernel", "compat_header", "rewrite_threadgroup_decls",
            "MAX_THREADS_PER_THREADGROUP", "ATTRIBUTES"]
@@ -192,9 +193,11 @@ def header_part(name: str, stripped: bool = True) -> str:
 
 
 # Header parts are passed as `#include "<absolute path>"` lines when the package's files
-# are on disk (NVRTC reads them itself): the kernel text that MLX copies and hashes on
-# every launch then holds only the family header and the body (a few KB instead of ~55 KB).
-# INCLUDE_HEADERS = False (or XLSTM_KERNELS_CUDA_INLINE_HEADERS=1) pastes the text instead.
+# are on disk (NVRTC reads them itself), and the rest of a launch's header and source (the
+# family header, the prologue and the body) as one include line each of a content-named
+# file (text_files.as_include): the kernel text that MLX copies and hashes on every launch
+# is then a few hundred bytes (~60 KB inline, ~12 KB with the parts included).
+# INCLUDE_HEADERS = False (or XLSTM_KERNELS_CUDA_INLINE_HEADERS=1) pastes every text instead.
 INCLUDE_HEADERS = os.environ.get("XLSTM_KERNELS_CUDA_INLINE_HEADERS", "").strip() not in ("1", "true", "yes", "on")
 
 
@@ -355,12 +358,17 @@ class CudaKernel:
         if obj is not None:
             return obj
         ins, outs = self.cuda_names(zero_d, exact_grid and native_grid)
+        source = self.cuda_source(zero_d, template, native_grid, exact_grid)
+        header = self.cuda_header(threads, _min_blocks(template))
+        if INCLUDE_HEADERS:  # MLX hashes the text per launch: hand it one #include line each
+            source = as_include(source, f"{self.name}.source")
+            header = as_include(header, f"{self.name}.header")
         obj = mx.fast.cuda_kernel(
             name=self.name,
             input_names=ins,
             output_names=outs,
-            source=self.cuda_source(zero_d, template, native_grid, exact_grid),
-            header=self.cuda_header(threads, _min_blocks(template)),
+            source=source,
+            header=header,
             ensure_row_contiguous=self.ensure_row_contiguous,
             # dynamic shared memory of every launch (XK_THREADGROUP_DYNAMIC); MLX raises the
             # kernel's limit (cudaFuncAttributeMaxDynamicSharedMemorySize) above 48 KB itself
