@@ -321,13 +321,13 @@ def test_waves_rule_on_the_hopper_family():
     assert presets_mod.current_stack().compute_units(fam) == 132
     assert presets_mod.current_stack().compute_units("generic_apple") is None
     for dt in ("float16", "bfloat16"):
-        res = resolve_gemm_config("gemm_at_b", 1024, 512, 4096, dt, family=fam)  # the large gemm_at_b tile
-        assert res.config.split_k == 4 and "waves rule: 16 output tiles of 128x256" in res.sources["split_k"]
         res = resolve_gemm_config("gemm_at_b", 96, 512, 4096, dt, family=fam)  # the default tile
         assert res.config.split_k == 4 and "waves rule: 4 output tiles of 128x128" in res.sources["split_k"]
-        res = resolve_gemm_config("gemm_av", 512, 1024, 4096, dt, family=fam)  # the large (warpgroup) tile
-        assert res.config.split_k == 4 and "waves rule: 16 output tiles of 128x256" in res.sources["split_k"]
-        assert res.config.uses_warpgroup(dt)
+        # the large (warpgroup) tile steps down to 64x64 first: still 64 tiles, so K splits
+        res = resolve_gemm_config("gemm_av", 512, 512, 4096, dt, family=fam)
+        c = res.config
+        assert (c.bm, c.bn, c.wm, c.split_k) == (64, 64, 4, 2) and c.uses_warpgroup(dt)
+        assert "waves rule: 64 output tiles of 64x64" in res.sources["split_k"]
         assert resolve_gemm_config("gemm_at_b", 512, 1024, 1024, dt, family=fam).config.split_k == 2
         assert resolve_gemm_config("gemm_av", 2048, 2048, 2048, dt, family=fam).config.split_k == 1
         assert resolve_gemm_config("gemm_av", 4096, 4096, 1024, dt, family=fam).config.split_k == 1
@@ -338,6 +338,46 @@ def test_waves_rule_on_the_hopper_family():
     # the split-K rule (tiny output, long K) still comes first
     res = resolve_gemm_config("gemm_av", 64, 64, 4096, "float16", family=fam)
     assert res.config.split_k == 4 and "split-K rule" in res.sources["split_k"]
+
+
+WARPGROUP_LADDER_CASES = [
+    # op, m, n, k -> bm, bn, wm, split_k of the hopper family's fp16 / bf16 large tile (128x256, 8 warps)
+    ("gemm_av", 4096, 4096, 4096, 128, 256, 8, 1),   # 512 tiles: stays
+    ("gemm_av", 2048, 2048, 2048, 128, 256, 8, 1),   # 128 tiles: more than half of 132
+    ("gemm_av", 1024, 1024, 1024, 128, 64, 8, 1),    # 32 -> 64 -> 128 tiles
+    ("gemm_a_bt", 2048, 1024, 1024, 128, 128, 8, 1),  # 64 -> 128 tiles
+    ("gemm_at_b", 1024, 1024, 4096, 128, 64, 8, 1),
+    ("gemm_at_b", 1024, 512, 4096, 64, 64, 4, 1),    # 16 -> 32 -> 64 -> 128 tiles
+    ("gemm_av", 512, 512, 4096, 64, 64, 4, 2),       # the bottom rung (64 tiles), then split-K
+    ("gemm_av", 1000, 1001, 1100, 128, 64, 8, 1),    # partial tiles count (8 x 16)
+]
+
+
+@pytest.mark.parametrize("case", WARPGROUP_LADDER_CASES, ids=[f"{c[0]}_{c[1]}x{c[2]}x{c[3]}" for c in WARPGROUP_LADDER_CASES])
+@pytest.mark.parametrize("dt", ["float16", "bfloat16"])
+def test_waves_rule_steps_down_warpgroup_tiles(case, dt):
+    """Under half a wave of output tiles, the preset's warpgroup tile steps down the ladder
+    (the sources say so); float32 and tiles given explicitly keep theirs."""
+    op, m, n, k, bm, bn, wm, split = case
+    res = resolve_gemm_config(op, m, n, k, dt, family="nvidia_hopper")
+    c = res.config
+    assert (c.bm, c.bn, c.wm, c.wn, c.split_k, c.bk) == (bm, bn, wm, 1, split, 64) and c.uses_warpgroup(dt)
+    c.validate(dt, backend="cuda")
+    if (bm, bn) != (128, 256):
+        assert "waves rule: " in res.sources["bn"] and f"-> {bm}x{bn} warpgroup tiles" in res.sources["bn"]
+    else:
+        assert "waves rule" not in res.sources["bn"]
+    given = {"bm": 128, "bn": 256, "bk": 64, "wm": 8, "wn": 1, "warpgroup": True}
+    assert (resolve_gemm_config(op, m, n, k, dt, given, family="nvidia_hopper").config.bn, c.bk) == (256, 64)
+    f32 = resolve_gemm_config(op, m, n, k, "float32", family="nvidia_hopper").config
+    assert not f32.uses_warpgroup("float32") and "waves rule" not in str(f32)
+
+
+def test_warpgroup_ladder_tiles_are_valid_on_cuda():
+    for bm, bn, wm in resolve_mod.WARPGROUP_LADDER:
+        for stages in (3, 4):
+            GemmConfig(path="simd", bm=bm, bn=bn, bk=64, wm=wm, wn=1, stages=stages, warpgroup=True).validate(
+                "float16", backend="cuda")
 
 
 def test_compute_units_must_be_a_positive_integer(monkeypatch, tmp_path):
@@ -892,6 +932,7 @@ WG_CASES = {
     "wg64x64_w4_s3": (GemmConfig(path="simd", bm=64, bn=64, bk=64, wm=4, wn=1, stages=3, warpgroup=True), "float16"),
     "wg128x128_w8_s4": (GemmConfig(path="simd", bm=128, bn=128, bk=64, wm=8, wn=1, stages=4, warpgroup=True),
                         "bfloat16"),
+    "wg128x64_w8_s4": (GemmConfig(path="simd", bm=128, bn=64, bk=64, wm=8, wn=1, stages=4, warpgroup=True), "float16"),
     "wg128x256_w8_s3": (GemmConfig(path="simd", bm=128, bn=256, bk=64, wm=8, wn=1, stages=3, warpgroup=True),
                         "float16"),
     "wg256x128_w16_s3": (GemmConfig(path="simd", bm=256, bn=128, bk=64, wm=16, wn=1, stages=3, warpgroup=True),
@@ -999,7 +1040,8 @@ def test_preset_warpgroup_is_a_preference():
     res = resolve_gemm_config("gemm_a_bt", 512, 2976, 1024, "float16", small, family=fam, backend="cuda")
     assert res.config.warpgroup is False and "dropped" in res.sources["warpgroup"]
     res = resolve_gemm_config("gemm_a_bt", 512, 2976, 1024, "float16", family=fam, backend="cuda")
-    assert res.config.warpgroup is True and (res.config.bm, res.config.bn, res.config.wm) == (128, 256, 8)
+    # (48 tiles of 128x256 are under half a wave: the waves rule steps down to 128x128)
+    assert res.config.warpgroup is True and (res.config.bm, res.config.bn, res.config.wm) == (128, 128, 8)
     with pytest.raises(TileConfigError, match=r"warpgroup products needs WN=1"):
         resolve_gemm_config("gemm_a_bt", 512, 2976, 1024, "float16", {**small, "warpgroup": True}, family=fam,
                             backend="cuda")

@@ -25,6 +25,10 @@ Shape rules (M x N output, K reduction), applied unless levels 0-2 set the field
              is split into min(the preset's split_k, compute_units // tiles,
              K // 512) parts when that is >= 2 (an under-filled GPU, e.g.
              512x1024x4096 with 128x128 tiles: 32 tiles for 132 SMs -> 4 splits).
+             Before that, a preset's warpgroup tile (BM, BN, WM not set at levels 0-2)
+             steps down WARPGROUP_LADDER (128x256 -> 128x128 -> 128x64 -> 64x64) while
+             the output has at most compute_units / 2 of its tiles (1024^3 on an H100:
+             32 tiles of 128x256 -> 128 of 128x64).
     vec4     a preset's vec4 is dropped when the final TK or TN is not a multiple of 4.
     warpgroup a preset's warpgroup is dropped when the final simd tile cannot take warpgroup
              products (WN = 1, BM = 16*WM, WM a multiple of 4, BK = 64, BN 64/128/256).
@@ -51,6 +55,7 @@ __all__ = [
     "set_gemm_tiles",
     "split_k_rule",
     "waves_split_k",
+    "WARPGROUP_LADDER",
 ]
 
 ARGUMENT = "tiles= argument"
@@ -81,6 +86,28 @@ class ResolvedGemmConfig:
 def split_k_rule(m: int, n: int, k: int, batch: int = 1) -> bool:
     """True when an M x N output is too small to fill the GPU and K is long."""
     return m * n * batch <= SPLIT_K_MAX_MN and k >= max(SPLIT_K_K_RATIO * max(m, n), SPLIT_K_MIN_K)
+
+
+# Warpgroup tiles a preset's tile steps down to when the output has at most half a wave of
+# tiles, (BM, BN, WM) largest first (H100, session 10, queued vs mx.matmul over gemm_av /
+# gemm_a_bt / gemm_at_b / linear: 1024^3 128x256 0.47-0.87x -> 128x64 0.61-1.57x;
+# 2048x1024x1024 0.48-0.57x -> 128x128 0.64-1.16x; 1024x1024x4096 0.69-0.80x -> 128x64 0.81-1.10x).
+WARPGROUP_LADDER = ((128, 256, 8), (128, 128, 8), (128, 64, 8), (64, 64, 4))
+
+
+def _warpgroup_ladder(m: int, n: int, batch: int, cfg: GemmConfig, units: int) -> GemmConfig:
+    """`cfg` with the first tile of WARPGROUP_LADDER (from its own down) whose output tiles
+    (times batch) fill more than half of `units`, or the last; `cfg` itself when its tile
+    is not on the ladder or already fills that much."""
+    here = (cfg.bm, cfg.bn, cfg.wm)
+    if here not in WARPGROUP_LADDER or cfg.wn != 1:
+        return cfg
+    out = cfg
+    for bm, bn, wm in WARPGROUP_LADDER[WARPGROUP_LADDER.index(here):]:
+        out = cfg if (bm, bn, wm) == here else cfg.replace(bm=bm, bn=bn, wm=wm)
+        if 2 * (-(-m // bm) * -(-n // bn) * batch) > units:
+            break
+    return out
 
 
 def waves_split_k(m: int, n: int, k: int, batch: int, bm: int, bn: int, most: int, units: int) -> int:
@@ -291,6 +318,20 @@ def _resolve(op, m, n, k, dt, tiles, batch, family, stamps, backend=None) -> Res
     if cfg.vec4 and not explicit("vec4") and (cfg.tk % 4 or cfg.tn % 4):
         cfg = cfg.replace(vec4=False)
         sources["vec4"] = f"{sources['vec4']} (dropped: TK={cfg.tk}, TN={cfg.tn} not multiples of 4)"
+
+    # waves rule, part 1: a preset's warpgroup tile steps down its ladder while the output
+    # has at most half a wave of tiles (then part 2, split-K, sees the final tile)
+    if path == "simd" and cfg.uses_warpgroup(dt) and not any(explicit(f) for f in ("bm", "bn", "wm", "wn")):
+        units = stack.compute_units(fam)
+        stepped = _warpgroup_ladder(m, n, batch, cfg, units) if units else cfg
+        if stepped is not cfg:
+            tiles = -(-m // cfg.bm) * -(-n // cfg.bn) * batch
+            note = (f" (waves rule: {tiles} output tiles of {cfg.bm}x{cfg.bn} for {units} compute units -> "
+                    f"{stepped.bm}x{stepped.bn} warpgroup tiles, {stepped.wm} warps)")
+            for f in ("bm", "bn", "wm"):
+                if getattr(stepped, f) != getattr(cfg, f):
+                    sources[f] = sources[f] + note
+            cfg = stepped
 
     # split-K
     if explicit("split_k"):
