@@ -1472,8 +1472,9 @@ def test_explain_matches_the_launch(kernel_backend, monkeypatch, device, lead_a,
 
 
 def test_bench_gemm_rows_report_queued_throughput():
-    """GEMM bench rows on a timing backend carry the queued measurement (20 calls per
-    evaluation) of ours and of the MLX baseline in `extra`, next to the synchronised one."""
+    """GEMM bench rows on a timing backend carry the queued (20 calls per evaluation) and
+    pipelined (async evaluation) measurements of ours and of the MLX baseline in `extra`,
+    next to the synchronised one."""
     from xlstm_kernels.benchmarks import suite
 
     row, = suite.gemm_rows(["gemm_av"], [(40, 24, 16)], ["float32"], "reference", warmup=1, repeats=4)
@@ -1482,3 +1483,24 @@ def test_bench_gemm_rows_report_queued_throughput():
     assert ex["ours_queued_ms"] > 0 and ex["mlx_queued_ms"] > 0
     assert ex["ratio_queued"] == pytest.approx(ex["mlx_queued_ms"] / ex["ours_queued_ms"])
     assert ex["gflops_queued"] == pytest.approx(2 * 40 * 24 * 16 / (ex["ours_queued_ms"] * 1e-3) / 1e9)
+    assert ex["ours_pipelined_ms"] > 0 and ex["mlx_pipelined_ms"] > 0  # async evaluation, overlapped
+    assert ex["ratio_pipelined"] == pytest.approx(ex["mlx_pipelined_ms"] / ex["ours_pipelined_ms"])
+
+
+def test_measure_pipelined_counts_every_call_and_checks_its_arguments():
+    """Each batch's calls are built once and evaluated (asynchronously, then waited for);
+    the time is per call."""
+    from xlstm_kernels.benchmarks.timing import measure_pipelined
+
+    built = []
+    x = mx.array(np.random.default_rng(3).standard_normal(64).astype(np.float32))
+
+    def fn():
+        built.append(1)
+        return x * 2.0 + 1.0
+
+    t = measure_pipelined(fn, calls=5, batches=3, repeats=2)
+    assert t > 0 and len(built) == 5 + 2 * 3 * 5  # a warm-up batch, then repeats x batches x calls
+    for bad in ({"calls": 0}, {"batches": 0}, {"repeats": 0}):
+        with pytest.raises(ValueError, match="measure_pipelined"):
+            measure_pipelined(fn, **bad)

@@ -44,7 +44,7 @@ import numpy as np
 
 from xlstm_kernels.benchmarks.kind import bench_kind
 from xlstm_kernels import runtime, tiles
-from xlstm_kernels.benchmarks.timing import measure_queued
+from xlstm_kernels.benchmarks.timing import throughput
 from xlstm_kernels.ops import norm as norm_ops
 
 EPS = 1e-5
@@ -165,20 +165,19 @@ def _bench_case(op, rows, d, nh, dtype, emulated, repeats, roof, rng) -> list[di
         else:
             t_ours = _timed(fn, repeats)
             t_mlx = _timed(mlx_fn, repeats)
-            q_ours = measure_queued(fn, calls=20, repeats=max(3, repeats // 4))
-            q_mlx = measure_queued(mlx_fn, calls=20, repeats=max(3, repeats // 4))
+            tp = throughput(fn, mlx_fn, repeats=repeats)  # queued and pipelined (a model's steady state)
             gbps = nbytes / t_ours / 1e9
             row.update({
                 "ours_ms": t_ours * 1e3, "mlx_ms": t_mlx * 1e3, "ratio": t_mlx / t_ours, "gbps": gbps,
-                "pct_roofline": 100.0 * gbps / roof["bandwidth_gbs"],
-                # queued: 20 calls per evaluation, no per-call sync (a model's steady state)
-                "ours_queued_ms": q_ours * 1e3, "mlx_queued_ms": q_mlx * 1e3, "ratio_queued": q_mlx / q_ours,
-                "gbps_queued": nbytes / q_ours / 1e9,
+                "pct_roofline": 100.0 * gbps / roof["bandwidth_gbs"], **tp,
+                "gbps_queued": nbytes / tp["ours_queued_ms"] / 1e6,
+                "gbps_pipelined": nbytes / tp["ours_pipelined_ms"] / 1e6,
             })
             print(f"{name:<26} {dtype_name:<9} {str(row['shape']):<18} {row['ours_ms']:8.3f} ms "
                   f"{row['mlx_ms']:8.3f} ms  x{row['ratio']:5.2f} {gbps:8.1f} GB/s "
                   f"{row['pct_roofline']:5.1f}%  queued x{row['ratio_queued']:5.2f} "
-                  f"{row['gbps_queued']:8.1f} GB/s  err {err:.1e}")
+                  f"{row['gbps_queued']:8.1f} GB/s  pipelined x{row['ratio_pipelined']:5.2f} "
+                  f"{row['gbps_pipelined']:8.1f} GB/s  err {err:.1e}")
         out.append(row)
     return out
 

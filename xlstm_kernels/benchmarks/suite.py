@@ -38,7 +38,7 @@ from .. import tiles as tiles_mod
 from ..tiles.gemm import dtype_size
 from .args import BenchArgumentError, dtype_of, parse_dtypes, parse_names, parse_positive_int, parse_shapes, shape_text
 from .kind import bench_kind
-from .timing import measure, measure_queued
+from .timing import measure, throughput
 
 __all__ = [
     "BenchResult",
@@ -242,14 +242,12 @@ def _gemm_row(op, m, n, k, dt, dtype, backend, emulated, roof, rng, warmup, repe
             row["ours_ms"], row["baseline_ms"] = t.median_s * 1e3, tb.median_s * 1e3
             row["ratio"] = tb.median_s / t.median_s if t.median_s > 0 else None
             _rates(row, flops, nbytes, t.median_s, roof, dt)
-            # queued: 20 calls per evaluation, no per-call sync (a model's steady state; the
-            # synchronised times above include the host's per-call cost)
+            # queued (20 calls per evaluation) and pipelined (async evaluation): a model's
+            # steady state; the synchronised times above include the host's per-call cost
             with runtime.use_backend(backend):
-                q_ours = measure_queued(ours, calls=20, repeats=max(3, repeats // 4))
-            q_base = measure_queued(base, calls=20, repeats=max(3, repeats // 4))
-            row["extra"].update(ours_queued_ms=q_ours * 1e3, mlx_queued_ms=q_base * 1e3,
-                                ratio_queued=q_base / q_ours if q_ours > 0 else None,
-                                gflops_queued=flops / q_ours / 1e9 if q_ours > 0 else None)
+                tp = throughput(ours, base, repeats=repeats)
+            row["extra"].update(tp, gflops_queued=flops / tp["ours_queued_ms"] / 1e6,
+                                gflops_pipelined=flops / tp["ours_pipelined_ms"] / 1e6)
         row["ok"] = row["max_rel_err"] <= row["tolerance"]
         if not row["ok"]:
             row["note"] = f"error {row['max_rel_err']:.2e} above the {dt} bound {row['tolerance']:.0e}"

@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import mlx.core as mx
 
-__all__ = ["Timing", "measure", "measure_queued", "sync"]
+__all__ = ["Timing", "measure", "measure_pipelined", "measure_queued", "sync", "throughput"]
 
 
 def sync(out: Any) -> Any:
@@ -92,3 +92,46 @@ def measure_queued(fn: Callable[[], Any], *, calls: int = 20, repeats: int = 5) 
         mx.eval([fn() for _ in range(calls)])
         times.append((time.perf_counter() - t0) / calls)
     return statistics.median(times)
+
+
+def measure_pipelined(fn: Callable[[], Any], *, calls: int = 20, batches: int = 8, repeats: int = 3) -> float:
+    """Seconds per call with evaluation pipelined: while the device runs one batch of `calls`
+    queued calls (``mx.async_eval``), the host builds the next batch. This is how a model
+    loop with asynchronous evaluation (mlx-lm's generate) overlaps its Python with the GPU:
+    once steady, a call costs max(host time, device time), where ``measure_queued``
+    (build, then evaluate) costs their sum. Median over `repeats` runs of `batches` batches
+    (the first batch of a run is built before anything runs), after a warm-up batch."""
+    if calls < 1 or batches < 1 or repeats < 1:
+        raise ValueError(f"measure_pipelined: calls, batches and repeats must be >= 1, got {calls}, {batches}, "
+                         f"{repeats}")
+    mx.eval([fn() for _ in range(calls)])
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        prev = [fn() for _ in range(calls)]
+        mx.async_eval(prev)
+        for _ in range(batches - 1):
+            cur = [fn() for _ in range(calls)]
+            mx.async_eval(cur)
+            mx.eval(prev)
+            prev = cur
+        mx.eval(prev)
+        times.append((time.perf_counter() - t0) / (calls * batches))
+    return statistics.median(times)
+
+
+def throughput(ours: Callable[[], Any], base: Callable[[], Any], *, repeats: int = 10, calls: int = 20) -> dict:
+    """Queued and pipelined seconds per call of our op and MLX's (`base`), in ms, with the
+    ratios (MLX / ours; > 1: ours faster):
+
+    * queued: `calls` calls built, then evaluated together (host build + device time);
+    * pipelined: the next batch built while the device runs the last (``mx.async_eval``):
+      what a model loop with asynchronous evaluation sees (max of host and device time).
+    """
+    n = max(3, repeats // 4)
+    q_ours, q_base = measure_queued(ours, calls=calls, repeats=n), measure_queued(base, calls=calls, repeats=n)
+    p_ours, p_base = (measure_pipelined(ours, calls=calls, repeats=n), measure_pipelined(base, calls=calls, repeats=n))
+    ratio = lambda b, o: b / o if o > 0 else None  # noqa: E731
+    return {"ours_queued_ms": q_ours * 1e3, "mlx_queued_ms": q_base * 1e3, "ratio_queued": ratio(q_base, q_ours),
+            "ours_pipelined_ms": p_ours * 1e3, "mlx_pipelined_ms": p_base * 1e3,
+            "ratio_pipelined": ratio(p_base, p_ours)}
