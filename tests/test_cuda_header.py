@@ -20,9 +20,11 @@ _TEXT_FILE = re.compile(r'#include "([^"]+)"\n')
 
 
 def _expand(text: str) -> str:
-    """A text that is one #include line of a kernel text file (text_files.as_include): the
-    file's content; else the text itself."""
-    m = _TEXT_FILE.fullmatch(text)
+    """A text that is one #include line of a kernel text file (text_files.as_include), after
+    an optional comment line: the file's content; else the text itself."""
+    comment, _, last = text.rpartition("\n#") if text.startswith("//") else ("", "", text)
+    last = ("#" + last) if comment else last
+    m = _TEXT_FILE.fullmatch(last)
     if m and os.path.basename(os.path.dirname(m.group(1))) == "cuda-text":
         with open(m.group(1)) as f:
             return f.read()
@@ -361,6 +363,19 @@ def test_linear_block_launch_runs_on_the_gpu(kernel_backend, monkeypatch):
     got = np.asarray(xk.rms_norm(x, w, 1e-5), dtype=np.float64)
     norm_mod._CALLS.clear()
     assert np.max(np.abs(got - want)) / np.max(np.abs(want)) < 1e-5
+
+
+def test_shape_arguments_survive_the_include(recorder):
+    """mx.fast.cuda_kernel passes x_shape / x_strides / x_ndim when those names occur in the
+    source text it is given: the one-line text names those the body uses."""
+    body = "const uint i = thread_position_in_grid.x;\nif (i < uint(inp_shape[0])) { y[i] = inp[i] + inp_ndim; }\n"
+    k = ck.CudaKernel("shape_user", ["inp", "other"], ["y"], body)
+    x = mx.array(np.arange(8, dtype=np.float32))
+    k(inputs=[x, x], output_shapes=[(8,)], output_dtypes=[mx.float32], grid=(8, 1, 1), threadgroup=(8, 1, 1))
+    (b,) = recorder.built
+    first, rest = b["passed_source"].split("\n", 1)
+    assert first.startswith("//") and set(first.split()[2:]) == {"inp_shape", "inp_ndim"}
+    assert _TEXT_FILE.fullmatch(rest) and "inp_shape[0]" in b["source"]
 
 
 def test_kernel_text_files_fall_back_to_the_text(monkeypatch, tmp_path):

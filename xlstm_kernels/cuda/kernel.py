@@ -361,7 +361,12 @@ class CudaKernel:
         source = self.cuda_source(zero_d, template, native_grid, exact_grid)
         header = self.cuda_header(threads, _min_blocks(template))
         if INCLUDE_HEADERS:  # MLX hashes the text per launch: hand it one #include line each
-            source = as_include(source, f"{self.name}.source")
+            # cuda_kernel passes an input's shape / strides / ndim when its name + "_shape"
+            # (...) occurs in the source text: the short text names the ones the body uses
+            uses = [n + suffix for n in ins for suffix in ("_shape", "_strides", "_ndim") if n + suffix in source]
+            short = as_include(source, f"{self.name}.source")
+            if short is not source:
+                source = (f"// uses {' '.join(uses)}\n" if uses else "") + short
             header = as_include(header, f"{self.name}.header")
         obj = mx.fast.cuda_kernel(
             name=self.name,
