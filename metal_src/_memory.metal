@@ -150,36 +150,69 @@ METAL_FUNC void xk_store_run(device T* p, uint i, uint n, const thread T* t) {
 }
 
 // The same run (W elements at element i, below lim) of R rows p + r * rs, r < nr <= R:
-// t[r * M + k] = p[r * rs + i + k]. One straight-line wide access per row (a thread's
-// loads overlap) when all R rows are there, the run lies below lim and is aligned in every
-// row (rs a multiple of W); else row by row (xk_load_run).
+// t[r * M + k] = p[r * rs + i + k].
+//
+// xk_rows_wide: whether all R rows are there, the run lies below lim and is aligned in
+// every row (rs a multiple of W), i.e. each row's run is one wide access.
+// xk_load_rows_w / xk_store_rows_w: those wide accesses, straight-line (a thread's loads
+// are all in flight at once). xk_load_rows_each / xk_store_rows_each: row by row
+// (xk_load_run: wide where aligned and inside, else element by element).
+// xk_load_rows / xk_store_rows: the wide form when xk_rows_wide, else row by row. A kernel
+// that moves several runs per row should test xk_rows_wide of all of them once and branch
+// itself (as rope does): with one test per call, the compiler may merge the wide loads
+// into the row-by-row path, where each row's load waits for the one before it.
+template <int W, int R, typename T>
+METAL_FUNC bool xk_rows_wide(const device T* p, size_t rs, uint i, uint lim, uint nr) {
+  return nr == uint(R) && i + W <= lim && rs % W == 0 && xk_run_aligned<W>(p + i);
+}
+
 template <int W, int R, int M, typename T>
-METAL_FUNC void xk_load_rows(const device T* p, size_t rs, uint i, uint lim, uint nr, thread T* t) {
-  if (nr == uint(R) && i + W <= lim && rs % W == 0 && xk_run_aligned<W>(p + i)) {
-    for (int r = 0; r < R; r++) {
-      xk_load_w<W>(p + r * rs + i, t + r * M);
-    }
-  } else {
-    for (int r = 0; r < R; r++) {
-      if (uint(r) < nr) {
-        xk_load_run<W>(p + r * rs, i, lim, t + r * M);
-      }
+METAL_FUNC void xk_load_rows_w(const device T* p, size_t rs, uint i, thread T* t) {
+  for (int r = 0; r < R; r++) {
+    xk_load_w<W>(p + r * rs + i, t + r * M);
+  }
+}
+
+template <int W, int R, int M, typename T>
+METAL_FUNC void xk_store_rows_w(device T* p, size_t rs, uint i, const thread T* t) {
+  for (int r = 0; r < R; r++) {
+    xk_store_w<W>(p + r * rs + i, t + r * M);
+  }
+}
+
+template <int W, int R, int M, typename T>
+METAL_FUNC void xk_load_rows_each(const device T* p, size_t rs, uint i, uint lim, uint nr, thread T* t) {
+  for (int r = 0; r < R; r++) {
+    if (uint(r) < nr) {
+      xk_load_run<W>(p + r * rs, i, lim, t + r * M);
     }
   }
 }
 
 template <int W, int R, int M, typename T>
-METAL_FUNC void xk_store_rows(device T* p, size_t rs, uint i, uint lim, uint nr, const thread T* t) {
-  if (nr == uint(R) && i + W <= lim && rs % W == 0 && xk_run_aligned<W>(p + i)) {
-    for (int r = 0; r < R; r++) {
-      xk_store_w<W>(p + r * rs + i, t + r * M);
+METAL_FUNC void xk_store_rows_each(device T* p, size_t rs, uint i, uint lim, uint nr, const thread T* t) {
+  for (int r = 0; r < R; r++) {
+    if (uint(r) < nr) {
+      xk_store_run<W>(p + r * rs, i, lim, t + r * M);
     }
+  }
+}
+
+template <int W, int R, int M, typename T>
+METAL_FUNC void xk_load_rows(const device T* p, size_t rs, uint i, uint lim, uint nr, thread T* t) {
+  if (xk_rows_wide<W, R>(p, rs, i, lim, nr)) {
+    xk_load_rows_w<W, R, M>(p, rs, i, t);
   } else {
-    for (int r = 0; r < R; r++) {
-      if (uint(r) < nr) {
-        xk_store_run<W>(p + r * rs, i, lim, t + r * M);
-      }
-    }
+    xk_load_rows_each<W, R, M>(p, rs, i, lim, nr, t);
+  }
+}
+
+template <int W, int R, int M, typename T>
+METAL_FUNC void xk_store_rows(device T* p, size_t rs, uint i, uint lim, uint nr, const thread T* t) {
+  if (xk_rows_wide<W, R>(p, rs, i, lim, nr)) {
+    xk_store_rows_w<W, R, M>(p, rs, i, t);
+  } else {
+    xk_store_rows_each<W, R, M>(p, rs, i, lim, nr, t);
   }
 }
 

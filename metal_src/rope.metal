@@ -18,8 +18,9 @@
 // each): split-half the runs x[j0 .. +P) and x[half + j0 .. +P); traditional the run
 // x[2 j0 .. +2P) (the pairs interleaved). A thread past the rotating ones copies a run
 // of W = (TRADITIONAL ? 2P : P) pass-through features. The N rows' runs are straight-line
-// wide accesses (xk_load_rows) when all are there, aligned and inside their range (half,
-// dims or D); else they are read and written element by element.
+// wide accesses (xk_load_rows_w), all loads issued before the cos/sin, when all rows are
+// there and every run is aligned and inside its range (half, dims or D); else they are
+// read and written row by row, element by element where needed.
 //
 // Launch (grid counts threads):
 //   grid.x = ceil(half / P) + ceil((D - dims) / W): x < ceil(half / P) rotates pairs
@@ -61,6 +62,31 @@ device T* ys = y + base_idx;
 
 if (q < n_rot) {
   const uint j0 = q * P;
+  const uint a0 = TRADITIONAL ? 2u * j0 : j0;
+  const uint a_end = TRADITIONAL ? 2u * half_dims : half_dims;
+  // a[r * 2P + k] / b[r * P + k]: the features of pair j0 + k of row r (traditional: both
+  // in a, at 2k and 2k + 1; split-half: a = x[j0 + k], b = x[half + j0 + k]).
+  T a[N * 2 * P];
+  T b[N * P];  // split-half only
+  // wide: all N rows there and every run (x and y, both halves) inside and aligned. Then the
+  // thread's loads are issued back to back before any math, its one round trip to memory
+  // overlapping the cos/sin; one test for all runs, so that the compiler does not merge
+  // the wide loads into the row-by-row path (where each row's load waits for the last).
+  const bool wide = xk_rows_wide<W, N>(xs, row_stride, a0, a_end, nr) &&
+                    xk_rows_wide<W, N>(ys, row_stride, a0, a_end, nr) &&
+                    (TRADITIONAL || (xk_rows_wide<P, N>(xs + half_dims, row_stride, j0, half_dims, nr) &&
+                                     xk_rows_wide<P, N>(ys + half_dims, row_stride, j0, half_dims, nr)));
+  if (wide) {
+    xk_load_rows_w<W, N, 2 * P>(xs, row_stride, a0, a);
+    if (!TRADITIONAL) {
+      xk_load_rows_w<P, N, P>(xs + half_dims, row_stride, j0, b);
+    }
+  } else {
+    xk_load_rows_each<W, N, 2 * P>(xs, row_stride, a0, a_end, nr, a);
+    if (!TRADITIONAL) {
+      xk_load_rows_each<P, N, P>(xs + half_dims, row_stride, j0, half_dims, nr, b);
+    }
+  }
   float f[P];
   xk_load_runs_f<P, 1>(freqs, j0, P, half_dims, f);
   const float pos = float(int(l) + offsets[grp]);
@@ -71,16 +97,6 @@ if (q < n_rot) {
     const float theta = (scale * pos) * inv_freq;
     c[k] = metal::precise::cos(theta);
     s[k] = BACKWARD ? -metal::precise::sin(theta) : metal::precise::sin(theta);
-  }
-  // a[r * 2P + k] / b[r * P + k]: the features of pair j0 + k of row r (traditional: both
-  // in a, at 2k and 2k + 1; split-half: a = x[j0 + k], b = x[half + j0 + k]).
-  T a[N * 2 * P];
-  T b[N * P];  // split-half only
-  const uint a0 = TRADITIONAL ? 2u * j0 : j0;
-  const uint a_end = TRADITIONAL ? 2u * half_dims : half_dims;
-  xk_load_rows<W, N, 2 * P>(xs, row_stride, a0, a_end, nr, a);
-  if (!TRADITIONAL) {
-    xk_load_rows<P, N, P>(xs + half_dims, row_stride, j0, half_dims, nr, b);
   }
   for (int r = 0; r < N; ++r) {
     for (int k = 0; k < P; k++) {
@@ -97,9 +113,16 @@ if (q < n_rot) {
       }
     }
   }
-  xk_store_rows<W, N, 2 * P>(ys, row_stride, a0, a_end, nr, a);
-  if (!TRADITIONAL) {
-    xk_store_rows<P, N, P>(ys + half_dims, row_stride, j0, half_dims, nr, b);
+  if (wide) {
+    xk_store_rows_w<W, N, 2 * P>(ys, row_stride, a0, a);
+    if (!TRADITIONAL) {
+      xk_store_rows_w<P, N, P>(ys + half_dims, row_stride, j0, b);
+    }
+  } else {
+    xk_store_rows_each<W, N, 2 * P>(ys, row_stride, a0, a_end, nr, a);
+    if (!TRADITIONAL) {
+      xk_store_rows_each<P, N, P>(ys + half_dims, row_stride, j0, half_dims, nr, b);
+    }
   }
 } else {
   const uint i0 = (q - n_rot) * W;  // first pass-through feature, counted from dims

@@ -47,6 +47,19 @@ def _cases():
             return lambda: xk.rms_norm(x, w, 1e-5)
         return lambda: mx.fast.rms_norm(x, w, 1e-5)
 
+    def ln(ours: bool, dtype, rows=2048, n=8192):
+        x, w, b = rnd((rows, n), dtype), rnd((n,), dtype), rnd((n,), dtype)
+        if ours:
+            return lambda: xk.layer_norm(x, w, b, 1e-5)
+        return lambda: mx.fast.layer_norm(x, w, b, 1e-5)
+
+    def rope(ours: bool, shape=(2, 32, 4096, 128), dtype=mx.bfloat16):
+        x = rnd(shape, dtype)
+        off = mx.array([3, 11], dtype=mx.int32)
+        if ours:
+            return lambda: xk.rope(x, shape[-1], traditional=False, base=10000.0, offset=off)
+        return lambda: mx.fast.rope(x, shape[-1], traditional=False, base=10000.0, scale=1.0, offset=off)
+
     def gemm(op: str, dtype=mx.float16, m=4096, n=4096, k=4096):
         a = rnd((m, k), dtype)
         if op == "gemm_at_b":
@@ -74,6 +87,14 @@ def _cases():
         # 4096 rows: about 3 waves of blocks (the probe's worst ratio, session 7)
         "rms_bf16_4k_ours": (lambda: rms(True, mx.bfloat16, rows=4096), "custom_kernel_rms_norm"),
         "rms_bf16_4k_mlx": (lambda: rms(False, mx.bfloat16, rows=4096), "rms_norm"),
+        # rows of 8192 (session 11): float32 rows run the looped kernels, LayerNorm's 16-bit
+        # cached rows held 64 floats a thread (a 256-byte stack frame)
+        "rms_f32_8k_ours": (lambda: rms(True, mx.float32, rows=2048, n=8192), "custom_kernel_rms_norm"),
+        "rms_f32_8k_mlx": (lambda: rms(False, mx.float32, rows=2048, n=8192), "rms_norm"),
+        "ln_bf16_8k_ours": (lambda: ln(True, mx.bfloat16), "custom_kernel_layer_norm"),
+        "ln_bf16_8k_mlx": (lambda: ln(False, mx.bfloat16), "layer_norm"),
+        "rope_ours": (lambda: rope(True), "custom_kernel_rope"),
+        "rope_mlx": (lambda: rope(False), "rope"),
         "gemm_av_ours": (lambda: gemm("gemm_av"), "gemm_simd"),
         "gemm_at_b_ours": (lambda: gemm("gemm_at_b"), "gemm_simd"),
         "gemm_mlx": (lambda: gemm("mlx"), "gemm|nvjet|xmma|cutlass|sm90"),

@@ -12,6 +12,10 @@ only correctness and ``emulated_s`` (seconds per emulated call) are reported.
 Timing: after a warm-up, each sample evaluates a chain of ``CHAIN`` dependent calls
 (y = rope(y)) so that the per-call host overhead of both ops is included but one eval's
 synchronisation is amortised; the median of the samples, divided by CHAIN, is reported.
+On a GPU the rows also carry ``benchmarks.timing.throughput``'s queued and pipelined
+times and ratios (independent calls on the same x; pipelined: the next batch built while
+the device runs the last, a model loop's steady state) with ``gbps_queued`` /
+``gbps_pipelined``.
 
 Design target: >= 1.0x mx.fast.rope on Apple GPUs. What the design relies on:
 RoPE is purely memory-bound (4 bytes moved per bf16 pair against ~40 ALU ops for precise
@@ -35,6 +39,7 @@ import mlx.core as mx
 import numpy as np
 
 from xlstm_kernels.benchmarks.kind import bench_kind
+from xlstm_kernels.benchmarks.timing import throughput
 from xlstm_kernels import runtime, tiles
 from xlstm_kernels.ops.rope import rope
 
@@ -132,10 +137,13 @@ def _case_row(backend, shape, dims, traditional, offset_kind, dtype, rng, roof, 
         return row
     t_ours = _timed_chain(ours, x, repeats)
     t_mlx = _timed_chain(theirs, x, repeats)
-    gbps = 2.0 * x.nbytes / t_ours / 1e9
+    tp = throughput(lambda: ours(x), lambda: theirs(x), repeats=repeats)
+    nbytes = 2.0 * x.nbytes
+    gbps = nbytes / t_ours / 1e9
     row.update({
         "ours_ms": t_ours * 1e3, "mlx_ms": t_mlx * 1e3, "ratio": t_mlx / t_ours, "gbps": gbps,
-        "mlx_gbps": 2.0 * x.nbytes / t_mlx / 1e9, "pct_roofline": 100.0 * gbps / roof["bandwidth_gbs"],
+        "mlx_gbps": nbytes / t_mlx / 1e9, "pct_roofline": 100.0 * gbps / roof["bandwidth_gbs"], **tp,
+        "gbps_queued": nbytes / tp["ours_queued_ms"] / 1e6, "gbps_pipelined": nbytes / tp["ours_pipelined_ms"] / 1e6,
     })
     return row
 
@@ -165,4 +173,6 @@ def _print(rows: list[dict]) -> None:
             print(f"{head} emulated {r['emulated_s'] * 1e3:9.1f} ms   rel.err {r['max_rel_err']:.1e}")
         else:
             print(f"{head} {r['ours_ms']:8.4f} ms  mx {r['mlx_ms']:8.4f} ms  x{r['ratio']:5.2f}  "
-                  f"{r['gbps']:7.1f} GB/s  {r['pct_roofline']:5.1f}%  rel.err {r['max_rel_err']:.1e}")
+                  f"{r['gbps']:7.1f} GB/s  {r['pct_roofline']:5.1f}%  queued x{r['ratio_queued']:5.2f} "
+                  f"{r['gbps_queued']:7.1f} GB/s  pipelined x{r['ratio_pipelined']:5.2f} "
+                  f"{r['gbps_pipelined']:7.1f} GB/s  rel.err {r['max_rel_err']:.1e}")
