@@ -146,6 +146,11 @@ RMS_VJP_TARGET_THREADS_CUDA = 132 * 2 * 256
 # (16384x4096), 0.87 -> 0.91x (4096x4096); fp16 0.92 -> 0.96x, 0.89 -> 0.92x. float32 rows
 # keep VJP_THREADS (0.98 -> 0.90x with 512).
 RMS_VJP_THREADS_CUDA_16BIT = 512
+# The LayerNorm backward on CUDA: rows that VJP_THREADS threads would loop over (more than
+# VJP_MAX_READS elements a thread) take twice the threads, up to this many, to stay cached
+# (H100, scripts/probe_norm_layout.py, session 11, 2048x8192 pipelined: bfloat16 0.54 ->
+# 1.06x MLX at 512 threads, float32 1.08 -> 1.09x).
+LN_VJP_MAX_THREADS_CUDA = 1024
 
 
 # ---------------------------------------------------------------------------------------
@@ -359,6 +364,10 @@ def _vjp_plan(
     rms_cuda = kind == "rms" and current_backend() == "cuda"
     threads = RMS_VJP_THREADS_CUDA_16BIT if rms_cuda and dtype.size == 2 else VJP_THREADS
     lay = _layout(n, m * num_heads, itemsize=dtype.size, vjp=True, vjp_threads=threads)
+    if kind == "ln" and current_backend() == "cuda":
+        while lay.looped and threads * 2 <= LN_VJP_MAX_THREADS_CUDA:
+            threads *= 2
+            lay = _layout(n, m * num_heads, itemsize=dtype.size, vjp=True, vjp_threads=threads)
     if weight is None and not has_bias:
         rpg = 1  # no partials to keep small: one row per unit, most parallelism
     else:
