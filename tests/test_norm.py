@@ -260,6 +260,75 @@ def test_rms_vjp_units_fill_one_wave_on_cuda(monkeypatch):
     assert units("rms", 16384, mx.float32, "cuda") == units("rms", 16384, mx.float32, "emulate")  # looped
 
 
+def test_nvidia_preset_norm_layouts(kernel_backend, monkeypatch):
+    """The nvidia_hopper preset's rows longer than 4096 (class large): float32 RMSNorm rows
+    held by 1024 threads x 8 (FULL at 8192; looped with runs of 8 beyond 8192 elements),
+    LayerNorm rows by threads of 32 elements; the LayerNorm backward on CUDA widens
+    VJP_THREADS to 512 threads for 16-bit rows of 8192 rather than looping. The plans, then
+    the kernels on those layouts (whichever backend runs the tests) against float64, at 8192
+    and at a ragged 8200."""
+    monkeypatch.setenv("XLSTM_KERNELS_DEVICE", "nvidia_hopper")
+    norm_mod._CALLS.clear()
+
+    def plan(kind, n, dtype):
+        x = mx.zeros((4, n), dtype=dtype)
+        spec, kw = norm_mod._plan(kind, x, x[0], x[0] if kind == "ln" else None, EPS)
+        return spec.kernel, kw["threadgroup"][0], dict(kw["template"])["N_READS"]
+
+    assert plan("rms", 8192, mx.float32) == ("rms_norm", 1024, 8)
+    assert plan("rms", 16384, mx.float32) == ("rms_norm_looped", 1024, 8)
+    assert plan("rms", 8192, mx.bfloat16) == ("rms_norm", 128, 64)  # the automatic layout
+    assert plan("rms", 4096, mx.float32) == ("rms_norm", 128, 32)  # class medium: automatic
+    for dt in (mx.float32, mx.bfloat16, mx.float16):
+        assert plan("ln", 8192, dt) == ("layer_norm", 256, 32)
+    assert plan("ln", 16384, mx.bfloat16) == ("layer_norm", 512, 32)
+
+    def vjp_tpr(n, dtype, backend):
+        monkeypatch.setattr(norm_mod, "current_backend", lambda: backend)
+        x = mx.zeros((8, n), dtype=dtype)
+        spec, kw, _ = norm_mod._vjp_plan("ln", x, x[0], True, x, EPS)
+        return spec.kernel, kw["threadgroup"][0]
+
+    assert vjp_tpr(8192, mx.bfloat16, "cuda") == ("layer_norm_vjp", 512)
+    assert vjp_tpr(8192, mx.bfloat16, "emulate") == ("layer_norm_vjp_looped", norm_mod.LOOPED_THREADS)
+    assert vjp_tpr(4096, mx.bfloat16, "cuda") == ("layer_norm_vjp", norm_mod.VJP_THREADS)  # fits: unchanged
+    assert vjp_tpr(8192, mx.float32, "cuda")[0] == "layer_norm_vjp_looped"  # float32 > CACHED_MAX: looped
+    monkeypatch.setattr(norm_mod, "current_backend", runtime.current_backend)
+
+    rng = np.random.default_rng(seed_of("nvidia-preset"))
+    for d in (8192, 8200):
+        x, w, b = make(rng, (2, d), mx.float32, True, True)
+        assert rel_err(rms_norm(x, w, EPS), rms_ref64(x, w)) < 1e-5
+        assert rel_err(layer_norm(x, w, b, EPS), ln_ref64(x, w, b)) < 1e-5
+        xh, wh, bh = make(rng, (2, d), mx.bfloat16, True, True)
+        assert rel_err(layer_norm(xh, wh, bh, EPS), ln_ref64(xh, wh, bh)) < 1e-2
+    norm_mod._CALLS.clear()
+
+
+def test_ln_vjp_widened_threads_gradients(kernel_backend, monkeypatch):
+    """The LayerNorm backward on the widened CUDA layout (16-bit rows of 8192: 512 threads
+    per row), planned as on CUDA and run on the active backend: dx, dw, db against float64."""
+    monkeypatch.setattr(norm_mod, "_plans_for_cuda", lambda: True)
+    norm_mod._CALLS.clear()
+    rng = np.random.default_rng(seed_of("ln-vjp-wide"))
+    d = 8192
+    x, w, b = make(rng, (3, d), mx.bfloat16, True, True)
+    g = rand(rng, (3, d), mx.bfloat16)
+    spec, kw, _ = norm_mod._vjp_plan("ln", x, w, True, g, EPS)
+    assert spec.kernel == "layer_norm_vjp" and kw["threadgroup"][0] == 512
+    dx, dw, db = mx.vjp(lambda a, c, e: layer_norm(a, c, e, EPS), [x, w, b], [g])[1]
+    x64, w64, g64 = f64(x), f64(w), f64(g)
+    mu = x64.mean(-1, keepdims=True)
+    r = 1.0 / np.sqrt(((x64 - mu) ** 2).mean(-1, keepdims=True) + EPS)
+    xhat = (x64 - mu) * r
+    gw = g64 * w64
+    dx64 = r * (gw - gw.mean(-1, keepdims=True) - xhat * (gw * xhat).mean(-1, keepdims=True))
+    assert rel_err(dx, dx64) < 1e-2
+    assert rel_err(dw, (g64 * xhat).sum(0)) < 1e-2
+    assert rel_err(db, g64.sum(0)) < 1e-2
+    norm_mod._CALLS.clear()
+
+
 def test_forward_looped_short_rows(kernel_backend, monkeypatch):
     """The looped kernels with several chunks per thread and a ragged tail."""
     monkeypatch.setattr(norm_mod, "CACHED_MAX", 64)
@@ -403,9 +472,11 @@ def test_vector_access_helpers(metal_kernel, dtype, mode, x_off, y_off):
      (4096, "bfloat16", "rms_norm", (128, 1, 1), 32), (8192, "float16", "rms_norm", (128, 1, 1), 64),
      (8193, "bfloat16", "rms_norm_looped", (1024, 1, 1), 8)],
 )
-def test_plan_picks_layout(d, dtype, kernel, tg, n_reads):
+def test_plan_picks_layout(d, dtype, kernel, tg, n_reads, monkeypatch):
     """The automatic layout: runs of 16 bytes, one simdgroup per row up to 32 runs, then
-    about CACHED_THREADS threads with ceil(runs / CACHED_THREADS) runs each, then looped."""
+    about CACHED_THREADS threads with ceil(runs / CACHED_THREADS) runs each, then looped.
+    (Preset family cpu: no norm knobs; the H100's: test_nvidia_preset_norm_layouts.)"""
+    monkeypatch.setenv("XLSTM_KERNELS_DEVICE", "cpu")
     spec, kw = norm_mod._plan("rms", mx.zeros((16, d), dtype=DTYPES[dtype]), None, None, EPS)
     assert spec.kernel == kernel and kw["threadgroup"] == tg and dict(kw["template"])["N_READS"] == n_reads
     assert kw["grid"][1] % tg[1] == 0 and kw["grid"][1] >= 16

@@ -348,6 +348,12 @@ def _occupancy_hint(registers: int, threads: int) -> list[tuple[str, Any]]:
     return [("XK_MIN_BLOCKS", max(1, min(32, 65536 // (registers * threads))))]
 
 
+def _plans_for_cuda() -> bool:
+    """Whether the backward plans take their CUDA-measured layouts (the active backend is
+    cuda; tests patch this to run those layouts elsewhere)."""
+    return current_backend() == "cuda"
+
+
 def _vjp_plan(
     kind: str,
     x: mx.array,
@@ -361,10 +367,11 @@ def _vjp_plan(
     n = x.shape[-1] // num_heads
     m = x.size // (n * num_heads)  # outer rows
     dtype = x.dtype
-    rms_cuda = kind == "rms" and current_backend() == "cuda"
+    cuda = _plans_for_cuda()
+    rms_cuda = kind == "rms" and cuda
     threads = RMS_VJP_THREADS_CUDA_16BIT if rms_cuda and dtype.size == 2 else VJP_THREADS
     lay = _layout(n, m * num_heads, itemsize=dtype.size, vjp=True, vjp_threads=threads)
-    if kind == "ln" and current_backend() == "cuda":
+    if kind == "ln" and cuda:
         while lay.looped and threads * 2 <= LN_VJP_MAX_THREADS_CUDA:
             threads *= 2
             lay = _layout(n, m * num_heads, itemsize=dtype.size, vjp=True, vjp_threads=threads)
