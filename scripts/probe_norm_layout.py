@@ -31,6 +31,7 @@ import mlx.core as mx
 import numpy as np
 
 import xlstm_kernels as xk
+from xlstm_kernels.benchmarks.timing import measure_pipelined
 from xlstm_kernels.ops import norm as norm_mod
 
 ROUNDS = 3
@@ -49,25 +50,6 @@ def configure(var: dict) -> None:
             del os.environ[k]
     os.environ.update({k: str(v) for k, v in var.items() if k.startswith("XLSTM_")})
     norm_mod._CALLS.clear()
-
-
-def queued(fn) -> float:
-    t0 = time.perf_counter()
-    mx.eval([fn() for _ in range(Q)])
-    return (time.perf_counter() - t0) / Q
-
-
-def pipelined(fn) -> float:
-    t0 = time.perf_counter()
-    prev = [fn() for _ in range(Q)]
-    mx.async_eval(prev)
-    for _ in range(BATCHES - 1):
-        cur = [fn() for _ in range(Q)]
-        mx.async_eval(cur)
-        mx.eval(prev)
-        prev = cur
-    mx.eval(prev)
-    return (time.perf_counter() - t0) / (Q * BATCHES)
 
 
 def rel_err(got, want) -> float:
@@ -150,8 +132,10 @@ def main() -> None:
                     if r == 0:
                         errs[name] = rel_err(fn(), want)
                 mx.eval([fn() for _ in range(2)])  # compile, memo
-                tq[name].append(queued(fn))
-                tp[name].append(pipelined(fn))
+                t0 = time.perf_counter()
+                mx.eval([fn() for _ in range(Q)])
+                tq[name].append((time.perf_counter() - t0) / Q)
+                tp[name].append(measure_pipelined(fn, calls=Q, batches=BATCHES, repeats=1))
         configure({})
         mq, mp = statistics.median(tq["mlx"]), statistics.median(tp["mlx"])
         for name in names:
