@@ -55,7 +55,7 @@ def _cases():
 
     def rope(ours: bool, shape=(2, 32, 4096, 128), dtype=mx.bfloat16):
         x = rnd(shape, dtype)
-        off = mx.array([3, 11], dtype=mx.int32)
+        off = mx.array([7 * i + 3 for i in range(shape[0])], dtype=mx.int32)
         if ours:
             return lambda: xk.rope(x, shape[-1], traditional=False, base=10000.0, offset=off)
         return lambda: mx.fast.rope(x, shape[-1], traditional=False, base=10000.0, scale=1.0, offset=off)
@@ -95,6 +95,9 @@ def _cases():
         "ln_bf16_8k_mlx": (lambda: ln(False, mx.bfloat16), "layer_norm"),
         "rope_ours": (lambda: rope(True), "custom_kernel_rope"),
         "rope_mlx": (lambda: rope(False), "rope"),
+        # RoPE's decode step (32 sequences x 32 heads, one position each; session 12)
+        "rope_dec_ours": (lambda: rope(True, shape=(32, 32, 1, 128)), "custom_kernel_rope"),
+        "rope_dec_mlx": (lambda: rope(False, shape=(32, 32, 1, 128)), "rope"),
         "gemm_av_ours": (lambda: gemm("gemm_av"), "gemm_simd"),
         "gemm_at_b_ours": (lambda: gemm("gemm_at_b"), "gemm_simd"),
         "gemm_mlx": (lambda: gemm("mlx"), "gemm|nvjet|xmma|cutlass|sm90"),
