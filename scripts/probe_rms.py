@@ -29,7 +29,9 @@ on CUDA, the uniform row index, T * T weight products (forward: bfloat16 16384x4
 0.94 -> 0.98x MLX, bit-identical to mx.fast.rms_norm now), eps read behind the x loads, and
 FULL rows held as 32-bit words (bfloat16 4096: 48 -> 37 registers unhinted), with the hint
 FORWARD_BASE_REGISTERS + bytes / 4 (session 6: a flat 48 up to 64 bytes a thread; the
-variants "full_r40", "nr16" and "nr8" of that kernel: 0.93-0.99x of "full").
+variants "full_r40", "nr16" and "nr8" of that kernel: 0.93-0.99x of "full"). Session 12 tries
+the prefetch again (vjp_pf*: next row held as loaded, T, not float) on the session 6/7 layouts.
+PROBE_RMS_VARIANTS / PROBE_RMS_VJP_VARIANTS / PROBE_RMS_SHAPES / PROBE_RMS_DTYPES pick.
 Tried and dropped (H100, session 5): x read again for the output instead of kept in
 registers (30-34 registers, 0.67-0.85x of the kept version), and the backward prefetching
 a unit's next row (+1-2% float32, -25-40% bfloat16). Session 6: the weight runs loaded
@@ -56,17 +58,31 @@ from xlstm_kernels.ops import norm as norm_mod
 SHIPPED = norm_mod.FULL_FORWARD_DTYPES
 SHIPPED_BASE_REGISTERS = norm_mod.FORWARD_BASE_REGISTERS
 SHIPPED_THREADS = norm_mod.CACHED_THREADS
-SHIPPED_VJP = (norm_mod.VJP_THREADS, norm_mod.VJP_MAX_READS, norm_mod.RMS_VJP_TARGET_THREADS_CUDA,
-               norm_mod.RMS_VJP_THREADS_CUDA_16BIT)
-# (threads per row, elements per thread, threads in all on CUDA, threads per 16-bit row on CUDA)
-# of the backward
-VJP_VARIANTS = {"vjp": SHIPPED_VJP, "vjp_512": (512, 8, SHIPPED_VJP[2], 512),
-                "vjp_256": (256, 16, SHIPPED_VJP[2], 256), "vjp_2wave": (256, 16, 131072, 256)}
+_VJP_KNOBS = ("VJP_THREADS", "VJP_MAX_READS", "RMS_VJP_TARGET_THREADS_CUDA", "RMS_VJP_THREADS_CUDA_16BIT",
+              "RMS_VJP_THREADS_CUDA_32BIT", "RMS_VJP_PREFETCH_CUDA")
+SHIPPED_VJP = {k: getattr(norm_mod, k) for k in _VJP_KNOBS}
+# the backward's settings per variant (ops.norm attributes; the others as shipped)
+VJP_VARIANTS = {
+    "vjp": {},
+    "vjp_512": dict(VJP_THREADS=512, VJP_MAX_READS=8, RMS_VJP_THREADS_CUDA_16BIT=512, RMS_VJP_THREADS_CUDA_32BIT=512),
+    "vjp_256": dict(VJP_THREADS=256, VJP_MAX_READS=16, RMS_VJP_THREADS_CUDA_16BIT=256, RMS_VJP_THREADS_CUDA_32BIT=256),
+    "vjp_2wave": dict(VJP_THREADS=256, VJP_MAX_READS=16, RMS_VJP_TARGET_THREADS_CUDA=131072,
+                      RMS_VJP_THREADS_CUDA_16BIT=256, RMS_VJP_THREADS_CUDA_32BIT=256),
+    # session 12: the next row's x and g loaded before this row's reduction (PREFETCH)
+    "vjp_nopf": dict(RMS_VJP_PREFETCH_CUDA=False, RMS_VJP_THREADS_CUDA_32BIT=256),  # session 11 as shipped
+    "vjp_nopf512": dict(RMS_VJP_PREFETCH_CUDA=False, RMS_VJP_THREADS_CUDA_32BIT=512),
+    "vjp_pf": dict(RMS_VJP_PREFETCH_CUDA=True, RMS_VJP_THREADS_CUDA_32BIT=512),
+    "vjp_pf256": dict(RMS_VJP_PREFETCH_CUDA=True, RMS_VJP_THREADS_CUDA_16BIT=256, RMS_VJP_THREADS_CUDA_32BIT=256,
+                      RMS_VJP_TARGET_THREADS_CUDA=132 * 256),
+    "vjp_pf1024": dict(RMS_VJP_PREFETCH_CUDA=True, RMS_VJP_THREADS_CUDA_16BIT=1024, RMS_VJP_THREADS_CUDA_32BIT=1024,
+                       RMS_VJP_TARGET_THREADS_CUDA=132 * 1024),
+    "vjp_pf2u": dict(RMS_VJP_PREFETCH_CUDA=True, RMS_VJP_THREADS_CUDA_32BIT=512, RMS_VJP_TARGET_THREADS_CUDA=2 * 132 * 512),
+}
 
 
 def configure(name: str) -> None:
-    (norm_mod.VJP_THREADS, norm_mod.VJP_MAX_READS, norm_mod.RMS_VJP_TARGET_THREADS_CUDA,
-     norm_mod.RMS_VJP_THREADS_CUDA_16BIT) = VJP_VARIANTS.get(name, SHIPPED_VJP)
+    for k, v in {**SHIPPED_VJP, **VJP_VARIANTS.get(name, {})}.items():
+        setattr(norm_mod, k, v)
     norm_mod.FULL_ROWS = name != "general"
     every = (mx.float32, mx.float16, mx.bfloat16)
     norm_mod.FULL_FORWARD_DTYPES = SHIPPED if name == "default" else every
@@ -80,7 +96,8 @@ def main() -> None:
     ap.add_argument("--out")
     ap.add_argument("--tiny", action="store_true")
     args = ap.parse_args()
-    shapes = [(16384, 4096), (4096, 4096)]
+    shapes = [tuple(int(v) for v in t.split("x")) for t in
+              os.environ.get("PROBE_RMS_SHAPES", "16384x4096,4096x4096").split(",") if t]
     rounds, q = 5, 20
     if args.tiny:
         shapes, rounds, q = [(8, 256)], 2, 2
@@ -102,7 +119,7 @@ def main() -> None:
     print(f"{'shape':12s} {'dtype':9s} {'variant':11s} {'ms med':>8s} {'ms best':>8s} {'GB/s':>6s} "
           f"{'mlx med':>8s} {'ratio':>6s} {'relerr':>8s} {'host us':>7s}")
     for shape in shapes:
-        for dt in (mx.float32, mx.bfloat16, mx.float16):
+        for dt in [getattr(mx, t) for t in os.environ.get("PROBE_RMS_DTYPES", "float32,bfloat16,float16").split(",")]:
             rng = np.random.default_rng(1)
             x = mx.array(rng.standard_normal(shape).astype(np.float32)).astype(dt)
             w = mx.array(rng.standard_normal(shape[-1:]).astype(np.float32)).astype(dt)
@@ -113,7 +130,8 @@ def main() -> None:
             def vjp_of(f):
                 return lambda: mx.vjp(lambda a, b: f(a, b, eps), [x, w], [g])[1]
 
-            for kind, names in (("fwd", variants), ("vjp", list(VJP_VARIANTS))):
+            vjp_names = [v for v in os.environ.get("PROBE_RMS_VJP_VARIANTS", ",".join(VJP_VARIANTS)).split(",") if v]
+            for kind, names in (("fwd", variants), ("vjp", vjp_names)):
                 if kind == "fwd":
                     mlx_fn = lambda: mx.fast.rms_norm(x, w, eps)  # noqa: E731
                     ours_fn = lambda: xk.rms_norm(x, w, eps)  # noqa: E731

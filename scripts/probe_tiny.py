@@ -13,7 +13,8 @@ implementation (ours, MLX's), microseconds per call:
   with ``step host`` its building part;
 * ``floor``: a bare ``mx.fast.cuda_kernel`` copy of x (the least any custom kernel costs).
 
-RoPE also runs with graph replay off (XLSTM_KERNELS_REPLAY=0) to show what replay saves.
+RoPE also runs with graph replay off (XLSTM_KERNELS_REPLAY=0) to show what replay saves,
+and with other small-launch splits (rows and pairs per thread: ``PROBE_TINY_ROPE``).
 """
 
 from __future__ import annotations
@@ -27,9 +28,15 @@ import mlx.core as mx
 
 import xlstm_kernels as xk
 from xlstm_kernels.benchmarks.timing import measure_pipelined
+from xlstm_kernels.ops import rope as rope_mod
 
 Q = 20
 K = int(os.environ.get("PROBE_TINY_K", "16"))
+# RoPE's small-launch split variants "FILL_THREADS/MIN_PAIRS" (0/8: N = 4 and a 16-byte run
+# of pairs a thread whatever the size, as before session 12)
+ROPE_SPLITS = [tuple(int(t) for t in v.split("/")) for v in
+               os.environ.get("PROBE_TINY_ROPE", "0/8,32768/2,32768/4,8192/8,65536/1").split(",") if v]
+SHIPPED_SPLIT = (rope_mod.FILL_THREADS, rope_mod.MIN_PAIRS)
 
 
 def queued(fn, reps=25):
@@ -57,13 +64,24 @@ def chain(op):
     return mx.compile(step)
 
 
-_copy = mx.fast.cuda_kernel(name="xk_probe_tiny_copy", input_names=["x"], output_names=["y"],
-                            source="size_t i = blockIdx.x * blockDim.x + threadIdx.x; if (i < x_size) y[i] = x[i];")
+_copy = mx.fast.cuda_kernel(name="xk_probe_tiny_copy", input_names=["x", "n"], output_names=["y"],
+                            source="size_t i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n[0]) y[i] = x[i];")
+_sizes: dict = {}
 
 
 def copy(x):
-    return _copy(inputs=[x], output_shapes=[x.shape], output_dtypes=[x.dtype], grid=(x.size, 1, 1),
+    n = _sizes.get(x.size)
+    if n is None:
+        n = _sizes[x.size] = mx.array([x.size], dtype=mx.int32)
+        mx.eval(n)
+    return _copy(inputs=[x, n], output_shapes=[x.shape], output_dtypes=[x.dtype], grid=(x.size, 1, 1),
                  threadgroup=(256, 1, 1))[0]
+
+
+def rope_split(fill: int, min_pairs: int):
+    """Set ops.rope's small-launch split (FILL_THREADS, MIN_PAIRS); clears the call memo."""
+    rope_mod.FILL_THREADS, rope_mod.MIN_PAIRS = fill, min_pairs
+    rope_mod._CALLS.clear()
 
 
 def cases():
@@ -95,24 +113,29 @@ def cases():
 def main() -> int:
     print(f"# scripts/probe_tiny.py: {mx.device_info().get('device_name', '?') if hasattr(mx, 'device_info') else '?'}, "
           f"MLX {mx.__version__}, backend {xk.current_backend() if hasattr(xk, 'current_backend') else '?'}, K={K}")
-    print(f"{'case':34s} {'impl':6s} {'q':>7s} {'host':>6s} {'pipe':>7s} {'step':>7s} {'st host':>7s}  (us per call / per op)")
+    print(f"{'case':34s} {'impl':8s} {'q':>7s} {'host':>6s} {'pipe':>7s} {'step':>7s} {'st host':>7s}  (us per call / per op)")
     for name, x, ours, mlx in cases():
         rows = {"ours": ours, "mlx": mlx, "floor": copy}
         if name.startswith("rope"):
             rows["ours r0"] = ours
+            rows.update({f"{f}/{p}": ours for f, p in ROPE_SPLITS})
         for impl, op in rows.items():
             if impl == "ours r0":
                 os.environ["XLSTM_KERNELS_REPLAY"] = "0"
+            if "/" in impl:
+                rope_split(*(int(t) for t in impl.split("/")))
             try:
                 q, h = queued(lambda: op(x))
                 p = measure_pipelined(lambda: op(x), calls=Q, batches=8, repeats=3) * 1e6
                 step = chain(op)
                 sq, sh = queued(lambda: step(x), reps=15)
-                print(f"{name:34s} {impl:6s} {q:7.1f} {h:6.1f} {p:7.1f} {sq / K:7.2f} {sh / K:7.2f}", flush=True)
+                print(f"{name:34s} {impl:8s} {q:7.1f} {h:6.1f} {p:7.1f} {sq / K:7.2f} {sh / K:7.2f}", flush=True)
             except Exception as e:  # noqa: BLE001 - a probe reports and goes on
-                print(f"{name:34s} {impl:6s} failed: {type(e).__name__}: {e}", flush=True)
+                print(f"{name:34s} {impl:8s} failed: {type(e).__name__}: {e}", flush=True)
             finally:
                 os.environ.pop("XLSTM_KERNELS_REPLAY", None)
+                if "/" in impl:
+                    rope_split(*SHIPPED_SPLIT)
         err = mx.abs(ours(x).astype(mx.float32) - mlx(x).astype(mx.float32)).max().item()
         print(f"{name:34s} max abs diff ours vs mlx {err:.2e}", flush=True)
     return 0

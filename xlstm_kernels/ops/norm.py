@@ -146,6 +146,11 @@ RMS_VJP_TARGET_THREADS_CUDA = 132 * 2 * 256
 # (16384x4096), 0.87 -> 0.91x (4096x4096); fp16 0.92 -> 0.96x, 0.89 -> 0.92x. float32 rows
 # keep VJP_THREADS (0.98 -> 0.90x with 512).
 RMS_VJP_THREADS_CUDA_16BIT = 512
+RMS_VJP_THREADS_CUDA_32BIT = 512
+# The RMSNorm backward's cached kernel loads a unit's next row of x and g before reducing
+# this one (PREFETCH), on CUDA (RMS_VJP_PREFETCH_CUDA) or elsewhere (RMS_VJP_PREFETCH).
+RMS_VJP_PREFETCH_CUDA = True
+RMS_VJP_PREFETCH = False
 # The LayerNorm backward on CUDA: rows that VJP_THREADS threads would loop over (more than
 # VJP_MAX_READS elements a thread) take twice the threads, up to this many, to stay cached
 # (H100, scripts/probe_norm_layout.py, session 11, 2048x8192 pipelined: bfloat16 0.54 ->
@@ -369,7 +374,9 @@ def _vjp_plan(
     dtype = x.dtype
     cuda = _plans_for_cuda()
     rms_cuda = kind == "rms" and cuda
-    threads = RMS_VJP_THREADS_CUDA_16BIT if rms_cuda and dtype.size == 2 else VJP_THREADS
+    threads = VJP_THREADS
+    if rms_cuda:
+        threads = RMS_VJP_THREADS_CUDA_16BIT if dtype.size == 2 else RMS_VJP_THREADS_CUDA_32BIT
     lay = _layout(n, m * num_heads, itemsize=dtype.size, vjp=True, vjp_threads=threads)
     if kind == "ln" and cuda:
         while lay.looped and threads * 2 <= LN_VJP_MAX_THREADS_CUDA:
@@ -398,6 +405,7 @@ def _vjp_plan(
         template.append(("ONE_SIMD", lay.one_simd))
         if kind == "rms":
             template.append(("FULL", int(FULL_ROWS and lay.tpr * lay.n_reads == n)))
+            template.append(("PREFETCH", bool(RMS_VJP_PREFETCH_CUDA if cuda else RMS_VJP_PREFETCH)))
             if FULL_ROWS and lay.tpr * lay.n_reads == n:
                 template += _occupancy_hint(VJP_REGISTERS, lay.tpr * lay.rows_per_tg)
     r = lay.rows_per_tg
