@@ -225,26 +225,21 @@ METAL_FUNC void xk_store_rows(device T* p, size_t rs, uint i, uint lim, uint nr,
 // the caller tested xk_run_aligned of every row it passes): each run one wide access
 // (xk_load_w / xk_store_w); else element accesses. xk_full_load_f converts to float.
 template <int W, int NR, typename T>
-METAL_FUNC void xk_full_load(const device T* p, uint i0, uint stride, bool al, thread T* t) {
+METAL_FUNC void xk_full_load_f(const device T* p, uint i0, uint stride, bool al, thread float* v) {
   if (al) {
+    T t[W * NR];
     for (int j = 0; j < NR; j++) {
       xk_load_w<W>(p + i0 + j * stride, t + j * W);
+    }
+    for (int k = 0; k < W * NR; k++) {
+      v[k] = float(t[k]);
     }
   } else {
     for (int j = 0; j < NR; j++) {
       for (int k = 0; k < W; k++) {
-        t[j * W + k] = p[i0 + j * stride + k];
+        v[j * W + k] = float(p[i0 + j * stride + k]);
       }
     }
-  }
-}
-
-template <int W, int NR, typename T>
-METAL_FUNC void xk_full_load_f(const device T* p, uint i0, uint stride, bool al, thread float* v) {
-  T t[W * NR];
-  xk_full_load<W, NR>(p, i0, stride, al, t);
-  for (int k = 0; k < W * NR; k++) {
-    v[k] = float(t[k]);
   }
 }
 

@@ -435,8 +435,7 @@ for (uint c = tid * W; c < n; c += step) {
 // outputs: dx (M*nh, n) T; dwp (groups, nh*n) float ((1,) if !HAS_W: set to 0).
 // template: T, HAS_W, N_READS, ONE_SIMD, FULL (as rms_norm's: 1 rows of exactly
 // tpr * N_READS elements, wide runs when x, g, dx, w are aligned, else element accesses,
-// no bounds code; 2 always element accesses; 0 any n), PREFETCH (a unit's next row of x
-// and g is loaded before this row's reduction: two rows of loads in flight per thread)
+// no bounds code; 2 always element accesses; 0 any n)
 constexpr int W = XK_RUN(T, N_READS);
 constexpr int NR = N_READS / W;
 const uint m_rows = uint(params[0]);
@@ -470,38 +469,11 @@ if (unit < nunits) {  // uniform per unit
   for (int k = 0; k < N_READS; k++) {
     dwa[k] = 0.0f;
   }
-  T xn[N_READS];  // PREFETCH: the unit's next row, as loaded (uniform per unit: no divergence)
-  T gn[N_READS];
-  if (PREFETCH && b0 < b1) {
-    const size_t base = (size_t(b0) * nh + head) * n;
-    if (FULL != 0) {
-      xk_full_load<W, NR>(x + base, tid * W, tpr * W, al, xn);
-      xk_full_load<W, NR>(g + base, tid * W, tpr * W, al, gn);
-    } else {
-      xk_load_runs<W, NR>(x + base, tid * W, tpr * W, n, xn);
-      xk_load_runs<W, NR>(g + base, tid * W, tpr * W, n, gn);
-    }
-  }
   for (uint bi = b0; bi < b1; bi++) {
     const size_t base = (size_t(bi) * nh + head) * n;
     float xv[N_READS];
     float gv[N_READS];
-    if (PREFETCH) {
-      for (int k = 0; k < N_READS; k++) {
-        xv[k] = float(xn[k]);
-        gv[k] = float(gn[k]);
-      }
-      if (bi + 1u < b1) {
-        const size_t next = base + size_t(nh) * n;
-        if (FULL != 0) {
-          xk_full_load<W, NR>(x + next, tid * W, tpr * W, al, xn);
-          xk_full_load<W, NR>(g + next, tid * W, tpr * W, al, gn);
-        } else {
-          xk_load_runs<W, NR>(x + next, tid * W, tpr * W, n, xn);
-          xk_load_runs<W, NR>(g + next, tid * W, tpr * W, n, gn);
-        }
-      }
-    } else if (FULL != 0) {
+    if (FULL != 0) {
       xk_full_load_f<W, NR>(x + base, tid * W, tpr * W, al, xv);
       xk_full_load_f<W, NR>(g + base, tid * W, tpr * W, al, gv);
     } else {

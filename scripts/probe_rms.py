@@ -29,8 +29,10 @@ on CUDA, the uniform row index, T * T weight products (forward: bfloat16 16384x4
 0.94 -> 0.98x MLX, bit-identical to mx.fast.rms_norm now), eps read behind the x loads, and
 FULL rows held as 32-bit words (bfloat16 4096: 48 -> 37 registers unhinted), with the hint
 FORWARD_BASE_REGISTERS + bytes / 4 (session 6: a flat 48 up to 64 bytes a thread; the
-variants "full_r40", "nr16" and "nr8" of that kernel: 0.93-0.99x of "full"). Session 12 tries
-the prefetch again (vjp_pf*: next row held as loaded, T, not float) on the session 6/7 layouts.
+variants "full_r40", "nr16" and "nr8" of that kernel: 0.93-0.99x of "full"). Session 12 (H200)
+tried the prefetch again on the session 6/7 layouts, the next row held as loaded (T): float32
+0.97-1.01x of the shipped kernel, bfloat16 0.67-0.78x (96 registers against 64) -- dropped
+again.
 PROBE_RMS_VARIANTS / PROBE_RMS_VJP_VARIANTS / PROBE_RMS_SHAPES / PROBE_RMS_DTYPES pick.
 Tried and dropped (H100, session 5): x read again for the output instead of kept in
 registers (30-34 registers, 0.67-0.85x of the kept version), and the backward prefetching
@@ -59,7 +61,7 @@ SHIPPED = norm_mod.FULL_FORWARD_DTYPES
 SHIPPED_BASE_REGISTERS = norm_mod.FORWARD_BASE_REGISTERS
 SHIPPED_THREADS = norm_mod.CACHED_THREADS
 _VJP_KNOBS = ("VJP_THREADS", "VJP_MAX_READS", "RMS_VJP_TARGET_THREADS_CUDA", "RMS_VJP_THREADS_CUDA_16BIT",
-              "RMS_VJP_THREADS_CUDA_32BIT", "RMS_VJP_PREFETCH_CUDA")
+              "RMS_VJP_THREADS_CUDA_32BIT")
 SHIPPED_VJP = {k: getattr(norm_mod, k) for k in _VJP_KNOBS}
 # the backward's settings per variant (ops.norm attributes; the others as shipped)
 VJP_VARIANTS = {
@@ -68,15 +70,10 @@ VJP_VARIANTS = {
     "vjp_256": dict(VJP_THREADS=256, VJP_MAX_READS=16, RMS_VJP_THREADS_CUDA_16BIT=256, RMS_VJP_THREADS_CUDA_32BIT=256),
     "vjp_2wave": dict(VJP_THREADS=256, VJP_MAX_READS=16, RMS_VJP_TARGET_THREADS_CUDA=131072,
                       RMS_VJP_THREADS_CUDA_16BIT=256, RMS_VJP_THREADS_CUDA_32BIT=256),
-    # session 12: the next row's x and g loaded before this row's reduction (PREFETCH)
-    "vjp_nopf": dict(RMS_VJP_PREFETCH_CUDA=False, RMS_VJP_THREADS_CUDA_32BIT=256),  # session 11 as shipped
-    "vjp_nopf512": dict(RMS_VJP_PREFETCH_CUDA=False, RMS_VJP_THREADS_CUDA_32BIT=512),
-    "vjp_pf": dict(RMS_VJP_PREFETCH_CUDA=True, RMS_VJP_THREADS_CUDA_32BIT=512),
-    "vjp_pf256": dict(RMS_VJP_PREFETCH_CUDA=True, RMS_VJP_THREADS_CUDA_16BIT=256, RMS_VJP_THREADS_CUDA_32BIT=256,
-                      RMS_VJP_TARGET_THREADS_CUDA=132 * 256),
-    "vjp_pf1024": dict(RMS_VJP_PREFETCH_CUDA=True, RMS_VJP_THREADS_CUDA_16BIT=1024, RMS_VJP_THREADS_CUDA_32BIT=1024,
-                       RMS_VJP_TARGET_THREADS_CUDA=132 * 1024),
-    "vjp_pf2u": dict(RMS_VJP_PREFETCH_CUDA=True, RMS_VJP_THREADS_CUDA_32BIT=512, RMS_VJP_TARGET_THREADS_CUDA=2 * 132 * 512),
+    # session 12: units per SM for 16-bit rows (512 threads: 64 registers, two blocks fit an SM;
+    # the shipped thread target gives them one), and 1024 threads x 4
+    "vjp_u2": dict(RMS_VJP_TARGET_THREADS_CUDA=132 * 2 * 512),
+    "vjp_1024u2": dict(RMS_VJP_THREADS_CUDA_16BIT=1024, RMS_VJP_TARGET_THREADS_CUDA=132 * 2 * 1024),
 }
 
 

@@ -13,8 +13,11 @@ implementation (ours, MLX's), microseconds per call:
   with ``step host`` its building part;
 * ``floor``: a bare ``mx.fast.cuda_kernel`` copy of x (the least any custom kernel costs).
 
-RoPE also runs with graph replay off (XLSTM_KERNELS_REPLAY=0) to show what replay saves,
-and with other small-launch splits (rows and pairs per thread: ``PROBE_TINY_ROPE``).
+RoPE also runs with graph replay off (XLSTM_KERNELS_REPLAY=0) to show what replay saves.
+Session 12 (H200) also timed fewer rows / pairs per thread for the decode launch (more
+threads: 2048 -> 8192-65536): every split was slower than N = 4 rows x 8 pairs, inside the
+compiled step 7.3-11 against 6.8 us per op, in Nsight Compute 27.8 against 8.3 us
+(N = 1, P = 2), so the split stayed as it was.
 """
 
 from __future__ import annotations
@@ -28,15 +31,9 @@ import mlx.core as mx
 
 import xlstm_kernels as xk
 from xlstm_kernels.benchmarks.timing import measure_pipelined
-from xlstm_kernels.ops import rope as rope_mod
 
 Q = 20
 K = int(os.environ.get("PROBE_TINY_K", "16"))
-# RoPE's small-launch split variants "FILL_THREADS/MIN_PAIRS" (0/8: N = 4 and a 16-byte run
-# of pairs a thread whatever the size, as before session 12)
-ROPE_SPLITS = [tuple(int(t) for t in v.split("/")) for v in
-               os.environ.get("PROBE_TINY_ROPE", "0/8,32768/2,32768/4,8192/8,65536/1").split(",") if v]
-SHIPPED_SPLIT = (rope_mod.FILL_THREADS, rope_mod.MIN_PAIRS)
 
 
 def queued(fn, reps=25):
@@ -78,12 +75,6 @@ def copy(x):
                  threadgroup=(256, 1, 1))[0]
 
 
-def rope_split(fill: int, min_pairs: int):
-    """Set ops.rope's small-launch split (FILL_THREADS, MIN_PAIRS); clears the call memo."""
-    rope_mod.FILL_THREADS, rope_mod.MIN_PAIRS = fill, min_pairs
-    rope_mod._CALLS.clear()
-
-
 def cases():
     def rnd(shape, dtype):
         a = mx.random.normal(shape).astype(dtype)
@@ -118,12 +109,9 @@ def main() -> int:
         rows = {"ours": ours, "mlx": mlx, "floor": copy}
         if name.startswith("rope"):
             rows["ours r0"] = ours
-            rows.update({f"{f}/{p}": ours for f, p in ROPE_SPLITS})
         for impl, op in rows.items():
             if impl == "ours r0":
                 os.environ["XLSTM_KERNELS_REPLAY"] = "0"
-            if "/" in impl:
-                rope_split(*(int(t) for t in impl.split("/")))
             try:
                 q, h = queued(lambda: op(x))
                 p = measure_pipelined(lambda: op(x), calls=Q, batches=8, repeats=3) * 1e6
@@ -134,8 +122,6 @@ def main() -> int:
                 print(f"{name:34s} {impl:8s} failed: {type(e).__name__}: {e}", flush=True)
             finally:
                 os.environ.pop("XLSTM_KERNELS_REPLAY", None)
-                if "/" in impl:
-                    rope_split(*SHIPPED_SPLIT)
         err = mx.abs(ours(x).astype(mx.float32) - mlx(x).astype(mx.float32)).max().item()
         print(f"{name:34s} max abs diff ours vs mlx {err:.2e}", flush=True)
     return 0

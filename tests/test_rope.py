@@ -225,17 +225,10 @@ def test_runs_and_misaligned_inputs(kernel_backend, shape, dims, traditional, dt
         ("float16", False, (3, 2, 3, 19), 18),  # half 9 with P=8: one full run and one pair; D odd
     ],
 )
-@pytest.mark.parametrize("fill", [0, None], ids=["N4", "small-launch-split"])
-def test_check_schedules(monkeypatch, dtype, traditional, shape, dims, fill):
-    """Every thread order gives bit-identical outputs; bounds checked (partial threadgroups in x, y, z).
-    fill 0: the full-size split (N = 4 rows, a 16-byte run of pairs); None: as shipped
-    (these launches are small: fewer rows and pairs a thread)."""
+def test_check_schedules(dtype, traditional, shape, dims):
+    """Every thread order gives bit-identical outputs; bounds checked (partial threadgroups in x, y, z)."""
     from xlstm_kernels.emulate import check_schedules
-    from xlstm_kernels.ops import rope as rope_mod
     from xlstm_kernels.ops.rope import _launch_kwargs
-
-    if fill is not None:
-        monkeypatch.setattr(rope_mod, "FILL_THREADS", fill)
 
     x = rand(shape, DTYPES[dtype], seed=11)
     offsets = mx.array([2, 0, 7], dtype=mx.int32)
@@ -301,19 +294,6 @@ def test_freqs_with_default_base_is_accepted(kernel_backend):
     assert mx.array_equal(rope(x, 8, freqs=f), rope(x, 8, base=None, freqs=f)).item()
 
 
-def test_work_split_rule():
-    """Full-size launches keep N = 4 rows and one 16-byte run of pairs a thread; small ones
-    (a decode step) trade rows, then pairs, for threads."""
-    from xlstm_kernels.ops import rope as rope_mod
-
-    assert rope_mod.work_split(2 * 32, 4096, 64, 8) == (rope_mod.ROWS_PER_THREAD, 8)  # prefill
-    assert rope_mod.work_split(32 * 32, 1, 64, 8) == (1, 2)  # decode: 32 x 32 rows, one position
-    assert rope_mod.work_split(1, 1, 64, 8) == (1, rope_mod.MIN_PAIRS)  # one row: as far as it goes
-    assert rope_mod.work_split(1, 1, 1, 1) == (1, 1)  # P never above what the dtype allows
-    n, p = rope_mod.work_split(32 * 32, 8, 64, 8)  # 8 positions: in between
-    assert -(-64 // p) * 8 * -(-1024 // n) >= rope_mod.FILL_THREADS and (n, p) != (4, 8)
-
-
 SPLITS = [(1, 1), (1, 2), (2, 4), (4, 1), (4, 8), (3, 2)]
 
 
@@ -321,12 +301,15 @@ SPLITS = [(1, 1), (1, 2), (2, 4), (4, 1), (4, 8), (3, 2)]
 @pytest.mark.parametrize("traditional", [False, True], ids=["split", "trad"])
 @pytest.mark.parametrize("dtype", list(DTYPES))
 def test_every_work_split(kernel_backend, monkeypatch, n, p, traditional, dtype):
-    """Each (rows, pairs) per thread the op may launch, forward and VJP, per-batch offsets
-    with rows per batch not a multiple of N, a pass-through tail, against float64."""
+    """Rows (N) and pairs (P, at most a 16-byte run) per thread other than the shipped ones
+    (scripts/probe_rope.py times them), forward and VJP, per-batch offsets with rows per
+    batch not a multiple of N, a pass-through tail, against float64."""
     from xlstm_kernels.ops import rope as rope_mod
 
     shape, dims = (3, 5, 6, 40), 36  # half 18: full and partial runs of every P; copy 4
-    monkeypatch.setattr(rope_mod, "work_split", lambda rows, seq_len, half, p_max: (n, min(p, p_max)))
+    p_max = rope_mod.pairs_per_thread
+    monkeypatch.setattr(rope_mod, "ROWS_PER_THREAD", n)
+    monkeypatch.setattr(rope_mod, "pairs_per_thread", lambda dtype, trad, half: min(p, p_max(dtype, trad, half)))
     rope_mod._CALLS.clear()
     try:
         x = rand(shape, DTYPES[dtype], seed=zlib.crc32(f"split{n}{p}{traditional}{dtype}".encode()))

@@ -146,11 +146,7 @@ RMS_VJP_TARGET_THREADS_CUDA = 132 * 2 * 256
 # (16384x4096), 0.87 -> 0.91x (4096x4096); fp16 0.92 -> 0.96x, 0.89 -> 0.92x. float32 rows
 # keep VJP_THREADS (0.98 -> 0.90x with 512).
 RMS_VJP_THREADS_CUDA_16BIT = 512
-RMS_VJP_THREADS_CUDA_32BIT = 512
-# The RMSNorm backward's cached kernel loads a unit's next row of x and g before reducing
-# this one (PREFETCH), on CUDA (RMS_VJP_PREFETCH_CUDA) or elsewhere (RMS_VJP_PREFETCH).
-RMS_VJP_PREFETCH_CUDA = True
-RMS_VJP_PREFETCH = False
+RMS_VJP_THREADS_CUDA_32BIT = VJP_THREADS
 # The LayerNorm backward on CUDA: rows that VJP_THREADS threads would loop over (more than
 # VJP_MAX_READS elements a thread) take twice the threads, up to this many, to stay cached
 # (H100, scripts/probe_norm_layout.py, session 11, 2048x8192 pipelined: bfloat16 0.54 ->
@@ -405,7 +401,6 @@ def _vjp_plan(
         template.append(("ONE_SIMD", lay.one_simd))
         if kind == "rms":
             template.append(("FULL", int(FULL_ROWS and lay.tpr * lay.n_reads == n)))
-            template.append(("PREFETCH", bool(RMS_VJP_PREFETCH_CUDA if cuda else RMS_VJP_PREFETCH)))
             if FULL_ROWS and lay.tpr * lay.n_reads == n:
                 template += _occupancy_hint(VJP_REGISTERS, lay.tpr * lay.rows_per_tg)
     r = lay.rows_per_tg

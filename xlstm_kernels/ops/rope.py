@@ -12,8 +12,7 @@ a 0-d integer array or one integer per batch element (shape ``(x.shape[0],)``).
 The kernel rotates P consecutive pairs for N rows sharing a position per thread (cos/sin
 in float with precise math, computed once per N rows), reading and writing runs of
 consecutive features with one 16-byte access each where aligned (``pairs_per_thread``);
-small launches (decode steps) take fewer rows and pairs per thread (``work_split``). The
-VJP is the same kernel rotating by ``-theta`` (the rotation is orthogonal).
+the VJP is the same kernel rotating by ``-theta`` (the rotation is orthogonal).
 """
 
 from __future__ import annotations
@@ -34,13 +33,6 @@ __all__ = ["rope", "rope_reference"]
 ROPE = KernelSpec("rope", "rope", ("x", "offsets", "freqs", "params", "scale"), ("y",))
 
 ROWS_PER_THREAD = 4  # N: rows that share one cos/sin evaluation and whose loads overlap (MLX uses 4)
-# Launches of fewer threads than this (a decode step: 32 sequences x 32 heads x 1 position
-# is 2048 threads at N = 4 and 8 bfloat16 pairs each) trade rows, then pairs, per thread for
-# threads: such a kernel's time is one thread's chain of loads and cos/sin, not bandwidth
-# (H200, Nsight Compute, session 12: 32x32x1x128 bfloat16 8.3 us in 8 threadgroups, 108
-# registers, against mx.fast.rope's 5.1 us in 16 threadgroups of 1024).
-FILL_THREADS = 32768
-MIN_PAIRS = 2  # ... down to this many pairs a thread (or the P the dtype allows, if fewer)
 _MAX_THREADS = 256
 
 
@@ -211,23 +203,6 @@ def pairs_per_thread(dtype: mx.Dtype, traditional: bool, half: int) -> int:
     return max(1, min(p, 1 << (half.bit_length() - 1)))
 
 
-def work_split(rows: int, seq_len: int, half: int, p_max: int) -> tuple[int, int]:
-    """(N, P): rows and pairs per thread. N = ROWS_PER_THREAD and P = `p_max` (one 16-byte
-    run) where the launch has FILL_THREADS threads or more; smaller launches halve N down to
-    1, then P down to MIN_PAIRS, until they reach FILL_THREADS threads (copy threads of
-    pass-through features not counted)."""
-    n, p = ROWS_PER_THREAD, p_max
-
-    def threads(n: int, p: int) -> int:
-        return -(-half // p) * seq_len * -(-rows // n)
-
-    while n > 1 and threads(n, p) < FILL_THREADS:
-        n //= 2
-    while p > MIN_PAIRS and threads(n, p) < FILL_THREADS:
-        p //= 2
-    return n, p
-
-
 def _launch_kwargs(x: mx.array, dims: int, traditional: bool, scale: float, offset, freqs32: mx.array,
                    backward: bool) -> dict[str, Any]:
     """The launch keywords of the rope kernel for x (..., L, D) (see metal_src/rope.metal)."""
@@ -241,7 +216,8 @@ def _launch_kwargs(x: mx.array, dims: int, traditional: bool, scale: float, offs
         offsets = mx.array([offset], dtype=mx.int32)
     groups = offsets.size  # 1, or B (per-batch offsets)
     rows_per_group = rows // groups
-    n, p = work_split(rows, seq_len, half, pairs_per_thread(x.dtype, traditional, half))
+    n = ROWS_PER_THREAD
+    p = pairs_per_thread(x.dtype, traditional, half)
     run = 2 * p if traditional else p
     z_per_group = -(-rows_per_group // n)
     gx = -(-half // p) + -(-(d - dims) // run)
