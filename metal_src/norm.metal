@@ -435,15 +435,9 @@ for (uint c = tid * W; c < n; c += step) {
 // outputs: dx (M*nh, n) T; dwp (groups, nh*n) float ((1,) if !HAS_W: set to 0).
 // template: T, HAS_W, N_READS, ONE_SIMD, FULL (as rms_norm's: 1 rows of exactly
 // tpr * N_READS elements, wide runs when x, g, dx, w are aligned, else element accesses,
-// no bounds code; 2 always element accesses; 0 any n), STAGED and NF (STAGED: FULL = 1
-// rows of NF = n elements, one unit per threadgroup; when aligned, the unit's next row of
-// x and g is copied into threadgroup memory (xk_async_copy: cp.async on CUDA) while this
-// row is reduced, two stages; each thread copies and reads back only its own runs, so no
-// barrier guards the stages)
+// no bounds code; 2 always element accesses; 0 any n)
 constexpr int W = XK_RUN(T, N_READS);
 constexpr int NR = N_READS / W;
-constexpr int SW = STAGED ? (2 * NF * int(sizeof(T)) + 15) / 16 : 1;  // 16-byte words of one array's stages
-threadgroup vec<float, 4> stage_words[2 * SW];  // x's two stages, then g's
 const uint m_rows = uint(params[0]);
 const uint n = uint(params[1]);
 const uint nh = uint(params[2]);
@@ -475,42 +469,11 @@ if (unit < nunits) {  // uniform per unit
   for (int k = 0; k < N_READS; k++) {
     dwa[k] = 0.0f;
   }
-  threadgroup T* xs = reinterpret_cast<threadgroup T*>(stage_words);
-  threadgroup T* gs = reinterpret_cast<threadgroup T*>(stage_words + SW);
-  const bool staged = STAGED && al;  // uniform per unit
-  if (staged && b0 < b1) {
-    const size_t base = (size_t(b0) * nh + head) * n;
-    for (int j = 0; j < NR; j++) {
-      const uint i = tid * W + uint(j) * tpr * W;
-      xk_async_copy_aligned<W>(xs + i, x + base + i);
-      xk_async_copy_aligned<W>(gs + i, g + base + i);
-    }
-    xk_async_commit();
-  }
   for (uint bi = b0; bi < b1; bi++) {
     const size_t base = (size_t(bi) * nh + head) * n;
     float xv[N_READS];
     float gv[N_READS];
-    if (staged) {
-      const uint st = ((bi - b0) & 1u) * uint(NF);
-      if (bi + 1u < b1) {  // the next row into the other stage (read back by this thread last row)
-        const size_t next = base + size_t(nh) * n;
-        for (int j = 0; j < NR; j++) {
-          const uint i = tid * W + uint(j) * tpr * W;
-          xk_async_copy_aligned<W>(xs + (uint(NF) - st) + i, x + next + i);
-          xk_async_copy_aligned<W>(gs + (uint(NF) - st) + i, g + next + i);
-        }
-      }
-      xk_async_commit();
-      xk_async_wait<1>();  // this thread's copies of row bi are done
-      for (int j = 0; j < NR; j++) {
-        const uint i = st + tid * W + uint(j) * tpr * W;
-        for (int k = 0; k < W; k++) {
-          xv[j * W + k] = float(xs[i + k]);
-          gv[j * W + k] = float(gs[i + k]);
-        }
-      }
-    } else if (FULL != 0) {
+    if (FULL != 0) {
       xk_full_load_f<W, NR>(x + base, tid * W, tpr * W, al, xv);
       xk_full_load_f<W, NR>(g + base, tid * W, tpr * W, al, gv);
     } else {

@@ -61,8 +61,7 @@ SHIPPED = norm_mod.FULL_FORWARD_DTYPES
 SHIPPED_BASE_REGISTERS = norm_mod.FORWARD_BASE_REGISTERS
 SHIPPED_THREADS = norm_mod.CACHED_THREADS
 _VJP_KNOBS = ("VJP_THREADS", "VJP_MAX_READS", "RMS_VJP_TARGET_THREADS_CUDA", "RMS_VJP_THREADS_CUDA_16BIT",
-              "RMS_VJP_THREADS_CUDA_32BIT", "RMS_VJP_STAGED_CUDA", "RMS_VJP_STAGED_TARGET_THREADS_CUDA",
-              "RMS_VJP_STAGED_REGISTERS")
+              "RMS_VJP_THREADS_CUDA_32BIT")
 SHIPPED_VJP = {k: getattr(norm_mod, k) for k in _VJP_KNOBS}
 # the backward's settings per variant (ops.norm attributes; the others as shipped)
 VJP_VARIANTS = {
@@ -75,10 +74,6 @@ VJP_VARIANTS = {
     # the shipped thread target gives them one), and 1024 threads x 4
     "vjp_u2": dict(RMS_VJP_TARGET_THREADS_CUDA=132 * 2 * 512),
     "vjp_1024u2": dict(RMS_VJP_THREADS_CUDA_16BIT=1024, RMS_VJP_TARGET_THREADS_CUDA=132 * 2 * 1024),
-    # the next row staged in threadgroup memory (STAGED, cp.async): off; one unit per SM; no hint
-    "vjp_nostage": dict(RMS_VJP_STAGED_CUDA=False),
-    "vjp_st1": dict(RMS_VJP_STAGED_TARGET_THREADS_CUDA=132 * 512),
-    "vjp_st_nohint": dict(RMS_VJP_STAGED_REGISTERS=0),
 }
 
 

@@ -147,13 +147,6 @@ RMS_VJP_TARGET_THREADS_CUDA = 132 * 2 * 256
 # keep VJP_THREADS (0.98 -> 0.90x with 512).
 RMS_VJP_THREADS_CUDA_16BIT = 512
 RMS_VJP_THREADS_CUDA_32BIT = VJP_THREADS
-# ... whose units stage their next row of x and g in threadgroup memory (the kernel's STAGED:
-# cp.async on CUDA) where both stages of both fit in RMS_VJP_STAGE_BYTES (16-bit rows up to
-# 4096 elements), with RMS_VJP_STAGED_TARGET_THREADS_CUDA threads of units in all.
-RMS_VJP_STAGED_CUDA = True
-RMS_VJP_STAGE_BYTES = 32768
-RMS_VJP_STAGED_TARGET_THREADS_CUDA = 132 * 2 * 512
-RMS_VJP_STAGED_REGISTERS = 64  # the occupancy hint of the staged kernel: two 512-thread units per SM
 # The LayerNorm backward on CUDA: rows that VJP_THREADS threads would loop over (more than
 # VJP_MAX_READS elements a thread) take twice the threads, up to this many, to stay cached
 # (H100, scripts/probe_norm_layout.py, session 11, 2048x8192 pipelined: bfloat16 0.54 ->
@@ -385,16 +378,11 @@ def _vjp_plan(
         while lay.looped and threads * 2 <= LN_VJP_MAX_THREADS_CUDA:
             threads *= 2
             lay = _layout(n, m * num_heads, itemsize=dtype.size, vjp=True, vjp_threads=threads)
-    full = kind == "rms" and not lay.looped and FULL_ROWS and lay.tpr * lay.n_reads == n
-    staged = (rms_cuda and full and RMS_VJP_STAGED_CUDA and not lay.one_simd and lay.rows_per_tg == 1
-              and 4 * n * dtype.size <= RMS_VJP_STAGE_BYTES)
     if weight is None and not has_bias:
         rpg = 1  # no partials to keep small: one row per unit, most parallelism
     else:
         target = VJP_TARGET_THREADS
-        if staged:
-            target = RMS_VJP_STAGED_TARGET_THREADS_CUDA
-        elif rms_cuda and not lay.looped and lay.tpr == threads:
+        if rms_cuda and not lay.looped and lay.tpr == threads:
             target = RMS_VJP_TARGET_THREADS_CUDA
         target_units = max(1, target // lay.tpr)
         rpg = -(-m // max(1, target_units // num_heads))
@@ -412,11 +400,9 @@ def _vjp_plan(
     if not lay.looped:
         template.append(("ONE_SIMD", lay.one_simd))
         if kind == "rms":
-            template.append(("FULL", int(full)))
-            template += [("STAGED", bool(staged)), ("NF", n if staged else 0)]
-            if full:
-                template += _occupancy_hint(RMS_VJP_STAGED_REGISTERS if staged else VJP_REGISTERS,
-                                            lay.tpr * lay.rows_per_tg)
+            template.append(("FULL", int(FULL_ROWS and lay.tpr * lay.n_reads == n)))
+            if FULL_ROWS and lay.tpr * lay.n_reads == n:
+                template += _occupancy_hint(VJP_REGISTERS, lay.tpr * lay.rows_per_tg)
     r = lay.rows_per_tg
     kwargs = dict(
         inputs=[
