@@ -1,5 +1,5 @@
-// Shared by every kernel family (appended to each family's header section, see
-// xlstm_kernels/runtime/sources.py): vector access to device memory.
+// Shared by every kernel family (placed before each family's header section, see
+// xlstm_kernels/runtime/sources.py): vector access to device memory, asynchronous copies.
 
 // @header
 // XK_NO_UNROLL before a loop: keep it rolled (a rare path whose unrolled loads would raise
@@ -255,3 +255,43 @@ METAL_FUNC void xk_full_store(device T* p, uint i0, uint stride, bool al, const 
     }
   }
 }
+
+// Asynchronous copies from device to threadgroup memory (attention.metal, norm.metal).
+#ifndef XK_VECTOR_IO
+// A run of W elements of threadgroup memory at p (aligned to min(W * sizeof(T), 16) bytes)
+// into the thread array t[0..W): one wide access where the backend has them (vector_io.h).
+template <int W, typename T>
+METAL_FUNC void xk_load_w_tg(const threadgroup T* p, thread T* t) {
+  for (int k = 0; k < W; k++) {
+    t[k] = p[k];
+  }
+}
+#endif
+
+#ifndef XK_ASYNC_COPY
+// dst[0..N) = src[0..N), possibly asynchronous: complete for this thread after
+// xk_async_commit() and xk_async_wait<G>() with at most G later commits; other threads
+// see them after a barrier that follows the wait. Here plain synchronous copies.
+template <int N, typename T>
+inline void xk_async_copy(threadgroup T* dst, const device T* src) {
+  for (int k = 0; k < N; ++k) {
+    dst[k] = src[k];
+  }
+}
+inline void xk_async_commit() {}
+template <int G>
+inline void xk_async_wait() {}
+// xk_async_copy when dst and src are multiples of N * sizeof(T) bytes from 0.
+template <int N, typename T>
+inline void xk_async_copy_aligned(threadgroup T* dst, const device T* src) {
+  for (int k = 0; k < N; ++k) {
+    dst[k] = src[k];
+  }
+}
+// Whether runs of N elements at src + r * ld + c * N meet xk_async_copy_aligned's
+// precondition (a threadgroup buffer of 16-byte aligned rows assumed). Here always.
+template <int N, typename T>
+inline bool xk_async_runs_aligned(const device T* src, long ld) {
+  return true;
+}
+#endif

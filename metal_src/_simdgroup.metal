@@ -1,4 +1,4 @@
-// Shared by every kernel family: appended to each family's header section
+// Shared by every kernel family: placed before each family's header section
 // (xlstm_kernels/runtime/sources.py; files named _*.metal are not families).
 
 // @header

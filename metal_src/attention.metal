@@ -368,33 +368,7 @@ inline void xk_frag_set_a(thread simdgroup_matrix<T, 8, 8>& m, float a, float b)
 }
 #endif
 
-#ifndef XK_ASYNC_COPY
-// dst[0..N) = src[0..N), possibly asynchronous: complete for this thread after
-// xk_async_commit() and xk_async_wait<G>() with at most G later commits; other threads
-// see them after a barrier that follows the wait. Here plain synchronous copies.
-template <int N, typename T>
-inline void xk_async_copy(threadgroup T* dst, const device T* src) {
-  for (int k = 0; k < N; ++k) {
-    dst[k] = src[k];
-  }
-}
-inline void xk_async_commit() {}
-template <int G>
-inline void xk_async_wait() {}
-// xk_async_copy when dst and src are multiples of N * sizeof(T) bytes from 0.
-template <int N, typename T>
-inline void xk_async_copy_aligned(threadgroup T* dst, const device T* src) {
-  for (int k = 0; k < N; ++k) {
-    dst[k] = src[k];
-  }
-}
-// Whether runs of N elements at src + r * ld + c * N meet xk_async_copy_aligned's
-// precondition (a threadgroup buffer of 16-byte aligned rows assumed). Here always.
-template <int N, typename T>
-inline bool xk_async_runs_aligned(const device T* src, long ld) {
-  return true;
-}
-#endif
+// xk_async_copy and friends: _memory.metal (cp.async on CUDA: cuda/simdgroup_matrix.h).
 
 // XK_ATTN_ROLLED before a loop: keep it rolled (few registers on a rare path).
 #ifndef XK_ATTN_ROLLED

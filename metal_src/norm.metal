@@ -132,6 +132,20 @@ inline void xk_row_sum2(thread float& a, thread float& b, threadgroup float* scr
   b = xk_simd_sum_all(pb);
 }
 
+// One run of W elements of a row into its stage in threadgroup memory: asynchronous
+// (xk_async_copy_aligned, cp.async on CUDA) where the row is aligned (`al`), else plain
+// element copies (done at once). Complete for this thread after xk_async_wait.
+template <int W, typename T>
+inline void xk_stage_run(threadgroup T* dst, const device T* src, bool al) {
+  if (al) {
+    xk_async_copy_aligned<W>(dst, src);
+  } else {
+    for (int k = 0; k < W; k++) {
+      dst[k] = src[k];
+    }
+  }
+}
+
 // y = T(b + T(w * T(nrm))), each step rounded to T like mx.fast; w, b skipped when absent.
 template <typename T, bool HAS_W, bool HAS_B>
 inline T xk_affine(float nrm, float w, float b) {
@@ -435,9 +449,23 @@ for (uint c = tid * W; c < n; c += step) {
 // outputs: dx (M*nh, n) T; dwp (groups, nh*n) float ((1,) if !HAS_W: set to 0).
 // template: T, HAS_W, N_READS, ONE_SIMD, FULL (as rms_norm's: 1 rows of exactly
 // tpr * N_READS elements, wide runs when x, g, dx, w are aligned, else element accesses,
-// no bounds code; 2 always element accesses; 0 any n)
+// no bounds code; 2 always element accesses; 0 any n), STAGED and NF (STAGED: FULL = 1
+// rows of NF = n elements, one unit per threadgroup; the unit's next row of x and g is
+// copied into threadgroup memory (xk_stage_run: cp.async on CUDA where aligned, else
+// plain copies) while this row is reduced, two stages of 2 * NF elements, which the
+// launch passes as shared_memory on CUDA; each thread copies and reads back only its own
+// runs, so no barrier guards the stages; x and g are read back twice, not held in
+// registers across the reduction)
 constexpr int W = XK_RUN(T, N_READS);
 constexpr int NR = N_READS / W;
+constexpr int SW = STAGED ? (2 * NF * int(sizeof(T)) + 15) / 16 : 1;  // 16-byte words of one array's stages
+// x's two stages, then g's: on CUDA the launch's dynamic shared memory (the op passes
+// shared_memory = their bytes + red's, the threadgroup memory of the launch in all)
+#ifdef XK_THREADGROUP_DYNAMIC
+threadgroup vec<float, 4>* stage_words = STAGED ? XK_THREADGROUP_DYNAMIC(2 * SW, vec<float, 4>) : nullptr;
+#else
+threadgroup vec<float, 4> stage_words[2 * SW];
+#endif
 const uint m_rows = uint(params[0]);
 const uint n = uint(params[1]);
 const uint nh = uint(params[2]);
@@ -469,7 +497,75 @@ if (unit < nunits) {  // uniform per unit
   for (int k = 0; k < N_READS; k++) {
     dwa[k] = 0.0f;
   }
-  for (uint bi = b0; bi < b1; bi++) {
+  threadgroup T* xs = reinterpret_cast<threadgroup T*>(stage_words);
+  threadgroup T* gs = reinterpret_cast<threadgroup T*>(stage_words + SW);
+  if (STAGED && b0 < b1) {
+    const size_t base = (size_t(b0) * nh + head) * n;
+    for (int j = 0; j < NR; j++) {
+      const uint i = tid * W + uint(j) * tpr * W;
+      xk_stage_run<W>(xs + i, x + base + i, al);
+      xk_stage_run<W>(gs + i, g + base + i, al);
+    }
+    xk_async_commit();
+  }
+  if (STAGED) {
+    for (uint bi = b0; bi < b1; bi++) {
+      const size_t base = (size_t(bi) * nh + head) * n;
+      const uint st = ((bi - b0) & 1u) * uint(NF);
+      if (bi + 1u < b1) {  // the next row into the other stage (read back by this thread last row)
+        const size_t next = base + size_t(nh) * n;
+        for (int j = 0; j < NR; j++) {
+          const uint i = tid * W + uint(j) * tpr * W;
+          xk_stage_run<W>(xs + (uint(NF) - st) + i, x + next + i, al);
+          xk_stage_run<W>(gs + (uint(NF) - st) + i, g + next + i, al);
+        }
+      }
+      xk_async_commit();
+      xk_async_wait<1>();  // this thread's copies of row bi are done
+      // Two passes over this thread's staged runs (wide reads), so that x and g need no
+      // registers across the reduction: the row sums, then dx and dw. Nothing overwrites
+      // them in between (only this thread copies into its runs, next row).
+      float ss = 0.0f;
+      float p = 0.0f;
+      for (int j = 0; j < NR; j++) {
+        const uint i = st + tid * W + uint(j) * tpr * W;
+        T tx[W];
+        T tg[W];
+        xk_load_w_tg<W>(xs + i, tx);
+        xk_load_w_tg<W>(gs + i, tg);
+        for (int k = 0; k < W; k++) {
+          const float xf = float(tx[k]);
+          ss += xf * xf;
+          p += float(tg[k]) * wv[j * W + k] * xf;
+        }
+      }
+      xk_row_sum2<ONE_SIMD>(ss, p, red[bi & 1u], lane, sg, nsg);
+      const float r = XK_ROW_RSQRT(ss / float(n) + eps);
+      const float mp = r * p / float(n);
+      for (int j = 0; j < NR; j++) {
+        const uint i = tid * W + uint(j) * tpr * W;
+        T tx[W];
+        T tg[W];
+        xk_load_w_tg<W>(xs + st + i, tx);
+        xk_load_w_tg<W>(gs + st + i, tg);
+        T o[W];
+        for (int k = 0; k < W; k++) {
+          const float xh = float(tx[k]) * r;
+          const float gf = float(tg[k]);
+          o[k] = T(r * (gf * wv[j * W + k] - xh * mp));
+          dwa[j * W + k] += gf * xh;
+        }
+        if (al) {
+          xk_store_w<W>(dx + base + i, o);
+        } else {
+          for (int k = 0; k < W; k++) {
+            dx[base + i + k] = o[k];
+          }
+        }
+      }
+    }
+  }
+  for (uint bi = STAGED ? b1 : b0; bi < b1; bi++) {
     const size_t base = (size_t(bi) * nh + head) * n;
     float xv[N_READS];
     float gv[N_READS];

@@ -248,11 +248,18 @@ def test_rms_vjp_units_fill_one_wave_on_cuda(monkeypatch):
         _, kw, groups = norm_mod._vjp_plan(kind, x, mx.zeros((n,), dtype=dtype), kind == "ln", x, EPS)
         return groups, kw["threadgroup"][0]
 
-    for dtype, threads in ((mx.bfloat16, norm_mod.RMS_VJP_THREADS_CUDA_16BIT), (mx.float16, norm_mod.RMS_VJP_THREADS_CUDA_16BIT),
-                           (mx.float32, norm_mod.VJP_THREADS)):
-        groups, tpr = units("rms", 4096, dtype, "cuda")
-        want = norm_mod.RMS_VJP_TARGET_THREADS_CUDA // tpr
-        assert tpr == threads and want - 4 <= groups <= want, (dtype, tpr, groups)  # rows per group rounded up
+    for staged in (True, False):
+        monkeypatch.setattr(norm_mod, "RMS_VJP_STAGED_CUDA", staged)
+        for dtype in (mx.bfloat16, mx.float16, mx.float32):
+            groups, tpr = units("rms", 4096, dtype, "cuda")
+            # 16-bit rows of 4096 stage through threadgroup memory (STAGED): their own layout
+            if staged and dtype.size == 2:
+                threads, target = norm_mod.RMS_VJP_STAGED_THREADS_CUDA, norm_mod.RMS_VJP_STAGED_TARGET_THREADS_CUDA
+            else:
+                threads = norm_mod.RMS_VJP_THREADS_CUDA_16BIT if dtype.size == 2 else norm_mod.VJP_THREADS
+                target = norm_mod.RMS_VJP_TARGET_THREADS_CUDA
+            want = target // tpr
+            assert tpr == threads and groups == -(-16384 // -(-16384 // want)), (dtype, tpr, groups)  # rows per group rounded up
     groups, tpr = units("rms", 4096, mx.bfloat16, "emulate")
     assert tpr == norm_mod.VJP_THREADS
     assert groups == 16384 // -(-16384 // (norm_mod.VJP_TARGET_THREADS // tpr))
@@ -327,6 +334,62 @@ def test_ln_vjp_widened_threads_gradients(kernel_backend, monkeypatch):
     assert rel_err(dw, (g64 * xhat).sum(0)) < 1e-2
     assert rel_err(db, g64.sum(0)) < 1e-2
     norm_mod._CALLS.clear()
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("has_w", [True, False])
+@pytest.mark.parametrize("longest", [False, True])
+def test_rms_vjp_staged_rows(kernel_backend, monkeypatch, dtype, has_w, longest):
+    """The RMSNorm backward whose units stage their next row in threadgroup memory (STAGED,
+    planned as on CUDA: 128 threads a row), units of 4 and 3 rows (both stages, the last row
+    copying nothing), aligned and offset views (the latter stage with plain element copies
+    and store element by element), against the float32 reference's gradients. Rows of 1024 and the longest that
+    stage (16-bit 4096: 32 elements a thread, the threadgroup memory past Apple's 32 KiB;
+    float32 2048)."""
+    monkeypatch.setattr(norm_mod, "_plans_for_cuda", lambda: True)
+    dt = DTYPES[dtype]
+    n = norm_mod.RMS_VJP_STAGE_BYTES // (4 * dt.size) if longest else 1024
+    x0 = mx.zeros((7, n), dtype=dt)
+    tpr = norm_mod._vjp_plan("rms", x0, mx.zeros((n,), dtype=dt), False, x0, EPS)[1]["threadgroup"][0]
+    monkeypatch.setattr(norm_mod, "RMS_VJP_STAGED_TARGET_THREADS_CUDA", 2 * tpr)  # two units: 4 + 3 rows
+    norm_mod._CALLS.clear()
+    try:
+        rng = np.random.default_rng(seed_of("vjp-staged", dtype, has_w))
+        x, w, _ = make(rng, (7, n), dt, has_w, False)
+        cot = rand(rng, (7, n), dt)
+        spec, kw, groups = norm_mod._vjp_plan("rms", x, w, False, cot, EPS)
+        t = dict(kw["template"])
+        assert t["STAGED"] and t["NF"] == n and t["FULL"] == 1, t
+        assert kw["threadgroup"][0] == norm_mod.RMS_VJP_STAGED_THREADS_CUDA
+        assert kw["shared_memory"] == 4 * n * dt.size + norm_mod.RMS_VJP_RED_BYTES
+        assert groups == (2 if has_w else 7)
+        args = [x] + ([w] if has_w else [])
+        fn = (lambda a, c: rms_norm(a, c, EPS)) if has_w else (lambda a: rms_norm(a, None, EPS))
+        with runtime.use_backend("reference"):
+            want = _grads(fn, [a.astype(mx.float32) for a in args], cot.astype(mx.float32))
+        limit = 2e-5 if dt == mx.float32 else 1.5e-2
+        for off in (0, 1):
+            got = _grads(fn, [offset_view(a, off) for a in args], offset_view(cot, off))
+            for g_, r_ in zip(got, want):
+                assert rel_err(g_, r_) < limit, off
+    finally:
+        norm_mod._CALLS.clear()
+
+
+@pytest.mark.emulator_only
+def test_rms_vjp_staged_schedules(monkeypatch):
+    """The staged backward under every thread order: bit-identical, in bounds, no races on
+    the stages (each thread reads back only its own copies)."""
+    from xlstm_kernels.emulate import check_schedules
+
+    monkeypatch.setattr(norm_mod, "_plans_for_cuda", lambda: True)
+    monkeypatch.setattr(norm_mod, "RMS_VJP_STAGED_TARGET_THREADS_CUDA", 2 * 64)
+    rng = np.random.default_rng(9)
+    x, w, _ = make(rng, (5, 512), mx.bfloat16, True, False)
+    g = rand(rng, (5, 512), mx.bfloat16)
+    spec, kw, _ = norm_mod._vjp_plan("rms", x, w, False, g, EPS)
+    assert dict(kw["template"])["STAGED"] and kw["threadgroup"][0] == 64
+    check_schedules(runtime.get_kernel(spec, "emulate"), seeds=(1, 2), check_bounds=True, **kw)
 
 
 def test_forward_looped_short_rows(kernel_backend, monkeypatch):

@@ -162,6 +162,10 @@ HEADER_PARTS: tuple[tuple[str, "re.Pattern[str] | None"], ...] = (
     ("atomics.h", re.compile(r"\b(atomic|atomic_\w+)\b|\bmemory_order")),
 )
 
+# A body calling the asynchronous copies (the shared header's fallbacks mention them in
+# every family) takes simdgroup_matrix.h too: cp.async there.
+_ASYNC_COPY = re.compile(r"\bxk_async_\w+")
+
 # C/C++ comments (removed) or string / char literals (kept, so asm("...") survives).
 _COMMENT_OR_LITERAL = re.compile(r'//[^\n]*|/\*.*?\*/|"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'', re.S)
 
@@ -315,8 +319,10 @@ class CudaKernel:
         if min_blocks > 0:
             parts.append(f"#define XK_LAUNCH_MIN_BLOCKS {int(min_blocks)}\n")
         code = _blank_comments_only(self._family_header + "\n" + self._body)
+        body = _blank_comments_only(self._body)
         for name, pattern in HEADER_PARTS:
-            if pattern is None or pattern.search(code) or (name == "atomics.h" and self.atomic_outputs):
+            if (pattern is None or pattern.search(code) or (name == "atomics.h" and self.atomic_outputs)
+                    or (name == "simdgroup_matrix.h" and _ASYNC_COPY.search(body))):
                 parts.append(header_part_text(name))
         parts.append("namespace mlx::core::cu {\n")
         if self._family_header:

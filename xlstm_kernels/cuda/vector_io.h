@@ -89,6 +89,8 @@ template <int W, typename T> inline void xk_load_w(const T* p, T* t) {
   for (int k = 0; k < W; ++k) t[k] = b.v[k];
 }
 
+// _memory.metal's xk_load_w_tg (threadgroup memory; address spaces are one in CUDA).
+template <int W, typename T> inline void xk_load_w_tg(const T* p, T* t) { xk_load_w<W>(p, t); }
 template <int W, typename T> inline void xk_store_w(T* p, const T* t) {
   xk_vio::run<T, W> b;
 #pragma unroll

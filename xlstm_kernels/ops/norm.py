@@ -147,6 +147,19 @@ RMS_VJP_TARGET_THREADS_CUDA = 132 * 2 * 256
 # keep VJP_THREADS (0.98 -> 0.90x with 512).
 RMS_VJP_THREADS_CUDA_16BIT = 512
 RMS_VJP_THREADS_CUDA_32BIT = VJP_THREADS
+# ... whose units stage their next row of x and g in threadgroup memory (the kernel's STAGED:
+# cp.async on CUDA) where both stages of both fit in RMS_VJP_STAGE_BYTES (16-bit rows up to
+# 4096 elements), laid out as MLX's CUDA backward is: RMS_VJP_STAGED_THREADS_CUDA threads a
+# row with up to RMS_VJP_STAGED_MAX_READS elements each (a 4096 row: 128 x 32), units of
+# RMS_VJP_STAGED_TARGET_THREADS_CUDA threads in all (three per SM of an H100 / H200), each
+# held to about RMS_VJP_STAGED_REGISTERS registers a thread (the occupancy hint).
+RMS_VJP_STAGED_CUDA = True
+RMS_VJP_STAGE_BYTES = 32768
+RMS_VJP_STAGED_THREADS_CUDA = 128
+RMS_VJP_STAGED_MAX_READS = 32
+RMS_VJP_STAGED_TARGET_THREADS_CUDA = 132 * 3 * 128
+RMS_VJP_STAGED_REGISTERS = 160
+RMS_VJP_RED_BYTES = 2 * 64 * 4  # rms_norm_vjp's reduction scratch (red)
 # The LayerNorm backward on CUDA: rows that VJP_THREADS threads would loop over (more than
 # VJP_MAX_READS elements a thread) take twice the threads, up to this many, to stay cached
 # (H100, scripts/probe_norm_layout.py, session 11, 2048x8192 pipelined: bfloat16 0.54 ->
@@ -248,21 +261,23 @@ def _pow2_at_least(k: int) -> int:
 
 def _layout(n: int, units: int, n_reads: int | None = None, simd_rows: int | None = None,
             looped_threads: int | None = None, itemsize: int = 4, vjp: bool = False,
-            vjp_threads: int | None = None) -> _Layout:
+            vjp_threads: int | None = None, max_reads: int | None = None) -> _Layout:
     """The thread layout for rows of n elements of `itemsize` bytes and `units` rows.
 
     With the n_reads knob: ceil(n / n_reads) threads per row rounded up to a multiple of
     32, one simdgroup per row when that is 32, looped beyond 1024 * n_reads. Without it
     (None) the automatic layout of the module comment (`vjp`: the backward's). Knobs left
     at None use the module constants (read at call time); `vjp_threads`: the backward's
-    threads per row in place of VJP_THREADS."""
+    threads per row in place of VJP_THREADS, `max_reads` its elements a thread in place of
+    VJP_MAX_READS."""
     looped = LOOPED_THREADS if looped_threads is None else looped_threads
     if n_reads is None:
         run = RUN_BYTES // itemsize
         runs = -(-n // run)
         threads = (VJP_THREADS if vjp_threads is None else vjp_threads) if vjp else CACHED_THREADS
         per = _pow2_at_least(-(-runs // threads))  # runs per thread
-        if n > CACHED_MAX * 4 // itemsize or (vjp and per * run > max(run, VJP_MAX_READS)):
+        most = VJP_MAX_READS if max_reads is None else max_reads
+        if n > CACHED_MAX * 4 // itemsize or (vjp and per * run > max(run, most)):
             return _Layout(True, False, looped, 1, run * (1 if vjp else LOOPED_RUNS))
         n_reads = run * per
     elif n > 1024 * n_reads:
@@ -378,11 +393,20 @@ def _vjp_plan(
         while lay.looped and threads * 2 <= LN_VJP_MAX_THREADS_CUDA:
             threads *= 2
             lay = _layout(n, m * num_heads, itemsize=dtype.size, vjp=True, vjp_threads=threads)
+    staged = False
+    if rms_cuda and RMS_VJP_STAGED_CUDA and FULL_ROWS and 4 * n * dtype.size <= RMS_VJP_STAGE_BYTES:
+        slay = _layout(n, m * num_heads, itemsize=dtype.size, vjp=True, vjp_threads=RMS_VJP_STAGED_THREADS_CUDA,
+                       max_reads=RMS_VJP_STAGED_MAX_READS)
+        if not slay.looped and not slay.one_simd and slay.tpr * slay.n_reads == n:
+            lay, threads, staged = slay, RMS_VJP_STAGED_THREADS_CUDA, True
+    full = kind == "rms" and not lay.looped and FULL_ROWS and lay.tpr * lay.n_reads == n
     if weight is None and not has_bias:
         rpg = 1  # no partials to keep small: one row per unit, most parallelism
     else:
         target = VJP_TARGET_THREADS
-        if rms_cuda and not lay.looped and lay.tpr == threads:
+        if staged:
+            target = RMS_VJP_STAGED_TARGET_THREADS_CUDA
+        elif rms_cuda and not lay.looped and lay.tpr == threads:
             target = RMS_VJP_TARGET_THREADS_CUDA
         target_units = max(1, target // lay.tpr)
         rpg = -(-m // max(1, target_units // num_heads))
@@ -400,9 +424,11 @@ def _vjp_plan(
     if not lay.looped:
         template.append(("ONE_SIMD", lay.one_simd))
         if kind == "rms":
-            template.append(("FULL", int(FULL_ROWS and lay.tpr * lay.n_reads == n)))
-            if FULL_ROWS and lay.tpr * lay.n_reads == n:
-                template += _occupancy_hint(VJP_REGISTERS, lay.tpr * lay.rows_per_tg)
+            template.append(("FULL", int(full)))
+            template += [("STAGED", bool(staged)), ("NF", n if staged else 0)]
+            if full:
+                template += _occupancy_hint(RMS_VJP_STAGED_REGISTERS if staged else VJP_REGISTERS,
+                                            lay.tpr * lay.rows_per_tg)
     r = lay.rows_per_tg
     kwargs = dict(
         inputs=[
@@ -418,6 +444,8 @@ def _vjp_plan(
         threadgroup=(lay.tpr, r, 1),
         template=template,
     )
+    if staged:  # the stages (2 x 2 x n elements) and the reduction scratch, in bytes
+        kwargs["shared_memory"] = 4 * n * dtype.size + RMS_VJP_RED_BYTES
     return _SPECS[(kind, lay.looped, True)], kwargs, groups
 
 

@@ -71,8 +71,10 @@ def kernel_body(family: str, kernel: str) -> str:
 
 @functools.lru_cache(maxsize=None)
 def family_header(family: str) -> str:
-    """The family's header section, then the shared ``_*.metal`` headers."""
-    parts = [family_sections(family).get("@header", "")]
+    """The shared ``_*.metal`` headers, then the family's header section (whose helpers
+    may call the shared ones)."""
+    parts = []
     if not family.startswith("_"):
         parts += [family_sections(name).get("@header", "") for name in _shared_names()]
+    parts.append(family_sections(family).get("@header", ""))
     return "\n".join(p for p in parts if p)
