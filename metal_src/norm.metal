@@ -132,16 +132,23 @@ inline void xk_row_sum2(thread float& a, thread float& b, threadgroup float* scr
   b = xk_simd_sum_all(pb);
 }
 
-// One run of W elements of a row into its stage in threadgroup memory: asynchronous
-// (xk_async_copy_aligned, cp.async on CUDA) where the row is aligned (`al`), else plain
-// element copies (done at once). Complete for this thread after xk_async_wait.
-template <int W, typename T>
-inline void xk_stage_run(threadgroup T* dst, const device T* src, bool al) {
+// A thread's NR runs of W elements of a row (run j at element i0 + j * stride) into its
+// stage in threadgroup memory (same offsets): asynchronous (xk_async_copy_aligned,
+// cp.async on CUDA) where the row is aligned (`al`), else plain element copies, one run
+// at a time (done at once; rolled, so that they hold few registers). Complete for this
+// thread after xk_async_commit and xk_async_wait.
+template <int W, int NR, typename T>
+inline void xk_stage_runs(threadgroup T* dst, const device T* src, uint i0, uint stride, bool al) {
   if (al) {
-    xk_async_copy_aligned<W>(dst, src);
+    for (int j = 0; j < NR; j++) {
+      xk_async_copy_aligned<W>(dst + i0 + uint(j) * stride, src + i0 + uint(j) * stride);
+    }
   } else {
-    for (int k = 0; k < W; k++) {
-      dst[k] = src[k];
+    XK_NO_UNROLL
+    for (int j = 0; j < NR; j++) {
+      for (int k = 0; k < W; k++) {
+        dst[i0 + uint(j) * stride + k] = src[i0 + uint(j) * stride + k];
+      }
     }
   }
 }
@@ -451,7 +458,7 @@ for (uint c = tid * W; c < n; c += step) {
 // tpr * N_READS elements, wide runs when x, g, dx, w are aligned, else element accesses,
 // no bounds code; 2 always element accesses; 0 any n), STAGED and NF (STAGED: FULL = 1
 // rows of NF = n elements, one unit per threadgroup; the unit's next row of x and g is
-// copied into threadgroup memory (xk_stage_run: cp.async on CUDA where aligned, else
+// copied into threadgroup memory (xk_stage_runs: cp.async on CUDA where aligned, else
 // plain copies) while this row is reduced, two stages of 2 * NF elements, which the
 // launch passes as shared_memory on CUDA; each thread copies and reads back only its own
 // runs, so no barrier guards the stages; x and g are read back twice, not held in
@@ -501,11 +508,8 @@ if (unit < nunits) {  // uniform per unit
   threadgroup T* gs = reinterpret_cast<threadgroup T*>(stage_words + SW);
   if (STAGED && b0 < b1) {
     const size_t base = (size_t(b0) * nh + head) * n;
-    for (int j = 0; j < NR; j++) {
-      const uint i = tid * W + uint(j) * tpr * W;
-      xk_stage_run<W>(xs + i, x + base + i, al);
-      xk_stage_run<W>(gs + i, g + base + i, al);
-    }
+    xk_stage_runs<W, NR>(xs, x + base, tid * W, tpr * W, al);
+    xk_stage_runs<W, NR>(gs, g + base, tid * W, tpr * W, al);
     xk_async_commit();
   }
   if (STAGED) {
@@ -514,11 +518,8 @@ if (unit < nunits) {  // uniform per unit
       const uint st = ((bi - b0) & 1u) * uint(NF);
       if (bi + 1u < b1) {  // the next row into the other stage (read back by this thread last row)
         const size_t next = base + size_t(nh) * n;
-        for (int j = 0; j < NR; j++) {
-          const uint i = tid * W + uint(j) * tpr * W;
-          xk_stage_run<W>(xs + (uint(NF) - st) + i, x + next + i, al);
-          xk_stage_run<W>(gs + (uint(NF) - st) + i, g + next + i, al);
-        }
+        xk_stage_runs<W, NR>(xs + (uint(NF) - st), x + next, tid * W, tpr * W, al);
+        xk_stage_runs<W, NR>(gs + (uint(NF) - st), g + next, tid * W, tpr * W, al);
       }
       xk_async_commit();
       xk_async_wait<1>();  // this thread's copies of row bi are done

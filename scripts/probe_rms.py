@@ -63,7 +63,7 @@ SHIPPED_THREADS = norm_mod.CACHED_THREADS
 _VJP_KNOBS = ("VJP_THREADS", "VJP_MAX_READS", "VJP_REGISTERS", "RMS_VJP_TARGET_THREADS_CUDA",
               "RMS_VJP_THREADS_CUDA_16BIT", "RMS_VJP_THREADS_CUDA_32BIT", "RMS_VJP_STAGED_CUDA",
               "RMS_VJP_STAGE_BYTES", "RMS_VJP_STAGED_THREADS_CUDA", "RMS_VJP_STAGED_MAX_READS",
-              "RMS_VJP_STAGED_TARGET_THREADS_CUDA", "RMS_VJP_STAGED_REGISTERS")
+              "RMS_VJP_STAGED_UNITS_PER_SM", "RMS_VJP_STAGED_REGISTERS")
 SHIPPED_VJP = {k: getattr(norm_mod, k) for k in _VJP_KNOBS}
 # the backward's settings per variant (ops.norm attributes; the others as shipped)
 VJP_VARIANTS = {
@@ -81,12 +81,13 @@ VJP_VARIANTS = {
     "vjp_nostage": dict(RMS_VJP_STAGED_CUDA=False),  # session 12 as shipped (512 x 8 for 16-bit rows)
     "vjp_128": dict(RMS_VJP_STAGED_CUDA=False, RMS_VJP_THREADS_CUDA_16BIT=128, RMS_VJP_THREADS_CUDA_32BIT=128,
                     VJP_MAX_READS=32, RMS_VJP_TARGET_THREADS_CUDA=132 * 3 * 128, VJP_REGISTERS=160),  # unstaged
-    "vjp_st2": dict(RMS_VJP_STAGED_TARGET_THREADS_CUDA=132 * 2 * 128),
-    "vjp_st4": dict(RMS_VJP_STAGED_TARGET_THREADS_CUDA=132 * 4 * 128, RMS_VJP_STAGED_REGISTERS=128),
+    "vjp_st2": dict(RMS_VJP_STAGED_UNITS_PER_SM=2),
+    "vjp_st4": dict(RMS_VJP_STAGED_UNITS_PER_SM=4, RMS_VJP_STAGED_REGISTERS=128),
     "vjp_st_nohint": dict(RMS_VJP_STAGED_REGISTERS=0),
-    "vjp_st256": dict(RMS_VJP_STAGED_THREADS_CUDA=256, RMS_VJP_STAGED_TARGET_THREADS_CUDA=132 * 2 * 256,
-                      RMS_VJP_STAGED_REGISTERS=112),
-    "vjp_st64k": dict(RMS_VJP_STAGE_BYTES=65536),  # float32 4096 staged too (64 KiB of stages)
+    "vjp_st256": dict(RMS_VJP_STAGED_THREADS_CUDA=256, RMS_VJP_STAGED_REGISTERS=112),
+    # stages up to 64 / 128 KiB: float32 4096 and 16-bit 8192 rows / float32 8192 rows staged too
+    "vjp_st64k": dict(RMS_VJP_STAGE_BYTES=65536),
+    "vjp_st128k": dict(RMS_VJP_STAGE_BYTES=131072),
 }
 
 

@@ -159,6 +159,15 @@ def test_noncontiguous_and_long_head_slices(kernel_backend):
 # gradients ----------------------------------------------------------------------------
 
 
+@pytest.fixture
+def fresh_norm_calls():
+    """The norm call memo cleared before and after the test (tests that patch the plans:
+    the memo key does not hold them)."""
+    norm_mod._CALLS.clear()
+    yield
+    norm_mod._CALLS.clear()
+
+
 def _grads(fn, args, cot):
     _, g = mx.vjp(fn, args, [cot])
     mx.eval(g)
@@ -254,7 +263,8 @@ def test_rms_vjp_units_fill_one_wave_on_cuda(monkeypatch):
             groups, tpr = units("rms", 4096, dtype, "cuda")
             # 16-bit rows of 4096 stage through threadgroup memory (STAGED): their own layout
             if staged and dtype.size == 2:
-                threads, target = norm_mod.RMS_VJP_STAGED_THREADS_CUDA, norm_mod.RMS_VJP_STAGED_TARGET_THREADS_CUDA
+                threads = norm_mod.RMS_VJP_STAGED_THREADS_CUDA
+                target = norm_mod.RMS_VJP_SMS_CUDA * norm_mod.RMS_VJP_STAGED_UNITS_PER_SM * threads
             else:
                 threads = norm_mod.RMS_VJP_THREADS_CUDA_16BIT if dtype.size == 2 else norm_mod.VJP_THREADS
                 target = norm_mod.RMS_VJP_TARGET_THREADS_CUDA
@@ -338,42 +348,57 @@ def test_ln_vjp_widened_threads_gradients(kernel_backend, monkeypatch):
 
 @pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("has_w", [True, False])
-@pytest.mark.parametrize("longest", [False, True])
-def test_rms_vjp_staged_rows(kernel_backend, monkeypatch, dtype, has_w, longest):
+@pytest.mark.parametrize("rows_of", ["1024", "longest", "8192"])
+def test_rms_vjp_staged_rows(kernel_backend, monkeypatch, fresh_norm_calls, dtype, has_w, rows_of):
     """The RMSNorm backward whose units stage their next row in threadgroup memory (STAGED,
-    planned as on CUDA: 128 threads a row), units of 4 and 3 rows (both stages, the last row
-    copying nothing), aligned and offset views (the latter stage with plain element copies
-    and store element by element), against the float32 reference's gradients. Rows of 1024 and the longest that
-    stage (16-bit 4096: 32 elements a thread, the threadgroup memory past Apple's 32 KiB;
-    float32 2048)."""
+    planned as on CUDA), units of 4 and 3 rows (both stages, the last row copying nothing),
+    aligned and offset views (the latter stage with plain element copies and store element
+    by element), against the float32 reference's gradients. Rows of 1024 (128 threads), the
+    longest that stage by default (16-bit 4096: 128 threads x 32 elements, the threadgroup
+    memory past Apple's 32 KiB; float32 2048), and 8192 with the stage limit raised (256
+    threads x 32, 64 / 128 KiB of stages)."""
     monkeypatch.setattr(norm_mod, "_plans_for_cuda", lambda: True)
+    monkeypatch.setattr(norm_mod, "RMS_VJP_SMS_CUDA", 2)  # two units: 4 + 3 rows
+    monkeypatch.setattr(norm_mod, "RMS_VJP_STAGED_UNITS_PER_SM", 1)
     dt = DTYPES[dtype]
-    n = norm_mod.RMS_VJP_STAGE_BYTES // (4 * dt.size) if longest else 1024
-    x0 = mx.zeros((7, n), dtype=dt)
-    tpr = norm_mod._vjp_plan("rms", x0, mx.zeros((n,), dtype=dt), False, x0, EPS)[1]["threadgroup"][0]
-    monkeypatch.setattr(norm_mod, "RMS_VJP_STAGED_TARGET_THREADS_CUDA", 2 * tpr)  # two units: 4 + 3 rows
-    norm_mod._CALLS.clear()
-    try:
-        rng = np.random.default_rng(seed_of("vjp-staged", dtype, has_w))
-        x, w, _ = make(rng, (7, n), dt, has_w, False)
-        cot = rand(rng, (7, n), dt)
-        spec, kw, groups = norm_mod._vjp_plan("rms", x, w, False, cot, EPS)
-        t = dict(kw["template"])
-        assert t["STAGED"] and t["NF"] == n and t["FULL"] == 1, t
-        assert kw["threadgroup"][0] == norm_mod.RMS_VJP_STAGED_THREADS_CUDA
-        assert kw["shared_memory"] == 4 * n * dt.size + norm_mod.RMS_VJP_RED_BYTES
-        assert groups == (2 if has_w else 7)
-        args = [x] + ([w] if has_w else [])
-        fn = (lambda a, c: rms_norm(a, c, EPS)) if has_w else (lambda a: rms_norm(a, None, EPS))
-        with runtime.use_backend("reference"):
-            want = _grads(fn, [a.astype(mx.float32) for a in args], cot.astype(mx.float32))
-        limit = 2e-5 if dt == mx.float32 else 1.5e-2
-        for off in (0, 1):
-            got = _grads(fn, [offset_view(a, off) for a in args], offset_view(cot, off))
-            for g_, r_ in zip(got, want):
-                assert rel_err(g_, r_) < limit, off
-    finally:
-        norm_mod._CALLS.clear()
+    n = {"1024": 1024, "longest": norm_mod.RMS_VJP_STAGE_BYTES // (4 * dt.size), "8192": 8192}[rows_of]
+    if rows_of == "8192":
+        monkeypatch.setattr(norm_mod, "RMS_VJP_STAGE_BYTES", 4 * n * dt.size)
+    rng = np.random.default_rng(seed_of("vjp-staged", dtype, has_w, n))
+    x, w, _ = make(rng, (7, n), dt, has_w, False)
+    cot = rand(rng, (7, n), dt)
+    spec, kw, groups = norm_mod._vjp_plan("rms", x, w, False, cot, EPS)
+    t = dict(kw["template"])
+    assert t["STAGED"] and t["NF"] == n and t["FULL"] == 1, t
+    assert kw["threadgroup"][0] == max(128, n // norm_mod.RMS_VJP_STAGED_MAX_READS)
+    assert kw["shared_memory"] == 4 * n * dt.size + norm_mod.RMS_VJP_RED_BYTES
+    assert groups == (2 if has_w else 7)
+    args = [x] + ([w] if has_w else [])
+    fn = (lambda a, c: rms_norm(a, c, EPS)) if has_w else (lambda a: rms_norm(a, None, EPS))
+    with runtime.use_backend("reference"):
+        want = _grads(fn, [a.astype(mx.float32) for a in args], cot.astype(mx.float32))
+    limit = 2e-5 if dt == mx.float32 else 1.5e-2
+    for off in (0, 1):
+        got = _grads(fn, [offset_view(a, off) for a in args], offset_view(cot, off))
+        for g_, r_ in zip(got, want):
+            assert rel_err(g_, r_) < limit, off
+
+
+def test_rms_vjp_staged_units_per_sm(monkeypatch):
+    """Staged units planned per SM: RMS_VJP_STAGED_UNITS_PER_SM, fewer where the registers
+    (at the hint) or the shared memory of an SM run out, at least one; the launch's
+    occupancy hint says the same."""
+    monkeypatch.setattr(norm_mod, "_plans_for_cuda", lambda: True)
+    per = norm_mod._staged_units_per_sm
+    assert per(128, 33280) == norm_mod.RMS_VJP_STAGED_UNITS_PER_SM == 3
+    assert per(256, 33280) == 65536 // (norm_mod.RMS_VJP_STAGED_REGISTERS * 256)  # registers: 1
+    monkeypatch.setattr(norm_mod, "RMS_VJP_STAGED_REGISTERS", 0)
+    assert per(256, 33280) == 3 and per(256, 66048) == 3 and per(256, 131584) == 1  # shared memory
+    monkeypatch.setattr(norm_mod, "RMS_VJP_STAGED_REGISTERS", 160)
+    x = mx.zeros((16384, 4096), dtype=mx.bfloat16)
+    _, kw, groups = norm_mod._vjp_plan("rms", x, mx.zeros((4096,), dtype=mx.bfloat16), False, x, EPS)
+    assert dict(kw["template"])["XK_MIN_BLOCKS"] == 3
+    assert groups == -(-16384 // -(-16384 // (norm_mod.RMS_VJP_SMS_CUDA * 3)))
 
 
 @pytest.mark.emulator_only
@@ -383,7 +408,8 @@ def test_rms_vjp_staged_schedules(monkeypatch):
     from xlstm_kernels.emulate import check_schedules
 
     monkeypatch.setattr(norm_mod, "_plans_for_cuda", lambda: True)
-    monkeypatch.setattr(norm_mod, "RMS_VJP_STAGED_TARGET_THREADS_CUDA", 2 * 64)
+    monkeypatch.setattr(norm_mod, "RMS_VJP_SMS_CUDA", 2)
+    monkeypatch.setattr(norm_mod, "RMS_VJP_STAGED_UNITS_PER_SM", 1)
     rng = np.random.default_rng(9)
     x, w, _ = make(rng, (5, 512), mx.bfloat16, True, False)
     g = rand(rng, (5, 512), mx.bfloat16)
@@ -714,14 +740,19 @@ def test_rms_norm_full_rows(kernel_backend, dtype, n, has_w):
 @pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("n", [128, 512, 2048])
 @pytest.mark.parametrize("has_w", [True, False])
-def test_rms_norm_vjp_full_rows(kernel_backend, monkeypatch, dtype, n, has_w):
+@pytest.mark.parametrize("cuda_plans", [False, True])
+def test_rms_norm_vjp_full_rows(kernel_backend, monkeypatch, fresh_norm_calls, dtype, n, has_w, cuda_plans):
     """The RMSNorm backward on rows of exactly tpr * n_reads elements: FULL = 1 through the
     op (aligned and offset views; with a weight a unit sums several of the 5 rows, alternating its
-    reduction scratch), FULL = 0 and 2 launched directly, against float32 reference grads."""
+    reduction scratch), FULL = 0 and 2 launched directly (unstaged), against float32 reference
+    grads; with the generic plans and with CUDA's (staged rows, other threads per row) on
+    every backend."""
     from xlstm_kernels.runtime import launch
 
+    monkeypatch.setattr(norm_mod, "_plans_for_cuda", lambda: cuda_plans)
     monkeypatch.setattr(norm_mod, "VJP_TARGET_THREADS", 64)
     monkeypatch.setattr(norm_mod, "RMS_VJP_TARGET_THREADS_CUDA", 64)
+    monkeypatch.setattr(norm_mod, "RMS_VJP_SMS_CUDA", 1)
 
     dt = DTYPES[dtype]
     n = n * 4 // dt.size
@@ -739,8 +770,10 @@ def test_rms_norm_vjp_full_rows(kernel_backend, monkeypatch, dtype, n, has_w):
             assert rel_err(g_, r_) < limit, off
     spec, kw, groups = norm_mod._vjp_plan("rms", x, w, False, cot, EPS)
     assert dict(kw["template"])["FULL"] == 1 and (groups < 5 if has_w else groups == 5)
+    unstaged = {"STAGED": False, "NF": 0}
     for full in (0, 2):
-        kw2 = dict(kw, template=[(k, full if k == "FULL" else v) for k, v in kw["template"]])
+        kw2 = {k: v for k, v in kw.items() if k != "shared_memory"}
+        kw2["template"] = [(k, full if k == "FULL" else unstaged.get(k, v)) for k, v in kw["template"]]
         outs = launch(spec, **kw2)
         assert rel_err(outs[0], want[0]) < limit, full
         if has_w:

@@ -148,17 +148,23 @@ RMS_VJP_TARGET_THREADS_CUDA = 132 * 2 * 256
 RMS_VJP_THREADS_CUDA_16BIT = 512
 RMS_VJP_THREADS_CUDA_32BIT = VJP_THREADS
 # ... whose units stage their next row of x and g in threadgroup memory (the kernel's STAGED:
-# cp.async on CUDA) where both stages of both fit in RMS_VJP_STAGE_BYTES (16-bit rows up to
-# 4096 elements), laid out as MLX's CUDA backward is: RMS_VJP_STAGED_THREADS_CUDA threads a
-# row with up to RMS_VJP_STAGED_MAX_READS elements each (a 4096 row: 128 x 32), units of
-# RMS_VJP_STAGED_TARGET_THREADS_CUDA threads in all (three per SM of an H100 / H200), each
-# held to about RMS_VJP_STAGED_REGISTERS registers a thread (the occupancy hint).
+# cp.async on CUDA, the stages in dynamic shared memory) where both stages of both fit in
+# RMS_VJP_STAGE_BYTES, laid out as MLX's CUDA backward is: at least
+# RMS_VJP_STAGED_THREADS_CUDA threads a row, each with at most RMS_VJP_STAGED_MAX_READS
+# elements (a 4096 row: 128 x 32), and as many units as fit RMS_VJP_SMS_CUDA SMs, at most
+# RMS_VJP_STAGED_UNITS_PER_SM a SM (:func:`_staged_units_per_sm`: registers at the
+# RMS_VJP_STAGED_REGISTERS hint, shared memory). H200, scripts/probe_rms.py session 13,
+# ratio to MLX's VJP (unstaged 512 x 8 before): bf16 16384x4096 0.80 -> 0.97, 16384x2048
+# 0.77 -> 1.04, 16384x1024 0.81 -> 0.94; float32 within +-3%. Two or four units per SM,
+# no hint and 256 threads were no better.
 RMS_VJP_STAGED_CUDA = True
 RMS_VJP_STAGE_BYTES = 32768
 RMS_VJP_STAGED_THREADS_CUDA = 128
 RMS_VJP_STAGED_MAX_READS = 32
-RMS_VJP_STAGED_TARGET_THREADS_CUDA = 132 * 3 * 128
+RMS_VJP_SMS_CUDA = 132  # an H100's or H200's SMs
+RMS_VJP_STAGED_UNITS_PER_SM = 3
 RMS_VJP_STAGED_REGISTERS = 160
+RMS_VJP_SMEM_PER_SM_CUDA = 228 * 1024  # shared memory of an sm_90 SM (1 KiB of it reserved per block)
 RMS_VJP_RED_BYTES = 2 * 64 * 4  # rms_norm_vjp's reduction scratch (red)
 # The LayerNorm backward on CUDA: rows that VJP_THREADS threads would loop over (more than
 # VJP_MAX_READS elements a thread) take twice the threads, up to this many, to stay cached
@@ -269,7 +275,7 @@ def _layout(n: int, units: int, n_reads: int | None = None, simd_rows: int | Non
     (None) the automatic layout of the module comment (`vjp`: the backward's). Knobs left
     at None use the module constants (read at call time); `vjp_threads`: the backward's
     threads per row in place of VJP_THREADS, `max_reads` its elements a thread in place of
-    VJP_MAX_READS."""
+    VJP_MAX_READS and of the CACHED_MAX bound (the staged backward's)."""
     looped = LOOPED_THREADS if looped_threads is None else looped_threads
     if n_reads is None:
         run = RUN_BYTES // itemsize
@@ -277,7 +283,8 @@ def _layout(n: int, units: int, n_reads: int | None = None, simd_rows: int | Non
         threads = (VJP_THREADS if vjp_threads is None else vjp_threads) if vjp else CACHED_THREADS
         per = _pow2_at_least(-(-runs // threads))  # runs per thread
         most = VJP_MAX_READS if max_reads is None else max_reads
-        if n > CACHED_MAX * 4 // itemsize or (vjp and per * run > max(run, most)):
+        too_long = n > CACHED_MAX * 4 // itemsize and max_reads is None  # (max_reads: its own bound)
+        if too_long or (vjp and per * run > max(run, most)):
             return _Layout(True, False, looped, 1, run * (1 if vjp else LOOPED_RUNS))
         n_reads = run * per
     elif n > 1024 * n_reads:
@@ -370,6 +377,16 @@ def _plans_for_cuda() -> bool:
     return current_backend() == "cuda"
 
 
+def _staged_units_per_sm(tpr: int, smem_bytes: int) -> int:
+    """Units of the staged RMSNorm backward (`tpr` threads, `smem_bytes` of threadgroup
+    memory each) to plan per SM: RMS_VJP_STAGED_UNITS_PER_SM, or fewer where their registers
+    (at the RMS_VJP_STAGED_REGISTERS hint) or shared memory do not fit one SM; at least 1."""
+    per = RMS_VJP_STAGED_UNITS_PER_SM
+    if RMS_VJP_STAGED_REGISTERS > 0:
+        per = min(per, 65536 // (RMS_VJP_STAGED_REGISTERS * tpr))
+    return max(1, min(per, RMS_VJP_SMEM_PER_SM_CUDA // (smem_bytes + 1024)))
+
+
 def _vjp_plan(
     kind: str,
     x: mx.array,
@@ -394,18 +411,20 @@ def _vjp_plan(
             threads *= 2
             lay = _layout(n, m * num_heads, itemsize=dtype.size, vjp=True, vjp_threads=threads)
     staged = False
+    stage_bytes = 4 * n * dtype.size + RMS_VJP_RED_BYTES  # the stages (2 x 2 x n elements) and the scratch
     if rms_cuda and RMS_VJP_STAGED_CUDA and FULL_ROWS and 4 * n * dtype.size <= RMS_VJP_STAGE_BYTES:
-        slay = _layout(n, m * num_heads, itemsize=dtype.size, vjp=True, vjp_threads=RMS_VJP_STAGED_THREADS_CUDA,
+        sthreads = max(RMS_VJP_STAGED_THREADS_CUDA, _pow2_at_least(-(-n // RMS_VJP_STAGED_MAX_READS)))
+        slay = _layout(n, m * num_heads, itemsize=dtype.size, vjp=True, vjp_threads=sthreads,
                        max_reads=RMS_VJP_STAGED_MAX_READS)
-        if not slay.looped and not slay.one_simd and slay.tpr * slay.n_reads == n:
-            lay, threads, staged = slay, RMS_VJP_STAGED_THREADS_CUDA, True
+        if sthreads <= 1024 and not slay.looped and not slay.one_simd and slay.tpr * slay.n_reads == n:
+            lay, threads, staged = slay, sthreads, True
     full = kind == "rms" and not lay.looped and FULL_ROWS and lay.tpr * lay.n_reads == n
     if weight is None and not has_bias:
         rpg = 1  # no partials to keep small: one row per unit, most parallelism
     else:
         target = VJP_TARGET_THREADS
         if staged:
-            target = RMS_VJP_STAGED_TARGET_THREADS_CUDA
+            target = RMS_VJP_SMS_CUDA * _staged_units_per_sm(lay.tpr, stage_bytes) * lay.tpr
         elif rms_cuda and not lay.looped and lay.tpr == threads:
             target = RMS_VJP_TARGET_THREADS_CUDA
         target_units = max(1, target // lay.tpr)
@@ -427,8 +446,10 @@ def _vjp_plan(
             template.append(("FULL", int(full)))
             template += [("STAGED", bool(staged)), ("NF", n if staged else 0)]
             if full:
-                template += _occupancy_hint(RMS_VJP_STAGED_REGISTERS if staged else VJP_REGISTERS,
-                                            lay.tpr * lay.rows_per_tg)
+                if staged and RMS_VJP_STAGED_REGISTERS > 0:
+                    template.append(("XK_MIN_BLOCKS", _staged_units_per_sm(lay.tpr, stage_bytes)))
+                else:
+                    template += _occupancy_hint(VJP_REGISTERS, lay.tpr * lay.rows_per_tg)
     r = lay.rows_per_tg
     kwargs = dict(
         inputs=[
@@ -444,8 +465,8 @@ def _vjp_plan(
         threadgroup=(lay.tpr, r, 1),
         template=template,
     )
-    if staged:  # the stages (2 x 2 x n elements) and the reduction scratch, in bytes
-        kwargs["shared_memory"] = 4 * n * dtype.size + RMS_VJP_RED_BYTES
+    if staged:
+        kwargs["shared_memory"] = stage_bytes
     return _SPECS[(kind, lay.looped, True)], kwargs, groups
 
 
