@@ -462,7 +462,8 @@ for (uint c = tid * W; c < n; c += step) {
 // plain copies) while this row is reduced, two stages of 2 * NF elements, which the
 // launch passes as shared_memory on CUDA; each thread copies and reads back only its own
 // runs, so no barrier guards the stages; x and g are read back twice, not held in
-// registers across the reduction)
+// registers across the reduction), STRIDED (staged only: unit grp takes outer rows grp,
+// grp + groups, ... instead of its rpg consecutive rows; the partials sum the same)
 constexpr int W = XK_RUN(T, N_READS);
 constexpr int NR = N_READS / W;
 constexpr int SW = STAGED ? (2 * NF * int(sizeof(T)) + 15) / 16 : 1;  // 16-byte words of one array's stages
@@ -506,18 +507,25 @@ if (unit < nunits) {  // uniform per unit
   }
   threadgroup T* xs = reinterpret_cast<threadgroup T*>(stage_words);
   threadgroup T* gs = reinterpret_cast<threadgroup T*>(stage_words + SW);
-  if (STAGED && b0 < b1) {
-    const size_t base = (size_t(b0) * nh + head) * n;
+  // The staged unit's rows: r0, r0 + rs, ... below r1 (STRIDED: every groups-th row from
+  // its group index, as MLX's persistent blocks walk, so that the units read neighbouring
+  // rows at the same time; else its rpg consecutive rows).
+  const uint rs = STRIDED ? nunits / nh : 1u;
+  const uint r0 = STRIDED ? grp : b0;
+  const uint r1 = STRIDED ? m_rows : b1;
+  if (STAGED && r0 < r1) {
+    const size_t base = (size_t(r0) * nh + head) * n;
     xk_stage_runs<W, NR>(xs, x + base, tid * W, tpr * W, al);
     xk_stage_runs<W, NR>(gs, g + base, tid * W, tpr * W, al);
     xk_async_commit();
   }
   if (STAGED) {
-    for (uint bi = b0; bi < b1; bi++) {
+    uint t = 0;  // rows done
+    for (uint bi = r0; bi < r1; bi += rs, t++) {
       const size_t base = (size_t(bi) * nh + head) * n;
-      const uint st = ((bi - b0) & 1u) * uint(NF);
-      if (bi + 1u < b1) {  // the next row into the other stage (read back by this thread last row)
-        const size_t next = base + size_t(nh) * n;
+      const uint st = (t & 1u) * uint(NF);
+      if (bi + rs < r1) {  // the next row into the other stage (read back by this thread last row)
+        const size_t next = base + size_t(rs) * nh * n;
         xk_stage_runs<W, NR>(xs + (uint(NF) - st), x + next, tid * W, tpr * W, al);
         xk_stage_runs<W, NR>(gs + (uint(NF) - st), g + next, tid * W, tpr * W, al);
       }
@@ -540,7 +548,7 @@ if (unit < nunits) {  // uniform per unit
           p += float(tg[k]) * wv[j * W + k] * xf;
         }
       }
-      xk_row_sum2<ONE_SIMD>(ss, p, red[bi & 1u], lane, sg, nsg);
+      xk_row_sum2<ONE_SIMD>(ss, p, red[t & 1u], lane, sg, nsg);
       const float r = XK_ROW_RSQRT(ss / float(n) + eps);
       const float mp = r * p / float(n);
       for (int j = 0; j < NR; j++) {

@@ -63,7 +63,7 @@ SHIPPED_THREADS = norm_mod.CACHED_THREADS
 _VJP_KNOBS = ("VJP_THREADS", "VJP_MAX_READS", "VJP_REGISTERS", "RMS_VJP_TARGET_THREADS_CUDA",
               "RMS_VJP_THREADS_CUDA_16BIT", "RMS_VJP_THREADS_CUDA_32BIT", "RMS_VJP_STAGED_CUDA",
               "RMS_VJP_STAGE_BYTES", "RMS_VJP_STAGED_THREADS_CUDA", "RMS_VJP_STAGED_MAX_READS",
-              "RMS_VJP_STAGED_UNITS_PER_SM", "RMS_VJP_STAGED_REGISTERS")
+              "RMS_VJP_STAGED_UNITS_PER_SM", "RMS_VJP_STAGED_REGISTERS", "RMS_VJP_STAGED_STRIDED")
 SHIPPED_VJP = {k: getattr(norm_mod, k) for k in _VJP_KNOBS}
 # the backward's settings per variant (ops.norm attributes; the others as shipped)
 VJP_VARIANTS = {
@@ -86,8 +86,10 @@ VJP_VARIANTS = {
     "vjp_st_nohint": dict(RMS_VJP_STAGED_REGISTERS=0),
     "vjp_st256": dict(RMS_VJP_STAGED_THREADS_CUDA=256, RMS_VJP_STAGED_REGISTERS=112),
     # stages up to 64 / 128 KiB: float32 4096 and 16-bit 8192 rows / float32 8192 rows staged too
+    "vjp_st32k": dict(RMS_VJP_STAGE_BYTES=32768),
     "vjp_st64k": dict(RMS_VJP_STAGE_BYTES=65536),
     "vjp_st128k": dict(RMS_VJP_STAGE_BYTES=131072),
+    "vjp_consec": dict(RMS_VJP_STAGED_STRIDED=False),  # each unit its consecutive rows (round 1-2)
 }
 
 

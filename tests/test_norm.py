@@ -261,15 +261,17 @@ def test_rms_vjp_units_fill_one_wave_on_cuda(monkeypatch):
         monkeypatch.setattr(norm_mod, "RMS_VJP_STAGED_CUDA", staged)
         for dtype in (mx.bfloat16, mx.float16, mx.float32):
             groups, tpr = units("rms", 4096, dtype, "cuda")
-            # 16-bit rows of 4096 stage through threadgroup memory (STAGED): their own layout
-            if staged and dtype.size == 2:
+            # rows whose stages fit RMS_VJP_STAGE_BYTES stage through threadgroup memory: their own layout
+            if staged and 4 * 4096 * dtype.size <= norm_mod.RMS_VJP_STAGE_BYTES:
                 threads = norm_mod.RMS_VJP_STAGED_THREADS_CUDA
-                target = norm_mod.RMS_VJP_SMS_CUDA * norm_mod.RMS_VJP_STAGED_UNITS_PER_SM * threads
+                want = norm_mod.RMS_VJP_SMS_CUDA * norm_mod.RMS_VJP_STAGED_UNITS_PER_SM
+                # STRIDED units take every groups-th row: exactly the target's units
+                assert norm_mod.RMS_VJP_STAGED_STRIDED and groups == want, (dtype, tpr, groups)
             else:
                 threads = norm_mod.RMS_VJP_THREADS_CUDA_16BIT if dtype.size == 2 else norm_mod.VJP_THREADS
-                target = norm_mod.RMS_VJP_TARGET_THREADS_CUDA
-            want = target // tpr
-            assert tpr == threads and groups == -(-16384 // -(-16384 // want)), (dtype, tpr, groups)  # rows per group rounded up
+                want = norm_mod.RMS_VJP_TARGET_THREADS_CUDA // tpr
+                assert groups == -(-16384 // -(-16384 // want)), (dtype, tpr, groups)  # rows per group rounded up
+            assert tpr == threads, (dtype, tpr)
     groups, tpr = units("rms", 4096, mx.bfloat16, "emulate")
     assert tpr == norm_mod.VJP_THREADS
     assert groups == 16384 // -(-16384 // (norm_mod.VJP_TARGET_THREADS // tpr))
@@ -348,28 +350,28 @@ def test_ln_vjp_widened_threads_gradients(kernel_backend, monkeypatch):
 
 @pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("has_w", [True, False])
-@pytest.mark.parametrize("rows_of", ["1024", "longest", "8192"])
-def test_rms_vjp_staged_rows(kernel_backend, monkeypatch, fresh_norm_calls, dtype, has_w, rows_of):
+@pytest.mark.parametrize("rows_of", ["1024", "4096", "longest"])
+@pytest.mark.parametrize("strided", [True, False])
+def test_rms_vjp_staged_rows(kernel_backend, monkeypatch, fresh_norm_calls, dtype, has_w, rows_of, strided):
     """The RMSNorm backward whose units stage their next row in threadgroup memory (STAGED,
     planned as on CUDA), units of 4 and 3 rows (both stages, the last row copying nothing),
-    aligned and offset views (the latter stage with plain element copies and store element
-    by element), against the float32 reference's gradients. Rows of 1024 (128 threads), the
-    longest that stage by default (16-bit 4096: 128 threads x 32 elements, the threadgroup
-    memory past Apple's 32 KiB; float32 2048), and 8192 with the stage limit raised (256
-    threads x 32, 64 / 128 KiB of stages)."""
+    each taking every other row (STRIDED) or consecutive rows, aligned and offset views (the
+    latter stage with plain element copies and store element by element), against the
+    float32 reference's gradients. Rows of 1024 (128 threads), 4096 (128 threads x 32
+    elements: 16-bit rows need 32 KiB of stages, past Apple's limit) and the longest that
+    stage (16-bit 16384: 512 threads x 32; float32 8192: 256 threads; 128 KiB of stages)."""
     monkeypatch.setattr(norm_mod, "_plans_for_cuda", lambda: True)
     monkeypatch.setattr(norm_mod, "RMS_VJP_SMS_CUDA", 2)  # two units: 4 + 3 rows
     monkeypatch.setattr(norm_mod, "RMS_VJP_STAGED_UNITS_PER_SM", 1)
+    monkeypatch.setattr(norm_mod, "RMS_VJP_STAGED_STRIDED", strided)
     dt = DTYPES[dtype]
-    n = {"1024": 1024, "longest": norm_mod.RMS_VJP_STAGE_BYTES // (4 * dt.size), "8192": 8192}[rows_of]
-    if rows_of == "8192":
-        monkeypatch.setattr(norm_mod, "RMS_VJP_STAGE_BYTES", 4 * n * dt.size)
+    n = {"1024": 1024, "4096": 4096, "longest": norm_mod.RMS_VJP_STAGE_BYTES // (4 * dt.size)}[rows_of]
     rng = np.random.default_rng(seed_of("vjp-staged", dtype, has_w, n))
     x, w, _ = make(rng, (7, n), dt, has_w, False)
     cot = rand(rng, (7, n), dt)
     spec, kw, groups = norm_mod._vjp_plan("rms", x, w, False, cot, EPS)
     t = dict(kw["template"])
-    assert t["STAGED"] and t["NF"] == n and t["FULL"] == 1, t
+    assert t["STAGED"] and t["NF"] == n and t["FULL"] == 1 and t["STRIDED"] == strided, t
     assert kw["threadgroup"][0] == max(128, n // norm_mod.RMS_VJP_STAGED_MAX_READS)
     assert kw["shared_memory"] == 4 * n * dt.size + norm_mod.RMS_VJP_RED_BYTES
     assert groups == (2 if has_w else 7)
@@ -398,7 +400,7 @@ def test_rms_vjp_staged_units_per_sm(monkeypatch):
     x = mx.zeros((16384, 4096), dtype=mx.bfloat16)
     _, kw, groups = norm_mod._vjp_plan("rms", x, mx.zeros((4096,), dtype=mx.bfloat16), False, x, EPS)
     assert dict(kw["template"])["XK_MIN_BLOCKS"] == 3
-    assert groups == -(-16384 // -(-16384 // (norm_mod.RMS_VJP_SMS_CUDA * 3)))
+    assert groups == norm_mod.RMS_VJP_SMS_CUDA * 3
 
 
 @pytest.mark.emulator_only

@@ -158,12 +158,13 @@ RMS_VJP_THREADS_CUDA_32BIT = VJP_THREADS
 # 0.77 -> 1.04, 16384x1024 0.81 -> 0.94; float32 within +-3%. Two or four units per SM,
 # no hint and 256 threads were no better.
 RMS_VJP_STAGED_CUDA = True
-RMS_VJP_STAGE_BYTES = 32768
+RMS_VJP_STAGE_BYTES = 131072
 RMS_VJP_STAGED_THREADS_CUDA = 128
 RMS_VJP_STAGED_MAX_READS = 32
 RMS_VJP_SMS_CUDA = 132  # an H100's or H200's SMs
 RMS_VJP_STAGED_UNITS_PER_SM = 3
 RMS_VJP_STAGED_REGISTERS = 160
+RMS_VJP_STAGED_STRIDED = True  # a unit takes every groups-th row (as MLX's), not consecutive ones
 RMS_VJP_SMEM_PER_SM_CUDA = 228 * 1024  # shared memory of an sm_90 SM (1 KiB of it reserved per block)
 RMS_VJP_RED_BYTES = 2 * 64 * 4  # rms_norm_vjp's reduction scratch (red)
 # The LayerNorm backward on CUDA: rows that VJP_THREADS threads would loop over (more than
@@ -430,6 +431,9 @@ def _vjp_plan(
         target_units = max(1, target // lay.tpr)
         rpg = -(-m // max(1, target_units // num_heads))
     groups = -(-m // rpg)
+    if staged and RMS_VJP_STAGED_STRIDED and rpg > 1:  # strided rows: exactly the target's units
+        groups = min(m, max(1, target_units // num_heads))
+        rpg = -(-m // groups)
     units = groups * num_heads
     if lay.one_simd:
         lay = _Layout(False, True, 32, max(1, min(SIMD_ROWS, units)), lay.n_reads)
@@ -444,7 +448,8 @@ def _vjp_plan(
         template.append(("ONE_SIMD", lay.one_simd))
         if kind == "rms":
             template.append(("FULL", int(full)))
-            template += [("STAGED", bool(staged)), ("NF", n if staged else 0)]
+            template += [("STAGED", bool(staged)), ("NF", n if staged else 0),
+                         ("STRIDED", bool(staged and RMS_VJP_STAGED_STRIDED))]
             if full:
                 if staged and RMS_VJP_STAGED_REGISTERS > 0:
                     template.append(("XK_MIN_BLOCKS", _staged_units_per_sm(lay.tpr, stage_bytes)))
