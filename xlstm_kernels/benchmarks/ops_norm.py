@@ -7,7 +7,12 @@ mx.fast.layer_norm without affine, reshape back, * weight + bias), forward and b
 
 `run(backend, dtypes, quick)` returns one dict per (op, shape, dtype): op, shape, dtype,
 ours_ms, mlx_ms, ratio (mlx_ms / ours_ms, > 1 = ours faster), gbps, pct_roofline,
-max_rel_err (vs float64 NumPy, or vs the float32 reference ops' gradients for *_vjp rows).
+max_rel_err (vs float64 NumPy, or vs the float32 reference ops' gradients for *_vjp rows);
+on a GPU also the queued and pipelined ratios (timing.throughput) and, for *_vjp rows,
+ours_step_ms / mlx_step_ms / ratio_step: the VJP inside an ``mx.compile``'d function,
+pipelined, as a training loop that compiles its step runs it (no per-call Python: the
+eager VJP's host time, ~25-45 us a call for ours against MLX's ~5-8 on an H200 host,
+scripts/probe_vjp.py, is gone there).
 GB/s counts the bytes the op must move: x read + y written + weight/bias read (forward);
 x, g read + dx written + weight read + dweight/dbias written (backward); % of
 `tiles.roofline()["bandwidth_gbs"]`. On the emulator there is no GPU to time: rows report
@@ -44,7 +49,7 @@ import numpy as np
 
 from xlstm_kernels.benchmarks.kind import bench_kind
 from xlstm_kernels import runtime, tiles
-from xlstm_kernels.benchmarks.timing import throughput
+from xlstm_kernels.benchmarks.timing import measure_pipelined, throughput
 from xlstm_kernels.ops import norm as norm_ops
 
 EPS = 1e-5
@@ -130,6 +135,18 @@ def _vjp_fn(fwd, op, x, w, b, nh, cot):
     return lambda: mx.vjp(f, args, [cot])[1]
 
 
+def _vjp_step_fn(fwd, op, x, w, b, nh, cot):
+    """The VJP inside an ``mx.compile``'d function, as a compiled training step runs it (no
+    per-call Python): what a training loop that compiles its step pays per backward."""
+    args = [x, w] if op == "rms_norm" else [x, w, b]
+
+    def f(*a):
+        return fwd(op, a[0], a[1], a[2] if len(a) > 2 else None, nh)
+
+    step = mx.compile(lambda *a: mx.vjp(f, list(a[:-1]), [a[-1]])[1])
+    return lambda: step(*args, cot)
+
+
 def _bench_case(op, rows, d, nh, dtype, emulated, repeats, roof, rng) -> list[dict]:
     x = mx.array(rng.standard_normal((rows, d)).astype(np.float32)).astype(dtype)
     w = mx.array(rng.standard_normal((d,)).astype(np.float32)).astype(dtype)
@@ -166,6 +183,13 @@ def _bench_case(op, rows, d, nh, dtype, emulated, repeats, roof, rng) -> list[di
             t_ours = _timed(fn, repeats)
             t_mlx = _timed(mlx_fn, repeats)
             tp = throughput(fn, mlx_fn, repeats=repeats)  # queued and pipelined (a model's steady state)
+            step = ""
+            if name.endswith("_vjp"):  # and inside a compiled training step, pipelined
+                n = max(3, repeats // 4)
+                s_ours = measure_pipelined(_vjp_step_fn(_ours, op, x, w, b, nh, cot), calls=20, repeats=n)
+                s_mlx = measure_pipelined(_vjp_step_fn(_mlx, op, x, w, b, nh, cot), calls=20, repeats=n)
+                tp.update({"ours_step_ms": s_ours * 1e3, "mlx_step_ms": s_mlx * 1e3, "ratio_step": s_mlx / s_ours})
+                step = f"  step x{s_mlx / s_ours:5.2f}"
             gbps = nbytes / t_ours / 1e9
             row.update({
                 "ours_ms": t_ours * 1e3, "mlx_ms": t_mlx * 1e3, "ratio": t_mlx / t_ours, "gbps": gbps,
@@ -177,7 +201,7 @@ def _bench_case(op, rows, d, nh, dtype, emulated, repeats, roof, rng) -> list[di
                   f"{row['mlx_ms']:8.3f} ms  x{row['ratio']:5.2f} {gbps:8.1f} GB/s "
                   f"{row['pct_roofline']:5.1f}%  queued x{row['ratio_queued']:5.2f} "
                   f"{row['gbps_queued']:8.1f} GB/s  pipelined x{row['ratio_pipelined']:5.2f} "
-                  f"{row['gbps_pipelined']:8.1f} GB/s  err {err:.1e}")
+                  f"{row['gbps_pipelined']:8.1f} GB/s{step}  err {err:.1e}")
         out.append(row)
     return out
 
