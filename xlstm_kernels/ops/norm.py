@@ -19,7 +19,11 @@ row (8 rows per threadgroup, no barriers); rows up to ``CACHED_MAX`` (4096 float
 ceil(runs / 128) runs (rounded up to a power of two) in registers (many 16-byte loads in
 flight per thread, as MLX's CUDA norms); longer rows the looped kernels (``LOOPED_THREADS`` = 1024 threads,
 ``LOOPED_RUNS`` runs per step). The backward takes about ``VJP_THREADS`` = 256 threads
-per row with at most ``VJP_MAX_READS`` = 16 elements each, else its looped kernels.
+per row with at most ``VJP_MAX_READS`` = 16 elements each, else its looped kernels. On
+CUDA the RMSNorm backward of rows whose x and g fit two stages of ``RMS_VJP_STAGE_BYTES``
+(16-bit rows to 16384, float32 to 8192) is *staged*: persistent units of 128+ threads with
+up to 32 elements each copy their next row into shared memory (``cp.async``) while they
+reduce this one, as MLX's own CUDA kernel does (``_vjp_plan``, the constants below).
 Multi-head LayerNorm is the LayerNorm kernels on (rows * num_heads, head_dim) rows with
 the weight slice of head ``row % num_heads``.
 
@@ -151,12 +155,16 @@ RMS_VJP_THREADS_CUDA_32BIT = VJP_THREADS
 # cp.async on CUDA, the stages in dynamic shared memory) where both stages of both fit in
 # RMS_VJP_STAGE_BYTES, laid out as MLX's CUDA backward is: at least
 # RMS_VJP_STAGED_THREADS_CUDA threads a row, each with at most RMS_VJP_STAGED_MAX_READS
-# elements (a 4096 row: 128 x 32), and as many units as fit RMS_VJP_SMS_CUDA SMs, at most
+# elements (a 4096 row: 128 x 32), as many units as fit RMS_VJP_SMS_CUDA SMs, at most
 # RMS_VJP_STAGED_UNITS_PER_SM a SM (:func:`_staged_units_per_sm`: registers at the
-# RMS_VJP_STAGED_REGISTERS hint, shared memory). H200, scripts/probe_rms.py session 13,
-# ratio to MLX's VJP (unstaged 512 x 8 before): bf16 16384x4096 0.80 -> 0.97, 16384x2048
-# 0.77 -> 1.04, 16384x1024 0.81 -> 0.94; float32 within +-3%. Two or four units per SM,
-# no hint and 256 threads were no better.
+# RMS_VJP_STAGED_REGISTERS hint, shared memory), each taking every groups-th row
+# (RMS_VJP_STAGED_STRIDED). H200, scripts/probe_rms.py, session 13, ratio to MLX's VJP (device
+# time) against the unstaged 512 x 8 / 256 x 16 layouts: bf16 16384x4096 0.80 -> 0.92-0.97,
+# 16384x2048 0.77 -> 1.04, 16384x1024 0.68-0.81 -> 0.85-0.94, 2048x8192 0.89-0.90 -> 1.02
+# (64 KiB of stages), 1024x16384 1.46 (128 KiB); float32 2048x8192 0.73-0.79 -> 1.39-1.45
+# (128 KiB), 4096x8192 0.73 -> 1.51, 4096-row float32 within +-4%. Two or four units per SM,
+# no hint and 256 threads were no better; strided rows against consecutive ones: within the
+# noise in the probe, 49 -> 43 us in Nsight Compute (bf16 4096x4096; MLX's: 27 us).
 RMS_VJP_STAGED_CUDA = True
 RMS_VJP_STAGE_BYTES = 131072
 RMS_VJP_STAGED_THREADS_CUDA = 128
