@@ -298,35 +298,7 @@ inline void xk_wg_fence_copies() {}
 #define XK_GEMM_GROUP_M 1
 #endif
 
-#ifndef XK_ASYNC_COPY
-// dst[0..N) = src[0..N) (N consecutive elements; any alignment), possibly asynchronous:
-// the copies a thread started are complete once it has called xk_async_commit() after
-// them and then xk_async_wait<G>() with at most G later commits; other threads see them
-// after a threadgroup_barrier that follows the wait. Here plain synchronous copies.
-template <int N, typename T>
-inline void xk_async_copy(threadgroup T* dst, const device T* src) {
-  for (int k = 0; k < N; ++k) {
-    dst[k] = src[k];
-  }
-}
-inline void xk_async_commit() {}
-template <int G>
-inline void xk_async_wait() {}
-// xk_async_copy with its checks left to the caller: dst (threadgroup memory) and src are
-// multiples of N * sizeof(T) bytes apart from 0 (a backend may rely on it).
-template <int N, typename T>
-inline void xk_async_copy_aligned(threadgroup T* dst, const device T* src) {
-  for (int k = 0; k < N; ++k) {
-    dst[k] = src[k];
-  }
-}
-// Whether runs of N elements at src + r * ld + c * N meet xk_async_copy_aligned's
-// precondition (a threadgroup buffer of 16-byte aligned rows assumed). Here always.
-template <int N, typename T>
-inline bool xk_async_runs_aligned(const device T* src, long ld) {
-  return true;
-}
-#endif
+// xk_async_copy and friends: _memory.metal (cp.async on CUDA: cuda/simdgroup_matrix.h).
 
 // One K tile of gemm_simd's products: acc[i * FN + j] (FM x FN fragments of a simdgroup)
 // += the simdgroup's rows ra.. of the A tile ta times its columns cb.. of the B tile tb
@@ -1016,27 +988,109 @@ if (idx < total) {
 }
 
 // @kernel gemv
-// M == 1: c[j] = sum_p a[p] * op(B)(p, j). One simdgroup per output column: lanes
-// stride over K, then simd_sum (both B layouts read with unit stride across the
-// simdgroup when TRANS_B; otherwise each lane reads a strided column, cached by the
-// GPU's L1 across the simdgroups of neighbouring columns).
-// Threadgroup (32, ROWS, 1): ROWS columns per threadgroup; grid (32, ROWS * ceil(N/ROWS), batch).
+// M == 1: c[j] = sum_p a[p] * op(B)(p, j). Two layouts of the threadgroup's 32 x ROWS threads:
+// * COLS = 0: one simdgroup per output column: lanes stride over K, then simd_sum (unit
+//   stride across the simdgroup when TRANS_B; otherwise each lane reads a strided column,
+//   cached by the GPU's L1 across the simdgroups of neighbouring columns).
+//   grid (32, ROWS * ceil(N / ROWS), batch).
+// * COLS = TX > 0 (!TRANS_B, B row-major (K, N)): column blocks. The threadgroup covers CB =
+//   TX * W consecutive columns (W = XK_RUN(T, 8): 16-byte runs); thread l = 32 * y + lane
+//   takes run tx = l % TX of rows p = l / TX, + 32 * ROWS / TX, ... (a simdgroup reads 32 / TX
+//   rows of TX runs each per step: whole 32-byte sectors from TX = 2 on, 16-bit), four rows
+//   per iteration in flight. Sums: over a simdgroup's rows with xor shuffles, then over the
+//   ROWS simdgroups in threadgroup memory (ROWS x CB floats). grid (32, ROWS * ceil(N / CB), batch).
 // inputs: A, B, bias, residual, params.  outputs: C (batch, 1, N) T
-// template: T, ROWS, TRANS_B, HAS_BIAS, ACT, HAS_RES
+// template: T, ROWS, TRANS_B, HAS_BIAS, ACT, HAS_RES, COLS
 const long N = params[1], K = params[2];
 const uint lane = thread_index_in_simdgroup;
-const long j = long(threadgroup_position_in_grid.y) * ROWS + thread_position_in_threadgroup.y;
 const long batch = threadgroup_position_in_grid.z;
 const device T* a = A + batch * params[3];
 const device T* b = B + batch * params[4];
-float sum = 0.0f;
-if (j < N) {
-  for (long p = lane; p < K; p += 32) {
-    sum += float(a[p]) * float(TRANS_B ? b[j * K + p] : b[p * N + j]);
+constexpr int W = XK_RUN(T, 8);
+constexpr int CB = COLS > 0 ? COLS * W : 1;
+threadgroup float part[COLS > 0 ? ROWS * CB : 1];
+if (COLS > 0) {
+  const uint sg = thread_position_in_threadgroup.y;
+  const uint l = sg * 32 + lane;
+  const uint tx = l % uint(COLS);
+  const long ny = 32 * ROWS / COLS;  // rows a step
+  const long col0 = long(threadgroup_position_in_grid.y) * CB;
+  const long j0 = col0 + long(tx) * W;
+  float acc[W];
+  for (int w = 0; w < W; w++) {
+    acc[w] = 0.0f;
   }
-}
-sum = simd_sum(sum);
-if (j < N && lane == 0) {
-  const long idx = batch * N + j;
-  C[idx] = T(xk_epilogue<T, HAS_BIAS, ACT, HAS_RES>(sum, bias, residual, idx, j));
+  if (j0 < N) {
+    // whole runs in every row: inside, and rows keep the run's alignment
+    if (j0 + W <= N && N % W == 0 && xk_run_aligned<W>(b + j0)) {
+      long p = long(l / uint(COLS));
+      for (; p + 3 * ny < K; p += 4 * ny) {
+        T t0[W];
+        T t1[W];
+        T t2[W];
+        T t3[W];
+        xk_load_w<W>(b + p * N + j0, t0);
+        xk_load_w<W>(b + (p + ny) * N + j0, t1);
+        xk_load_w<W>(b + (p + 2 * ny) * N + j0, t2);
+        xk_load_w<W>(b + (p + 3 * ny) * N + j0, t3);
+        const float a0 = float(a[p]), a1 = float(a[p + ny]), a2 = float(a[p + 2 * ny]), a3 = float(a[p + 3 * ny]);
+        for (int w = 0; w < W; w++) {
+          acc[w] += a0 * float(t0[w]) + a1 * float(t1[w]) + a2 * float(t2[w]) + a3 * float(t3[w]);
+        }
+      }
+      for (; p < K; p += ny) {
+        T t0[W];
+        xk_load_w<W>(b + p * N + j0, t0);
+        const float a0 = float(a[p]);
+        for (int w = 0; w < W; w++) {
+          acc[w] += a0 * float(t0[w]);
+        }
+      }
+    } else {
+      XK_NO_UNROLL
+      for (long p = long(l / uint(COLS)); p < K; p += ny) {
+        const float a0 = float(a[p]);
+        for (int w = 0; w < W; w++) {
+          if (j0 + w < N) {
+            acc[w] += a0 * float(b[p * N + j0 + w]);
+          }
+        }
+      }
+    }
+  }
+  for (ushort off = ushort(COLS); off < 32; off <<= 1) {  // the lanes of one run: same tx
+    for (int w = 0; w < W; w++) {
+      acc[w] += simd_shuffle_xor(acc[w], off);
+    }
+  }
+  if (lane < uint(COLS)) {
+    for (int w = 0; w < W; w++) {
+      part[sg * CB + tx * W + w] = acc[w];
+    }
+  }
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  if (l < uint(CB)) {
+    const long j = col0 + l;
+    float sum = 0.0f;
+    for (int r = 0; r < ROWS; r++) {
+      sum += part[r * CB + l];
+    }
+    if (j < N) {
+      const long idx = batch * N + j;
+      C[idx] = T(xk_epilogue<T, HAS_BIAS, ACT, HAS_RES>(sum, bias, residual, idx, j));
+    }
+  }
+} else {
+  const long j = long(threadgroup_position_in_grid.y) * ROWS + thread_position_in_threadgroup.y;
+  float sum = 0.0f;
+  if (j < N) {
+    for (long p = lane; p < K; p += 32) {
+      sum += float(a[p]) * float(TRANS_B ? b[j * K + p] : b[p * N + j]);
+    }
+  }
+  sum = simd_sum(sum);
+  if (j < N && lane == 0) {
+    const long idx = batch * N + j;
+    C[idx] = T(xk_epilogue<T, HAS_BIAS, ACT, HAS_RES>(sum, bias, residual, idx, j));
+  }
 }

@@ -229,10 +229,13 @@ def raw_calls(op: str, a: mx.array, b: mx.array, cfg: GemmConfig, bias=None, act
     if cfg.path == "gemv":
         assert m == 1
         rows = cfg.gemv_threads // 32
+        # a row-major B takes column blocks of COLS threads x one 16-byte run (COLS > 0)
+        cols = 0 if trans_b else cfg.gemv_cols(n, dtype, trans_b)
+        per_group = rows if cols == 0 else cols * min(8, 16 // dtype.size)
         return [(gemm_mod.GEMV, dict(
             inputs=inputs, output_shapes=[(1, 1, n)], output_dtypes=[dtype],
-            grid=(32, rows * -(-n // rows), 1), threadgroup=(32, rows, 1),
-            template=[("T", dtype), ("ROWS", rows), ("TRANS_B", trans_b), *epilogue],
+            grid=(32, rows * -(-n // per_group), 1), threadgroup=(32, rows, 1),
+            template=[("T", dtype), ("ROWS", rows), ("TRANS_B", trans_b), *epilogue, ("COLS", cols)],
         ))]
     if cfg.path == "simd":
         calls = [(gemm_mod.SIMD, dict(

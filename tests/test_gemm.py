@@ -639,6 +639,9 @@ SCHEDULE_CASES = {
     "split_k": ("gemm_av", "float16", GemmConfig(path="simd", bm=16, bn=16, bk=8, wm=1, wn=2, split_k=3),
                 (20, 35, 100), "silu"),
     "gemv": ("gemm_a_bt", "float32", GemmConfig(path="gemv", gemv_threads=128), (1, 37, 100), "gelu"),
+    # row-major B: column blocks (COLS), whole runs (N % 8 == 0, 13 threadgroups) and ragged
+    "gemv_cols": ("gemm_av", "bfloat16", GemmConfig(path="gemv", gemv_threads=128), (1, 200, 100), "gelu"),
+    "gemv_cols_ragged": ("gemm_at_b", "float32", GemmConfig(path="gemv", gemv_threads=64), (1, 37, 70), None),
 }
 
 
@@ -1126,6 +1129,61 @@ def test_simd_operands_at_odd_offsets(kernel_backend, op, dtype_name):
     a, b = flat_a[1:].reshape(sa), flat_b[3:].reshape(sb)
     out = OP_FN[op](a, b, tiles=cfg)
     assert_close(out, np_reference(op, a, b), dtype, k, f"{op} at offsets")
+
+
+@pytest.mark.parametrize("op", ["gemm_av", "gemm_at_b"])
+@pytest.mark.parametrize("dtype_name", DTYPE_NAMES)
+@pytest.mark.parametrize("threads", [32, 128, 1024])
+@pytest.mark.parametrize("case", ["whole_runs", "ragged", "offset", "batched"])
+def test_gemv_column_blocks(kernel_backend, spy, op, dtype_name, threads, case):
+    """The M == 1 kernel on a row-major B (COLS > 0: column blocks of 16-byte runs, partial
+    sums over a simdgroup's rows by xor shuffles, then over its simdgroups in threadgroup
+    memory): whole runs (N a multiple of the run, several threadgroups, K not a multiple of
+    the four rows in flight), a ragged N, operands one element into their buffers (element
+    accesses), and a batch of B matrices (grid z), for 32 to 1024 threads, against float64."""
+    dtype = DTYPES[dtype_name]
+    cfg = GemmConfig(path="gemv", gemv_threads=threads)
+    n, k = {"whole_runs": (264, 203), "ragged": (37, 70), "offset": (72, 70), "batched": (40, 33)}[case]
+    lead_b = (3,) if case == "batched" else ()
+    rng = np.random.default_rng(seed_of("gemv-cols", op, dtype_name, threads, case))
+    if case == "offset":
+        sa, sb = operand_shapes(op, 1, n, k)
+        flat_a, flat_b = rand(rng, (math.prod(sa) + 1,), dtype), rand(rng, (math.prod(sb) + 3,), dtype)
+        a, b = flat_a[1:].reshape(sa), flat_b[3:].reshape(sb)
+    else:
+        a, b = operands(op, 1, n, k, dtype, seed_of("gemv-cols-ab", op, dtype_name, threads, case), (), lead_b)
+    out = OP_FN[op](a, b, tiles=cfg)
+    assert_close(out, np_product(op, f64(a), f64(b)), dtype, k, f"{op}/{case}/{threads}")
+    if _runs_kernels(kernel_backend):
+        launched = spy.only("gemv")
+        cols = cfg.gemv_cols(n, dtype, False)
+        w = min(8, 16 // dtype.size)
+        assert launched.template["COLS"] == cols >= 1 and launched.template["TRANS_B"] is False
+        assert launched.grid == (32, threads // 32 * -(-n // (cols * w)), 3 if lead_b else 1)
+        if case == "whole_runs":
+            assert -(-n // (cols * w)) >= 2  # several threadgroups of column blocks
+
+
+def test_gemv_cols_choice():
+    """COLS: at least 2 where the threadgroup holds two runs a row (whole 32-byte sectors),
+    grown while GEMV_TARGET_GROUPS threadgroups remain, within a run per thread and
+    GEMV_PART_BYTES of partial sums; 0 on a transposed B."""
+    from xlstm_kernels.tiles.gemm import GEMV_PART_BYTES, GEMV_TARGET_GROUPS
+
+    g128, g32, g1024 = (GemmConfig(path="gemv", gemv_threads=t) for t in (128, 32, 1024))
+    assert g128.gemv_cols(4096, mx.bfloat16, True) == 0
+    assert g128.gemv_cols(4096, mx.bfloat16, False) == 2  # 4096 / 16 = 256 groups: no room to grow
+    assert g128.gemv_cols(4096, mx.float32, False) == 2  # 512 groups; 4 would leave 256
+    assert g128.gemv_cols(65536, mx.bfloat16, False) == 16  # a run per thread at most: 16 x 8 columns, 128 threads
+    assert g32.gemv_cols(4096, mx.bfloat16, False) == 2  # 256 groups of 16 columns: 4 would leave 128
+    assert g32.gemv_cols(1 << 20, mx.bfloat16, False) == 4  # 32 threads: at most 4 runs of 8 a row
+    for cfg in (g128, g32, g1024):
+        for n in (1, 37, 4096, 1 << 20):
+            for dt in (mx.float32, mx.bfloat16):
+                c = cfg.gemv_cols(n, dt, False)
+                rows, w = cfg.gemv_threads // 32, 16 // dt.size
+                assert c in (1, 2, 4, 8, 16, 32) and c * w <= cfg.gemv_threads and rows * c * w * 4 <= GEMV_PART_BYTES
+                assert c <= 2 or -(-n // (c * w)) >= GEMV_TARGET_GROUPS
 
 
 BOUNDS_CASES = [

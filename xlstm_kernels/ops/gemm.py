@@ -159,6 +159,7 @@ def _kernel_gemm(
 _LAUNCHERS = CallCache("gemm launchers")
 
 
+
 def _launcher(layout, a_shape, b_shape, dtype, has_bias, act, has_res, tiles, backend):
     """run(a, b, bias, residual) -> C for operands of these shapes: the tile config resolved
     and the launches planned once per signature (and configuration)."""
@@ -215,10 +216,11 @@ def _build_launcher(layout, a_shape, b_shape, dtype, has_bias, act, has_res, til
 
     if cfg.path == "gemv" and m == 1:  # op(A) is one row: A is a contiguous K-vector in every layout
         rows = max(1, cfg.gemv_threads // 32)
+        cols = cfg.gemv_cols(n, dtype, layout.trans_b)  # 0: a column a simdgroup; else column blocks
         main = prepare_launch(
             GEMV, inputs=example, output_shapes=[(nbatch, 1, n)], output_dtypes=[dtype],
-            grid=(32, rows * -(-n // rows), nbatch), threadgroup=(32, rows, 1),
-            template=[("T", dtype), ("ROWS", rows), ("TRANS_B", layout.trans_b), *epilogue],
+            grid=cfg.grid(1, n, nbatch, dtype=dtype, trans_b=layout.trans_b), threadgroup=(32, rows, 1),
+            template=[("T", dtype), ("ROWS", rows), ("TRANS_B", layout.trans_b), *epilogue, ("COLS", cols)],
             backend=backend,
         )
         reduce = None

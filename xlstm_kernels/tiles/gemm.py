@@ -47,6 +47,17 @@ PATHS = ("simd", "scalar", "gemv")
 MAX_THREADS = 1024  # threads per threadgroup on every Apple GPU
 MAX_THREADGROUP_BYTES = 32768  # 32 KiB of threadgroup memory on every Apple GPU
 SIMD_WIDTH = 32  # thread execution width
+# The gemv kernel on a row-major B (GemmConfig.gemv_cols): threadgroups wanted (two per SM
+# of an H100 / H200) and the most threadgroup memory for its partial sums. Before (one
+# simdgroup per column reading a strided column), H200 1x4096x4096 pipelined: 72-74 us a
+# call against mx.matmul's 17.5 (bench session 13).
+GEMV_TARGET_GROUPS = 264
+GEMV_PART_BYTES = 16384
+
+
+def gemv_run(dtype: Any) -> int:
+    """Elements of one 16-byte run of `dtype` (the gemv kernel's W = XK_RUN(T, 8))."""
+    return min(8, 16 // dtype_size(dtype))
 
 # gemm_simd's pipeline (metal_src/gemm.metal, template STAGES) per kernel backend:
 # * THREADGROUP_LIMITS: the threadgroup memory its stages may take with an explicit
@@ -247,8 +258,29 @@ class GemmConfig:
             return (SIMD_WIDTH, self.gemv_threads // SIMD_WIDTH, 1)
         return (SIMD_WIDTH * self.wn, self.wm, 1)
 
-    def grid(self, m: int, n: int, batch: int = 1) -> tuple[int, int, int]:
-        """Grid (x, y, z) in threads for an M x N output (see the class docstring)."""
+    def gemv_cols(self, n: int, dtype: Any, trans_b: bool) -> int:
+        """The gemv kernel's COLS for N = n output columns: 0 (one simdgroup per column) on a
+        transposed B; on a row-major B (K, N) column blocks of COLS threads x one 16-byte run,
+        COLS a power of two from 2 (whole 32-byte sectors for 16-bit T; 1 where the
+        threadgroup is too small), grown while at least GEMV_TARGET_GROUPS threadgroups
+        remain, with at most a run per thread and GEMV_PART_BYTES of partial sums (ROWS x
+        COLS runs of floats) a threadgroup."""
+        if trans_b:
+            return 0
+        rows = self.gemv_threads // SIMD_WIDTH
+        w = gemv_run(dtype)
+        cols = 1
+
+        def fits(c: int) -> bool:
+            return c <= SIMD_WIDTH and c * w <= SIMD_WIDTH * rows and rows * c * w * 4 <= GEMV_PART_BYTES
+
+        while fits(cols * 2) and (cols < 2 or _ceil_div(n, cols * 2 * w) >= GEMV_TARGET_GROUPS):
+            cols *= 2
+        return cols
+
+    def grid(self, m: int, n: int, batch: int = 1, *, dtype: Any = None, trans_b: bool = True) -> tuple[int, int, int]:
+        """Grid (x, y, z) in threads for an M x N output (see the class docstring); the gemv
+        path on a row-major B (`trans_b` False) needs the `dtype` (its column blocks)."""
         if self.path == "scalar":
             return (
                 _ceil_div(n, self.tn) * (self.tn // self.rn),
@@ -257,7 +289,9 @@ class GemmConfig:
             )
         if self.path == "gemv":
             rows = self.gemv_threads // SIMD_WIDTH
-            return (SIMD_WIDTH, rows * _ceil_div(n, rows), batch)
+            cols = 0 if trans_b or dtype is None else self.gemv_cols(n, dtype, trans_b)
+            per_group = rows if cols == 0 else cols * gemv_run(dtype)
+            return (SIMD_WIDTH, rows * _ceil_div(n, per_group), batch)
         return (
             SIMD_WIDTH * self.wn * _ceil_div(n, self.bn),
             self.wm * _ceil_div(m, self.bm),

@@ -432,6 +432,7 @@ def explain(op: str, shapes: Any, dtype: Any, tiles: Any = None, *, family: str 
     m, n, k, batch = _mnk(op, shapes)
     res = resolve_gemm_config(op, m, n, k, dtype, tiles, batch=batch, family=family)
     cfg, dt = res.config, dtype_name(dtype)
+    trans_b = op == "gemm_a_bt"  # B read as (N, K) rows (the gemv kernel's layout choice)
     roof = dict(presets_mod.roofline(res.family))
     peak = roof[{"float32": "fp32_tflops", "float16": "fp16_tflops", "bfloat16": "bf16_tflops"}[dt]]
     flops = 2.0 * m * n * k * batch
@@ -461,8 +462,8 @@ def explain(op: str, shapes: Any, dtype: Any, tiles: Any = None, *, family: str 
         "sources": res.sources,
         "threads": cfg.threads(),
         "threadgroup_bytes": cfg.threadgroup_bytes(dt),
-        "grid": cfg.grid(m, n, batch),
-        "template": cfg.template_args(dt),
+        "grid": cfg.grid(m, n, batch, dtype=dt, trans_b=trans_b),
+        "template": cfg.template_args(dt) + ([("COLS", cfg.gemv_cols(n, dt, trans_b))] if cfg.path == "gemv" else []),
         "roofline": roof,
     }
 
