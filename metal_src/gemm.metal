@@ -989,9 +989,10 @@ if (idx < total) {
 
 // @kernel gemv
 // M == 1: c[j] = sum_p a[p] * op(B)(p, j). Two layouts of the threadgroup's 32 x ROWS threads:
-// * COLS = 0: one simdgroup per output column: lanes stride over K, then simd_sum (unit
-//   stride across the simdgroup when TRANS_B; otherwise each lane reads a strided column,
-//   cached by the GPU's L1 across the simdgroups of neighbouring columns).
+// * COLS = 0: one simdgroup per output column: lanes stride over K, then simd_sum (TRANS_B:
+//   16-byte runs of a and of the column's contiguous row, two a lane in flight, where K is a
+//   multiple of the run and both are aligned, else elements; otherwise each lane reads a
+//   strided column, cached by the GPU's L1 across the simdgroups of neighbouring columns).
 //   grid (32, ROWS * ceil(N / ROWS), batch).
 // * COLS = TX > 0 (!TRANS_B, B row-major (K, N)): column blocks. The threadgroup covers CB =
 //   TX * W consecutive columns (W = XK_RUN(T, 8): 16-byte runs); thread l = 32 * y + lane
@@ -1084,8 +1085,37 @@ if (COLS > 0) {
   const long j = long(threadgroup_position_in_grid.y) * ROWS + thread_position_in_threadgroup.y;
   float sum = 0.0f;
   if (j < N) {
-    for (long p = lane; p < K; p += 32) {
-      sum += float(a[p]) * float(TRANS_B ? b[j * K + p] : b[p * N + j]);
+    // TRANS_B (row j of B contiguous): lanes take 16-byte runs of a and of the row, two
+    // in flight, when every row keeps the runs' alignment; else elements
+    if (TRANS_B && K % W == 0 && xk_run_aligned<W>(b) && xk_run_aligned<W>(a)) {
+      const device T* row = b + j * K;
+      long p = long(lane) * W;
+      for (; p + 32 * W < K; p += 64 * W) {
+        T x0[W];
+        T y0[W];
+        T x1[W];
+        T y1[W];
+        xk_load_w<W>(a + p, x0);
+        xk_load_w<W>(row + p, y0);
+        xk_load_w<W>(a + p + 32 * W, x1);
+        xk_load_w<W>(row + p + 32 * W, y1);
+        for (int w = 0; w < W; w++) {
+          sum += float(x0[w]) * float(y0[w]) + float(x1[w]) * float(y1[w]);
+        }
+      }
+      if (p < K) {
+        T x0[W];
+        T y0[W];
+        xk_load_w<W>(a + p, x0);
+        xk_load_w<W>(row + p, y0);
+        for (int w = 0; w < W; w++) {
+          sum += float(x0[w]) * float(y0[w]);
+        }
+      }
+    } else {
+      for (long p = lane; p < K; p += 32) {
+        sum += float(a[p]) * float(TRANS_B ? b[j * K + p] : b[p * N + j]);
+      }
     }
   }
   sum = simd_sum(sum);

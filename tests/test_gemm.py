@@ -1164,6 +1164,32 @@ def test_gemv_column_blocks(kernel_backend, spy, op, dtype_name, threads, case):
             assert -(-n // (cols * w)) >= 2  # several threadgroups of column blocks
 
 
+@pytest.mark.parametrize("dtype_name", DTYPE_NAMES)
+@pytest.mark.parametrize("threads", [32, 256])
+@pytest.mark.parametrize("k", [264, 1000, 70, "offset"])
+def test_gemv_transposed_b_runs(kernel_backend, spy, dtype_name, threads, k):
+    """The M == 1 kernel on B as (N, K) rows (gemm_a_bt: a simdgroup per column): 16-byte
+    runs of a and the row, two a lane in flight, for K a multiple of the run (one lane with
+    two runs, many lanes with several), elements for K = 70 and for operands one element
+    into their buffers; against float64."""
+    dtype = DTYPES[dtype_name]
+    cfg = GemmConfig(path="gemv", gemv_threads=threads)
+    n = 37
+    rng = np.random.default_rng(seed_of("gemv-rows", dtype_name, threads, k))
+    if k == "offset":
+        k = 264
+        sa, sb = operand_shapes("gemm_a_bt", 1, n, k)
+        flat_a, flat_b = rand(rng, (math.prod(sa) + 1,), dtype), rand(rng, (math.prod(sb) + 3,), dtype)
+        a, b = flat_a[1:].reshape(sa), flat_b[3:].reshape(sb)
+    else:
+        a, b = operands("gemm_a_bt", 1, n, k, dtype, seed_of("gemv-rows-ab", dtype_name, threads, k))
+    out = gemm_a_bt(a, b, tiles=cfg)
+    assert_close(out, np_product("gemm_a_bt", f64(a), f64(b)), dtype, k, f"gemm_a_bt/{k}/{threads}")
+    if _runs_kernels(kernel_backend):
+        t = spy.only("gemv").template
+        assert t["TRANS_B"] is True and t["COLS"] == 0
+
+
 def test_gemv_cols_choice():
     """COLS: at least 2 where the threadgroup holds two runs a row (whole 32-byte sectors),
     grown while GEMV_TARGET_GROUPS threadgroups remain, within a run per thread and
