@@ -989,12 +989,12 @@ if (idx < total) {
 
 // @kernel gemv
 // M == 1: c[j] = sum_p a[p] * op(B)(p, j). Two layouts of the threadgroup's 32 x ROWS threads:
-// * COLS = 0: one simdgroup per output column: lanes stride over K, then simd_sum (TRANS_B:
-//   16-byte runs of a and of the column's contiguous row, two a lane in flight, where K is a
-//   multiple of the run and both are aligned, else elements; otherwise each lane reads a
-//   strided column, cached by the GPU's L1 across the simdgroups of neighbouring columns).
-//   grid (32, ROWS * ceil(N / ROWS), batch).
-// * COLS = TX > 0 (!TRANS_B, B row-major (K, N)): column blocks. The threadgroup covers CB =
+// * COLS = 0, or TRANS_B: a simdgroup per CPS output columns (CPS = COLS on TRANS_B, else
+//   1): lanes stride over K, then simd_sum. TRANS_B (rows of B contiguous): 16-byte runs of a,
+//   each reused for the CPS rows, where K is a multiple of the run and a, B are aligned, else
+//   elements; otherwise each lane reads a strided column, cached by the GPU's L1 across the
+//   simdgroups of neighbouring columns. grid (32, ROWS * ceil(N / (ROWS * CPS)), batch).
+// * COLS = TX > 0 and !TRANS_B (B row-major (K, N)): column blocks. The threadgroup covers CB =
 //   TX * W consecutive columns (W = XK_RUN(T, 8): 16-byte runs); thread l = 32 * y + lane
 //   takes run tx = l % TX of rows p = l / TX, + 32 * ROWS / TX, ... (a simdgroup reads 32 / TX
 //   rows of TX runs each per step: whole 32-byte sectors from TX = 2 on, 16-bit), four rows
@@ -1008,9 +1008,10 @@ const long batch = threadgroup_position_in_grid.z;
 const device T* a = A + batch * params[3];
 const device T* b = B + batch * params[4];
 constexpr int W = XK_RUN(T, 8);
-constexpr int CB = COLS > 0 ? COLS * W : 1;
-threadgroup float part[COLS > 0 ? ROWS * CB : 1];
-if (COLS > 0) {
+constexpr bool BLOCKS = !TRANS_B && COLS > 0;  // column blocks
+constexpr int CB = BLOCKS ? COLS * W : 1;
+threadgroup float part[BLOCKS ? ROWS * CB : 1];
+if (BLOCKS) {
   const uint sg = thread_position_in_threadgroup.y;
   const uint l = sg * 32 + lane;
   const uint tx = l % uint(COLS);
@@ -1082,45 +1083,48 @@ if (COLS > 0) {
     }
   }
 } else {
-  const long j = long(threadgroup_position_in_grid.y) * ROWS + thread_position_in_threadgroup.y;
-  float sum = 0.0f;
-  if (j < N) {
-    // TRANS_B (row j of B contiguous): lanes take 16-byte runs of a and of the row, two
-    // in flight, when every row keeps the runs' alignment; else elements
+  constexpr int CPS = TRANS_B && COLS > 0 ? COLS : 1;  // output columns a simdgroup
+  const long j0 = (long(threadgroup_position_in_grid.y) * ROWS + thread_position_in_threadgroup.y) * CPS;
+  float sum[CPS];
+  for (int c = 0; c < CPS; c++) {
+    sum[c] = 0.0f;
+  }
+  if (j0 < N) {
+    // TRANS_B (row j of B contiguous): lanes take 16-byte runs of a, each reused for the
+    // simdgroup's CPS rows, where K is a multiple of the run and a, B are aligned
     if (TRANS_B && K % W == 0 && xk_run_aligned<W>(b) && xk_run_aligned<W>(a)) {
-      const device T* row = b + j * K;
-      long p = long(lane) * W;
-      for (; p + 32 * W < K; p += 64 * W) {
+      for (long p = long(lane) * W; p < K; p += 32 * W) {
         T x0[W];
-        T y0[W];
-        T x1[W];
-        T y1[W];
         xk_load_w<W>(a + p, x0);
-        xk_load_w<W>(row + p, y0);
-        xk_load_w<W>(a + p + 32 * W, x1);
-        xk_load_w<W>(row + p + 32 * W, y1);
-        for (int w = 0; w < W; w++) {
-          sum += float(x0[w]) * float(y0[w]) + float(x1[w]) * float(y1[w]);
-        }
-      }
-      if (p < K) {
-        T x0[W];
-        T y0[W];
-        xk_load_w<W>(a + p, x0);
-        xk_load_w<W>(row + p, y0);
-        for (int w = 0; w < W; w++) {
-          sum += float(x0[w]) * float(y0[w]);
+        for (int c = 0; c < CPS; c++) {
+          if (j0 + c < N) {
+            T y0[W];
+            xk_load_w<W>(b + (j0 + c) * K + p, y0);
+            for (int w = 0; w < W; w++) {
+              sum[c] += float(x0[w]) * float(y0[w]);
+            }
+          }
         }
       }
     } else {
-      for (long p = lane; p < K; p += 32) {
-        sum += float(a[p]) * float(TRANS_B ? b[j * K + p] : b[p * N + j]);
+      for (int c = 0; c < CPS; c++) {
+        if (j0 + c < N) {
+          for (long p = lane; p < K; p += 32) {
+            sum[c] += float(a[p]) * float(TRANS_B ? b[(j0 + c) * K + p] : b[p * N + j0 + c]);
+          }
+        }
       }
     }
   }
-  sum = simd_sum(sum);
-  if (j < N && lane == 0) {
-    const long idx = batch * N + j;
-    C[idx] = T(xk_epilogue<T, HAS_BIAS, ACT, HAS_RES>(sum, bias, residual, idx, j));
+  for (int c = 0; c < CPS; c++) {
+    sum[c] = simd_sum(sum[c]);
+  }
+  if (lane == 0) {
+    for (int c = 0; c < CPS; c++) {
+      if (j0 + c < N) {
+        const long idx = batch * N + j0 + c;
+        C[idx] = T(xk_epilogue<T, HAS_BIAS, ACT, HAS_RES>(sum[c], bias, residual, idx, j0 + c));
+      }
+    }
   }
 }

@@ -230,8 +230,8 @@ def raw_calls(op: str, a: mx.array, b: mx.array, cfg: GemmConfig, bias=None, act
         assert m == 1
         rows = cfg.gemv_threads // 32
         # a row-major B takes column blocks of COLS threads x one 16-byte run (COLS > 0)
-        cols = 0 if trans_b else cfg.gemv_cols(n, dtype, trans_b)
-        per_group = rows if cols == 0 else cols * min(8, 16 // dtype.size)
+        cols = cfg.gemv_cols(n, dtype, trans_b)  # (N, K) rows: columns a simdgroup; else column blocks
+        per_group = rows * cols if trans_b else cols * min(8, 16 // dtype.size)
         return [(gemm_mod.GEMV, dict(
             inputs=inputs, output_shapes=[(1, 1, n)], output_dtypes=[dtype],
             grid=(32, rows * -(-n // per_group), 1), threadgroup=(32, rows, 1),

@@ -1167,11 +1167,18 @@ def test_gemv_column_blocks(kernel_backend, spy, op, dtype_name, threads, case):
 @pytest.mark.parametrize("dtype_name", DTYPE_NAMES)
 @pytest.mark.parametrize("threads", [32, 256])
 @pytest.mark.parametrize("k", [264, 1000, 70, "offset"])
-def test_gemv_transposed_b_runs(kernel_backend, spy, dtype_name, threads, k):
-    """The M == 1 kernel on B as (N, K) rows (gemm_a_bt: a simdgroup per column): 16-byte
-    runs of a and the row, two a lane in flight, for K a multiple of the run (one lane with
-    two runs, many lanes with several), elements for K = 70 and for operands one element
-    into their buffers; against float64."""
+@pytest.mark.parametrize("cps", [1, 4])
+def test_gemv_transposed_b_runs(kernel_backend, spy, monkeypatch, dtype_name, threads, k, cps):
+    """The M == 1 kernel on B as (N, K) rows (gemm_a_bt: a simdgroup per CPS columns, COLS):
+    16-byte runs of a, each reused for the simdgroup's rows, for K a multiple of the run (one
+    lane with two runs, many lanes with several), elements for K = 70 and for operands one
+    element into their buffers; 1 or 4 columns a simdgroup (N = 37: the last simdgroup's
+    columns partly past N); against float64."""
+    from xlstm_kernels.tiles import gemm as tiles_gemm
+
+    monkeypatch.setattr(tiles_gemm, "GEMV_ROW_TARGET_GROUPS", 1 if cps == 4 else 1 << 30)
+    gemm_mod._LAUNCHERS.clear()
+    gemm_mod._CALLS.clear()
     dtype = DTYPES[dtype_name]
     cfg = GemmConfig(path="gemv", gemv_threads=threads)
     n = 37
@@ -1186,18 +1193,23 @@ def test_gemv_transposed_b_runs(kernel_backend, spy, dtype_name, threads, k):
     out = gemm_a_bt(a, b, tiles=cfg)
     assert_close(out, np_product("gemm_a_bt", f64(a), f64(b)), dtype, k, f"gemm_a_bt/{k}/{threads}")
     if _runs_kernels(kernel_backend):
-        t = spy.only("gemv").template
-        assert t["TRANS_B"] is True and t["COLS"] == 0
+        launched = spy.only("gemv")
+        assert launched.template["TRANS_B"] is True and launched.template["COLS"] == cps
+        assert launched.grid == (32, threads // 32 * -(-n // (threads // 32 * cps)), 1)
+    gemm_mod._LAUNCHERS.clear()
+    gemm_mod._CALLS.clear()
 
 
 def test_gemv_cols_choice():
     """COLS: at least 2 where the threadgroup holds two runs a row (whole 32-byte sectors),
     grown while GEMV_TARGET_GROUPS threadgroups remain, within a run per thread and
-    GEMV_PART_BYTES of partial sums; 0 on a transposed B."""
+    GEMV_PART_BYTES of partial sums; on a transposed B the columns a simdgroup (1 to 4)."""
     from xlstm_kernels.tiles.gemm import GEMV_PART_BYTES, GEMV_TARGET_GROUPS
 
     g128, g32, g1024 = (GemmConfig(path="gemv", gemv_threads=t) for t in (128, 32, 1024))
-    assert g128.gemv_cols(4096, mx.bfloat16, True) == 0
+    assert g128.gemv_cols(4096, mx.bfloat16, True) == 4  # 4096 / (4 x 4) = 256 groups >= 132
+    assert g128.gemv_cols(1000, mx.bfloat16, True) == 1  # 250 groups; 2 would leave 125
+    assert g32.gemv_cols(100, mx.float32, True) == 1
     assert g128.gemv_cols(4096, mx.bfloat16, False) == 2  # 4096 / 16 = 256 groups: no room to grow
     assert g128.gemv_cols(4096, mx.float32, False) == 2  # 512 groups; 4 would leave 256
     assert g128.gemv_cols(65536, mx.bfloat16, False) == 16  # a run per thread at most: 16 x 8 columns, 128 threads

@@ -216,7 +216,7 @@ def _build_launcher(layout, a_shape, b_shape, dtype, has_bias, act, has_res, til
 
     if cfg.path == "gemv" and m == 1:  # op(A) is one row: A is a contiguous K-vector in every layout
         rows = max(1, cfg.gemv_threads // 32)
-        cols = cfg.gemv_cols(n, dtype, layout.trans_b)  # 0: a column a simdgroup; else column blocks
+        cols = cfg.gemv_cols(n, dtype, layout.trans_b)  # (N, K) rows: columns a simdgroup; else column blocks
         main = prepare_launch(
             GEMV, inputs=example, output_shapes=[(nbatch, 1, n)], output_dtypes=[dtype],
             grid=cfg.grid(1, n, nbatch, dtype=dtype, trans_b=layout.trans_b), threadgroup=(32, rows, 1),

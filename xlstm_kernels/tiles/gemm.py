@@ -53,6 +53,11 @@ SIMD_WIDTH = 32  # thread execution width
 # call against mx.matmul's 17.5 (bench session 13).
 GEMV_TARGET_GROUPS = 264
 GEMV_PART_BYTES = 16384
+# ... and on B as (N, K) rows: up to GEMV_MAX_ROWS_SHARED output columns a simdgroup share
+# each run of A (read once per simdgroup instead of once per column), while at least
+# GEMV_ROW_TARGET_GROUPS threadgroups (one per SM) remain.
+GEMV_MAX_ROWS_SHARED = 4
+GEMV_ROW_TARGET_GROUPS = 132
 
 
 def gemv_run(dtype: Any) -> int:
@@ -259,15 +264,20 @@ class GemmConfig:
         return (SIMD_WIDTH * self.wn, self.wm, 1)
 
     def gemv_cols(self, n: int, dtype: Any, trans_b: bool) -> int:
-        """The gemv kernel's COLS for N = n output columns: 0 (one simdgroup per column) on a
-        transposed B; on a row-major B (K, N) column blocks of COLS threads x one 16-byte run,
+        """The gemv kernel's COLS for N = n output columns. On B as (N, K) rows (`trans_b`):
+        output columns a simdgroup (1 to GEMV_MAX_ROWS_SHARED, each 16-byte run of A read once
+        for all of them), doubled while at least GEMV_ROW_TARGET_GROUPS threadgroups remain.
+        On a row-major B (K, N): column blocks of COLS threads x one 16-byte run,
         COLS a power of two from 2 (whole 32-byte sectors for 16-bit T; 1 where the
         threadgroup is too small), grown while at least GEMV_TARGET_GROUPS threadgroups
         remain, with at most a run per thread and GEMV_PART_BYTES of partial sums (ROWS x
         COLS runs of floats) a threadgroup."""
-        if trans_b:
-            return 0
         rows = self.gemv_threads // SIMD_WIDTH
+        if trans_b:  # columns a simdgroup, reusing each run of A: while a wave of groups remains
+            cps = 1
+            while cps < GEMV_MAX_ROWS_SHARED and _ceil_div(n, rows * cps * 2) >= GEMV_ROW_TARGET_GROUPS:
+                cps *= 2
+            return cps
         w = gemv_run(dtype)
         cols = 1
 
@@ -280,7 +290,7 @@ class GemmConfig:
 
     def grid(self, m: int, n: int, batch: int = 1, *, dtype: Any = None, trans_b: bool = True) -> tuple[int, int, int]:
         """Grid (x, y, z) in threads for an M x N output (see the class docstring); the gemv
-        path on a row-major B (`trans_b` False) needs the `dtype` (its column blocks)."""
+        path's depends on B's layout (`trans_b`) and, on a row-major B, the `dtype`."""
         if self.path == "scalar":
             return (
                 _ceil_div(n, self.tn) * (self.tn // self.rn),
@@ -289,8 +299,8 @@ class GemmConfig:
             )
         if self.path == "gemv":
             rows = self.gemv_threads // SIMD_WIDTH
-            cols = 0 if trans_b or dtype is None else self.gemv_cols(n, dtype, trans_b)
-            per_group = rows if cols == 0 else cols * gemv_run(dtype)
+            cols = self.gemv_cols(n, dtype if dtype is not None else "float32", trans_b)
+            per_group = rows * cols if trans_b else cols * gemv_run(dtype)
             return (SIMD_WIDTH, rows * _ceil_div(n, per_group), batch)
         return (
             SIMD_WIDTH * self.wn * _ceil_div(n, self.bn),
