@@ -11,7 +11,9 @@ Three kernel paths share one record, :class:`GemmConfig`; each path reads its ow
     simd    BM x BN block, BK deep, WM x WN simdgroups of 8x8 simdgroup_matrix fragments,
             STAGES K tiles in flight (0 = as many as fit the backend's budget),
             SPLIT_K partitions of K (1 = off).
-    gemv    M == 1: one simdgroup per output column, GEMV_THREADS threads per threadgroup.
+    gemv    M == 1, GEMV_THREADS threads per threadgroup: on B as (N, K) rows a simdgroup per
+            1-4 output columns (each 16-byte run of A read once for them), on a row-major B
+            column blocks of COLS threads x one 16-byte run a row (GemmConfig.gemv_cols).
 """
 
 from __future__ import annotations
@@ -215,8 +217,9 @@ class GemmConfig:
                 threadgroup memory per stage sizeof(T) * (BM*(BK+p) + BK*(BN+p)),
                 p = 16 // sizeof(T) (gemm_av's layout; simd_stage_bytes for the others),
                 times simd_stages(...) stages
-        gemv    threadgroup (32, GEMV_THREADS/32, 1): one simdgroup per output column
-                grid        (32, rows * ceil(N/rows), batch), rows = GEMV_THREADS/32
+        gemv    threadgroup (32, GEMV_THREADS/32, 1): a simdgroup per 1-4 output columns (B as
+                (N, K) rows) or column blocks (row-major B; see gemv_cols)
+                grid        (32, rows * ceil(N / columns a threadgroup), batch), rows = GEMV_THREADS/32
                 no threadgroup memory
 
     With ``align_execw`` the scalar tile width is fixed at construction: TN = 32 * RN, so
