@@ -159,6 +159,21 @@ def test_noncontiguous_and_long_head_slices(kernel_backend):
 # gradients ----------------------------------------------------------------------------
 
 
+def _check_rms_grads_at_offsets(x, w, cot):
+    """rms_norm's gradients (dx, and dw when `w` is given) on aligned views and on views one
+    element into their buffers, against the float32 reference backend's; returns those."""
+    args = [x] + ([w] if w is not None else [])
+    fn = (lambda a, c: rms_norm(a, c, EPS)) if w is not None else (lambda a: rms_norm(a, None, EPS))
+    with runtime.use_backend("reference"):
+        want = _grads(fn, [a.astype(mx.float32) for a in args], cot.astype(mx.float32))
+    limit = 2e-5 if x.dtype == mx.float32 else 1.5e-2
+    for off in (0, 1):
+        got = _grads(fn, [offset_view(a, off) for a in args], offset_view(cot, off))
+        for g_, r_ in zip(got, want):
+            assert rel_err(g_, r_) < limit, off
+    return want
+
+
 @pytest.fixture
 def fresh_norm_calls():
     """The norm call memo cleared before and after the test (tests that patch the plans:
@@ -375,15 +390,7 @@ def test_rms_vjp_staged_rows(kernel_backend, monkeypatch, fresh_norm_calls, dtyp
     assert kw["threadgroup"][0] == max(128, n // norm_mod.RMS_VJP_STAGED_MAX_READS)
     assert kw["shared_memory"] == 4 * n * dt.size + norm_mod.RMS_VJP_RED_BYTES
     assert groups == (2 if has_w else 7)
-    args = [x] + ([w] if has_w else [])
-    fn = (lambda a, c: rms_norm(a, c, EPS)) if has_w else (lambda a: rms_norm(a, None, EPS))
-    with runtime.use_backend("reference"):
-        want = _grads(fn, [a.astype(mx.float32) for a in args], cot.astype(mx.float32))
-    limit = 2e-5 if dt == mx.float32 else 1.5e-2
-    for off in (0, 1):
-        got = _grads(fn, [offset_view(a, off) for a in args], offset_view(cot, off))
-        for g_, r_ in zip(got, want):
-            assert rel_err(g_, r_) < limit, off
+    _check_rms_grads_at_offsets(x, w if has_w else None, cot)
 
 
 def test_rms_vjp_staged_units_per_sm(monkeypatch):
@@ -761,15 +768,8 @@ def test_rms_norm_vjp_full_rows(kernel_backend, monkeypatch, fresh_norm_calls, d
     rng = np.random.default_rng(seed_of("vjpfull", dtype, n, has_w))
     x, w, _ = make(rng, (5, n), dt, has_w, False)
     cot = rand(rng, (5, n), dt)
-    args = [x] + ([w] if has_w else [])
-    fn = (lambda a, c: rms_norm(a, c, EPS)) if has_w else (lambda a: rms_norm(a, None, EPS))
-    with runtime.use_backend("reference"):
-        want = _grads(fn, [a.astype(mx.float32) for a in args], cot.astype(mx.float32))
+    want = _check_rms_grads_at_offsets(x, w if has_w else None, cot)
     limit = 2e-5 if dt == mx.float32 else 1.5e-2
-    for off in (0, 1):
-        got = _grads(fn, [offset_view(a, off) for a in args], offset_view(cot, off))
-        for g_, r_ in zip(got, want):
-            assert rel_err(g_, r_) < limit, off
     spec, kw, groups = norm_mod._vjp_plan("rms", x, w, False, cot, EPS)
     assert dict(kw["template"])["FULL"] == 1 and (groups < 5 if has_w else groups == 5)
     unstaged = {"STAGED": False, "NF": 0}
