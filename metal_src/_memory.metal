@@ -288,6 +288,13 @@ inline void xk_async_copy_aligned(threadgroup T* dst, const device T* src) {
     dst[k] = src[k];
   }
 }
+// xk_async_copy_aligned through the L1 cache where the backend chooses (CUDA: cp.async.ca).
+template <int N, typename T>
+inline void xk_async_copy_aligned_l1(threadgroup T* dst, const device T* src) {
+  for (int k = 0; k < N; ++k) {
+    dst[k] = src[k];
+  }
+}
 // Whether runs of N elements at src + r * ld + c * N meet xk_async_copy_aligned's
 // precondition (a threadgroup buffer of 16-byte aligned rows assumed). Here always.
 template <int N, typename T>

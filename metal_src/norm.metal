@@ -136,12 +136,16 @@ inline void xk_row_sum2(thread float& a, thread float& b, threadgroup float* scr
 // stage in threadgroup memory (same offsets): asynchronous (xk_async_copy_aligned,
 // cp.async on CUDA) where the row is aligned (`al`), else plain element copies, one run
 // at a time (done at once; rolled, so that they hold few registers). Complete for this
-// thread after xk_async_commit and xk_async_wait.
-template <int W, int NR, typename T>
+// thread after xk_async_commit and xk_async_wait. L1: the copies through the L1 cache.
+template <int W, int NR, bool L1 = false, typename T>
 inline void xk_stage_runs(threadgroup T* dst, const device T* src, uint i0, uint stride, bool al) {
   if (al) {
     for (int j = 0; j < NR; j++) {
-      xk_async_copy_aligned<W>(dst + i0 + uint(j) * stride, src + i0 + uint(j) * stride);
+      if (L1) {
+        xk_async_copy_aligned_l1<W>(dst + i0 + uint(j) * stride, src + i0 + uint(j) * stride);
+      } else {
+        xk_async_copy_aligned<W>(dst + i0 + uint(j) * stride, src + i0 + uint(j) * stride);
+      }
     }
   } else {
     XK_NO_UNROLL
@@ -463,7 +467,8 @@ for (uint c = tid * W; c < n; c += step) {
 // launch passes as shared_memory on CUDA; each thread copies and reads back only its own
 // runs, so no barrier guards the stages; x and g are read back twice, not held in
 // registers across the reduction), STRIDED (staged only: unit grp takes outer rows grp,
-// grp + groups, ... instead of its rpg consecutive rows; the partials sum the same)
+// grp + groups, ... instead of its rpg consecutive rows; the partials sum the same),
+// STAGE_L1 (staged only: the copies through L1, cp.async.ca on CUDA)
 constexpr int W = XK_RUN(T, N_READS);
 constexpr int NR = N_READS / W;
 constexpr int SW = STAGED ? (2 * NF * int(sizeof(T)) + 15) / 16 : 1;  // 16-byte words of one array's stages
@@ -515,8 +520,8 @@ if (unit < nunits) {  // uniform per unit
   const uint r1 = STRIDED ? m_rows : b1;
   if (STAGED && r0 < r1) {
     const size_t base = (size_t(r0) * nh + head) * n;
-    xk_stage_runs<W, NR>(xs, x + base, tid * W, tpr * W, al);
-    xk_stage_runs<W, NR>(gs, g + base, tid * W, tpr * W, al);
+    xk_stage_runs<W, NR, STAGE_L1>(xs, x + base, tid * W, tpr * W, al);
+    xk_stage_runs<W, NR, STAGE_L1>(gs, g + base, tid * W, tpr * W, al);
     xk_async_commit();
   }
   if (STAGED) {
@@ -526,8 +531,8 @@ if (unit < nunits) {  // uniform per unit
       const uint st = (t & 1u) * uint(NF);
       if (bi + rs < r1) {  // the next row into the other stage (read back by this thread last row)
         const size_t next = base + size_t(rs) * nh * n;
-        xk_stage_runs<W, NR>(xs + (uint(NF) - st), x + next, tid * W, tpr * W, al);
-        xk_stage_runs<W, NR>(gs + (uint(NF) - st), g + next, tid * W, tpr * W, al);
+        xk_stage_runs<W, NR, STAGE_L1>(xs + (uint(NF) - st), x + next, tid * W, tpr * W, al);
+        xk_stage_runs<W, NR, STAGE_L1>(gs + (uint(NF) - st), g + next, tid * W, tpr * W, al);
       }
       xk_async_commit();
       xk_async_wait<1>();  // this thread's copies of row bi are done

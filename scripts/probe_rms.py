@@ -63,7 +63,8 @@ SHIPPED_THREADS = norm_mod.CACHED_THREADS
 _VJP_KNOBS = ("VJP_THREADS", "VJP_MAX_READS", "VJP_REGISTERS", "RMS_VJP_TARGET_THREADS_CUDA",
               "RMS_VJP_THREADS_CUDA_16BIT", "RMS_VJP_THREADS_CUDA_32BIT", "RMS_VJP_STAGED_CUDA",
               "RMS_VJP_STAGE_BYTES", "RMS_VJP_STAGED_THREADS_CUDA", "RMS_VJP_STAGED_MAX_READS",
-              "RMS_VJP_STAGED_UNITS_PER_SM", "RMS_VJP_STAGED_REGISTERS", "RMS_VJP_STAGED_STRIDED")
+              "RMS_VJP_STAGED_UNITS_PER_SM", "RMS_VJP_STAGED_REGISTERS", "RMS_VJP_STAGED_STRIDED",
+              "RMS_VJP_STAGE_L1")
 SHIPPED_VJP = {k: getattr(norm_mod, k) for k in _VJP_KNOBS}
 # the backward's settings per variant (ops.norm attributes; the others as shipped)
 VJP_VARIANTS = {
@@ -90,6 +91,7 @@ VJP_VARIANTS = {
     "vjp_st64k": dict(RMS_VJP_STAGE_BYTES=65536),
     "vjp_st128k": dict(RMS_VJP_STAGE_BYTES=131072),
     "vjp_consec": dict(RMS_VJP_STAGED_STRIDED=False),  # each unit its consecutive rows (round 1-2)
+    "vjp_l1": dict(RMS_VJP_STAGE_L1=True),  # the stage copies through L1 (cp.async.ca)
 }
 
 

@@ -47,7 +47,10 @@ def _cases():
             return lambda: xk.rms_norm(x, w, 1e-5)
         return lambda: mx.fast.rms_norm(x, w, 1e-5)
 
-    def rms_vjp(ours: bool, dtype, rows=4096, n=4096):
+    def rms_vjp(ours: bool, dtype, rows=4096, n=4096, stage_l1=False):
+        from xlstm_kernels.ops import norm as norm_ops
+
+        norm_ops.RMS_VJP_STAGE_L1 = stage_l1
         x, w, g = rnd((rows, n), dtype), rnd((n,), dtype), rnd((rows, n), dtype)
         f = xk.rms_norm if ours else mx.fast.rms_norm
         return lambda: mx.vjp(lambda a, b: f(a, b, 1e-5), [x, w], [g])[1]
@@ -101,6 +104,8 @@ def _cases():
         # the RMSNorm backward, 4096x4096 bfloat16 (session 12: 0.78-0.87x of MLX's on an H200)
         "rms_vjp_bf16_ours": (lambda: rms_vjp(True, mx.bfloat16), "custom_kernel_rms_norm_vjp"),
         "rms_vjp_bf16_mlx": (lambda: rms_vjp(False, mx.bfloat16), "rms_norm_vjp"),
+        # session 13: the stage copies through L1 (cp.async.ca, as MLX's kernel) instead of .cg
+        "rms_vjp_bf16_ours_l1": (lambda: rms_vjp(True, mx.bfloat16, stage_l1=True), "custom_kernel_rms_norm_vjp"),
         "rope_ours": (lambda: rope(True), "custom_kernel_rope"),
         "rope_mlx": (lambda: rope(False), "rope"),
         # RoPE's decode step (32 sequences x 32 heads, one position each; session 12)

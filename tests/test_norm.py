@@ -393,6 +393,23 @@ def test_rms_vjp_staged_rows(kernel_backend, monkeypatch, fresh_norm_calls, dtyp
     _check_rms_grads_at_offsets(x, w if has_w else None, cot)
 
 
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_rms_vjp_staged_through_l1(kernel_backend, monkeypatch, fresh_norm_calls, dtype):
+    """The staged backward with its copies through L1 (STAGE_L1: cp.async.ca on CUDA, the
+    probe's alternative to .cg), aligned and offset views, against the reference's gradients."""
+    monkeypatch.setattr(norm_mod, "_plans_for_cuda", lambda: True)
+    monkeypatch.setattr(norm_mod, "RMS_VJP_SMS_CUDA", 2)
+    monkeypatch.setattr(norm_mod, "RMS_VJP_STAGED_UNITS_PER_SM", 1)
+    monkeypatch.setattr(norm_mod, "RMS_VJP_STAGE_L1", True)
+    dt = DTYPES[dtype]
+    rng = np.random.default_rng(seed_of("vjp-staged-l1", dtype))
+    x, w, _ = make(rng, (7, 2048), dt, True, False)
+    cot = rand(rng, (7, 2048), dt)
+    t = dict(norm_mod._vjp_plan("rms", x, w, False, cot, EPS)[1]["template"])
+    assert t["STAGED"] and t["STAGE_L1"], t
+    _check_rms_grads_at_offsets(x, w, cot)
+
+
 def test_rms_vjp_staged_units_per_sm(monkeypatch):
     """Staged units planned per SM: RMS_VJP_STAGED_UNITS_PER_SM, fewer where the registers
     (at the hint) or the shared memory of an SM run out, at least one; the launch's

@@ -532,6 +532,18 @@ template <int N, typename T> inline void xk_async_copy_aligned(T* dst, const T* 
     for (int k = 0; k < N; ++k) dst[k] = src[k];
   }
 }
+// xk_async_copy_aligned_l1: the same through L1 (cp.async.ca for 16 bytes too; MLX's CUDA
+// RMSNorm backward stages its rows so).
+template <int N, typename T> inline void xk_async_copy_aligned_l1(T* dst, const T* src) {
+  constexpr int B = N * int(sizeof(T));
+  if constexpr (XK_SM80_ && (B == 4 || B == 8 || B == 16)) {
+    const unsigned d = unsigned(__cvta_generic_to_shared(dst));
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(d), "l"(src), "n"(B));
+  } else {
+#pragma unroll
+    for (int k = 0; k < N; ++k) dst[k] = src[k];
+  }
+}
 template <int N, typename T> inline bool xk_async_runs_aligned(const T* src, long ld) {
   constexpr int B = N * int(sizeof(T));
   if constexpr (XK_SM80_ && (B == 4 || B == 8 || B == 16)) {

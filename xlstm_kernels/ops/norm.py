@@ -173,6 +173,7 @@ RMS_VJP_SMS_CUDA = 132  # an H100's or H200's SMs
 RMS_VJP_STAGED_UNITS_PER_SM = 3
 RMS_VJP_STAGED_REGISTERS = 160
 RMS_VJP_STAGED_STRIDED = True  # a unit takes every groups-th row (as MLX's), not consecutive ones
+RMS_VJP_STAGE_L1 = False  # stage through L1 (cp.async.ca, as MLX's) instead of bypassing it (.cg)
 RMS_VJP_SMEM_PER_SM_CUDA = 228 * 1024  # shared memory of an sm_90 SM (1 KiB of it reserved per block)
 RMS_VJP_RED_BYTES = 2 * 64 * 4  # rms_norm_vjp's reduction scratch (red)
 # The LayerNorm backward on CUDA: rows that VJP_THREADS threads would loop over (more than
@@ -457,7 +458,8 @@ def _vjp_plan(
         if kind == "rms":
             template.append(("FULL", int(full)))
             template += [("STAGED", bool(staged)), ("NF", n if staged else 0),
-                         ("STRIDED", bool(staged and RMS_VJP_STAGED_STRIDED))]
+                         ("STRIDED", bool(staged and RMS_VJP_STAGED_STRIDED)),
+                         ("STAGE_L1", bool(staged and RMS_VJP_STAGE_L1))]
             if full:
                 if staged and RMS_VJP_STAGED_REGISTERS > 0:
                     template.append(("XK_MIN_BLOCKS", _staged_units_per_sm(lay.tpr, stage_bytes)))
