@@ -1009,13 +1009,14 @@ const device T* a = A + batch * params[3];
 const device T* b = B + batch * params[4];
 constexpr int W = XK_RUN(T, 8);
 constexpr bool BLOCKS = !TRANS_B && COLS > 0;  // column blocks
-constexpr int CB = BLOCKS ? COLS * W : 1;
+constexpr int TX = BLOCKS ? COLS : 1;  // threads a row of a block (no division by 0 elsewhere)
+constexpr int CB = TX * W;
 threadgroup float part[BLOCKS ? ROWS * CB : 1];
 if (BLOCKS) {
   const uint sg = thread_position_in_threadgroup.y;
   const uint l = sg * 32 + lane;
-  const uint tx = l % uint(COLS);
-  const long ny = 32 * ROWS / COLS;  // rows a step
+  const uint tx = l % uint(TX);
+  const long ny = 32 * ROWS / TX;  // rows a step
   const long col0 = long(threadgroup_position_in_grid.y) * CB;
   const long j0 = col0 + long(tx) * W;
   float acc[W];
@@ -1025,7 +1026,7 @@ if (BLOCKS) {
   if (j0 < N) {
     // whole runs in every row: inside, and rows keep the run's alignment
     if (j0 + W <= N && N % W == 0 && xk_run_aligned<W>(b + j0)) {
-      long p = long(l / uint(COLS));
+      long p = long(l / uint(TX));
       for (; p + 3 * ny < K; p += 4 * ny) {
         T t0[W];
         T t1[W];
@@ -1050,7 +1051,7 @@ if (BLOCKS) {
       }
     } else {
       XK_NO_UNROLL
-      for (long p = long(l / uint(COLS)); p < K; p += ny) {
+      for (long p = long(l / uint(TX)); p < K; p += ny) {
         const float a0 = float(a[p]);
         for (int w = 0; w < W; w++) {
           if (j0 + w < N) {
@@ -1060,12 +1061,12 @@ if (BLOCKS) {
       }
     }
   }
-  for (ushort off = ushort(COLS); off < 32; off <<= 1) {  // the lanes of one run: same tx
+  for (ushort off = ushort(TX); off < 32; off <<= 1) {  // the lanes of one run: same tx
     for (int w = 0; w < W; w++) {
       acc[w] += simd_shuffle_xor(acc[w], off);
     }
   }
-  if (lane < uint(COLS)) {
+  if (lane < uint(TX)) {
     for (int w = 0; w < W; w++) {
       part[sg * CB + tx * W + w] = acc[w];
     }
