@@ -83,6 +83,11 @@ def _cases():
         "decode_ours": (lambda: decode(True), "attention_partial"),  # the default pass 1 (tiles for fp16)
         "decode_ours_lane": (lambda: decode(True, knobs={"split_kv_mma": False}), "attention_partial"),
         "decode_mlx": (lambda: decode(False), "sdpav_2pass_1|sdpav_1pass"),
+        # one sequence, a long cache (session 14: 0.61x of MLX's op at 1x32x8x16384 fp16)
+        "decode_b1_ours": (lambda: decode(True, b=1, lk=16384), "attention_partial"),
+        "decode_b1_ours_reduce": (lambda: decode(True, b=1, lk=16384), "attention_reduce"),
+        "decode_b1_mlx": (lambda: decode(False, b=1, lk=16384), "sdpav_2pass_1|sdpav_1pass"),
+        "decode_b1_mlx_2": (lambda: decode(False, b=1, lk=16384), "sdpav_2pass_2"),
         # prefill attention (causal, 2x32x2048x128 fp16, GQA 4): the tile prefill
         # (attention_prefill_mma, session 8) and the 8x8 kernel it replaced on CUDA
         "prefill_ours": (lambda: prefill(True), "attention_prefill"),
