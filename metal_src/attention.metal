@@ -38,6 +38,17 @@
 #define XK_ATTN_UNROLL
 #endif
 #endif
+// XK_ATTN_UNROLL4 before a loop with a variable trip count: unroll it by 4 (several
+// iterations' independent loads in flight).
+#ifndef XK_ATTN_UNROLL4
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+#define XK_ATTN_UNROLL4 _Pragma("unroll 4")
+#elif defined(__METAL_VERSION__)
+#define XK_ATTN_UNROLL4 _Pragma("clang loop unroll_count(4)")
+#else
+#define XK_ATTN_UNROLL4
+#endif
+#endif
 
 // xk_frag_coord (lane -> fragment coordinates): metal_src/_simdgroup.metal.
 
@@ -1621,33 +1632,59 @@ for (int c = 0; c < NE; ++c) {
 
 // @kernel attention_reduce
 // Split-KV decode, pass 2: o = sum_s exp(lse_s - M) o_part_s / sum_s exp(lse_s - M),
-// M = max_s lse_s. One simdgroup per (b, h, query) row; lanes stride over DV. When
-// every block's lse is at the masked level (every key of the row masked to -FLT_MAX),
-// the blocks are weighted by their key counts instead, which gives the uniform average
-// over all keys of the single-pass kernel.
+// M = max_s lse_s. One simdgroup per (b, h, query) row. The blocks go 32 at a time: lane
+// l holds block s0 + l's weight, and the simdgroup walks the 32 blocks with the weight
+// broadcast (simd_shuffle), each lane summing its columns lane, lane + 32, ... of DV; the
+// partial rows' loads of several blocks are in flight at once (independent of each
+// other). When every block's lse is at the masked level (every key of the row masked to
+// -FLT_MAX), the blocks are weighted by their key counts instead, which gives the uniform
+// average over all keys of the single-pass kernel.
 // Threadgroup (32, R, 1); grid (32, rows, 1).
 // inputs: o_part (rows, n_blocks, DV) float; lse (rows, n_blocks) float; params (int64)
 // outputs: o (rows, DV) T.  template: T, DV
 // params: [rows, n_blocks, block_size, Lk]
+constexpr int NC = (DV + 31) / 32;  // columns per lane
 const long rows = params[0], nb = params[1], bs = params[2], Lk = params[3];
 const long row = thread_position_in_grid.y;
 const uint lane = thread_index_in_simdgroup;
-if (row < rows) {
+if (row < rows) {  // uniform per simdgroup
   const device float* lr = lse + row * nb;
   const device float* pr = o_part + row * nb * DV;
   float mall = -INFINITY;
-  for (long s = 0; s < nb; ++s) {
+  for (long s = long(lane); s < nb; s += 32) {
     mall = metal::max(mall, lr[s]);
   }
+  mall = simd_max(mall);
   const bool all_masked = mall > -INFINITY && mall < -2.0e38f;
-  for (int d = int(lane); d < DV; d += 32) {
-    float num = 0.0f;
-    float den = 0.0f;
-    for (long s = 0; s < nb; ++s) {
-      const float wt = all_masked ? float(metal::min(bs, Lk - s * bs)) : metal::exp(lr[s] - mall);
-      num += wt * pr[s * DV + d];
-      den += wt;
+  float num[NC];
+  for (int c = 0; c < NC; ++c) {
+    num[c] = 0.0f;
+  }
+  float den = 0.0f;
+  for (long s0 = 0; s0 < nb; s0 += 32) {
+    const long s = s0 + long(lane);
+    const float wt = s >= nb ? 0.0f
+                     : all_masked ? float(metal::min(bs, Lk - s * bs))
+                                  : metal::exp(lr[s] - mall);
+    den += wt;
+    const int cnt = int(metal::min(nb - s0, 32L));
+    const device float* ps = pr + s0 * DV;
+    XK_ATTN_UNROLL4
+    for (int i = 0; i < cnt; ++i) {
+      const float w = simd_shuffle(wt, ushort(i));
+      for (int c = 0; c < NC; ++c) {
+        const int d = int(lane) + 32 * c;
+        if (DV % 32 == 0 || d < DV) {
+          num[c] += w * ps[long(i) * DV + d];
+        }
+      }
     }
-    o[row * DV + d] = T(num / den);  // all blocks -inf: 0/0 = NaN, like MLX
+  }
+  den = simd_sum(den);
+  for (int c = 0; c < NC; ++c) {
+    const int d = int(lane) + 32 * c;
+    if (DV % 32 == 0 || d < DV) {
+      o[row * DV + d] = T(num[c] / den);  // all blocks -inf: 0/0 = NaN, like MLX
+    }
   }
 }

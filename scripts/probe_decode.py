@@ -14,7 +14,7 @@ is planned anew and then replayed; eval times compare kernels, not per-call host
   tg256       SPLIT_KV_MMA_TARGET_GROUPS 256
   st2 / mb4096 st2  at most 2 threadgroup-memory stages
   kt32        32-key tiles
-  tg512 / st3 / st4 / tg256 st3 / tg512 st3   more groups (shorter walks), more stages
+  tg512 / tg1024 / st3 / st4 / tg256 st3 / tg512 st3   more groups (shorter walks), more stages
 PROBE_DECODE_SHAPES="B,Hq,Hkv,Lk,D B,Hq,Hkv,Lk,D" and PROBE_DECODE_VARIANTS="mma|tg256|..." (names joined by
 '|') pick the shapes and variants (default: all).
 `--tiny` runs one small shape (works on the emulator: XLSTM_KERNELS_BACKEND=emulate).
@@ -55,6 +55,7 @@ VARIANTS = [  # (name, environment, module constants of ops.attention to patch)
     ("st4", {}, {"SPLIT_KV_MMA_MAX_STAGES": 4}),
     ("tg256 st3", {}, {"SPLIT_KV_MMA_TARGET_GROUPS": 256, "SPLIT_KV_MMA_MAX_STAGES": 3}),
     ("tg512 st3", {}, {"SPLIT_KV_MMA_TARGET_GROUPS": 512, "SPLIT_KV_MMA_MAX_STAGES": 3}),
+    ("tg1024", {}, {"SPLIT_KV_MMA_TARGET_GROUPS": 1024}),
 ]
 if os.environ.get("PROBE_DECODE_SHAPES"):
     shapes = [tuple(int(v) for v in s.split(",")) for s in os.environ["PROBE_DECODE_SHAPES"].split()]

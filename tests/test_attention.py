@@ -698,6 +698,30 @@ def test_partial_lse_and_reduce(kernel_backend, walk):
     assert_close(out, np_attention(q, k, v, 0.125, "causal"), mx.float16, "attention_reduce")
 
 
+@pytest.mark.parametrize("nb,dv", [(3, 5), (33, 64), (70, 130), (64, 128)])
+def test_reduce_many_blocks(kernel_backend, nb, dv):
+    """Pass 2 alone over random partials: 32 blocks at a time (nb past 32 and not a multiple
+    of it), columns past a lane's first (DV > 32, and not a multiple of 32); one row with
+    a -inf block, one with every block at the masked level (weighted by key counts)."""
+    if kernel_backend == "reference":
+        pytest.skip("attention_reduce is a kernel; the reference backend has none")
+    rows, bs = 6, 16
+    lk = nb * bs - 5  # the last block holds 11 keys
+    rng = np.random.default_rng(seed_of("reduce", nb, dv))
+    o_part = rng.standard_normal((rows, nb, dv)).astype(np.float32)
+    lse = (3.0 * rng.standard_normal((rows, nb))).astype(np.float32)
+    lse[1, nb // 2] = -np.inf
+    lse[2, :] = -np.finfo(np.float32).max
+    out = np.asarray(att.attention_reduce(mx.array(o_part), mx.array(lse), block_size=bs, num_keys=lk,
+                                          dtype=mx.float32)).astype(np.float64)
+    lse64, op64 = lse.astype(np.float64), o_part.astype(np.float64)
+    wt = np.exp(lse64 - lse64.max(axis=1, keepdims=True))
+    wt[2] = np.minimum(bs, lk - np.arange(nb) * bs)  # the all-masked row: key counts
+    ref = (wt[:, :, None] * op64).sum(axis=1) / wt.sum(axis=1, keepdims=True)
+    assert out.shape == (rows, dv)
+    assert rel_err(out, ref) < 1e-5
+
+
 # ---------------------------------------------------------------------------------------
 # Semantics against mx.fast.scaled_dot_product_attention (float32)
 # ---------------------------------------------------------------------------------------
