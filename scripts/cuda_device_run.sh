@@ -180,6 +180,31 @@ run_ncu() {  # Nsight Compute reports of scripts/profile_ncu.py's cases (ours an
   grep -E "^== ncu|Duration|DRAM Throughput|Memory Throughput|Registers Per|Achieved Occupancy|Theoretical Occupancy|Compute \(SM\) Throughput|Block Size|Grid Size" "$OUT/ncu.txt" | head -150
 }
 
+run_ncutime() {  # kernel durations (ncu, one metric, warm caches) of the decode cases in NCU_TIME_CASES
+  # NCU_TIME_CASES="ours,1,32,8,16384,128,512 mlx,1,32,8,16384,128": profile_ncu.py's decode:<case>
+  unset MLX_ENABLE_TF32
+  local c calls="${NCU_TIME_CALLS:-10}"
+  for c in ${NCU_TIME_CASES:-}; do
+    local re="regex:attention"
+    [[ "$c" == mlx,* ]] && re="regex:sdpa|cudnn|flash|fmha"
+    timeout -k 5 "${NCU_TIMEOUT:-150}" ncu --metrics gpu__time_duration.sum --cache-control none --clock-control none \
+      --kernel-name "$re" --csv python3 scripts/profile_ncu.py timed "decode:$c" "$calls" >"$OUT/ncutime.csv" 2>&1
+    python3 - "$c" "$OUT/ncutime.csv" "$calls" <<'PY' | tee -a "$OUT/ncutime.txt"
+import csv, statistics, sys, collections
+rows = [r for r in csv.reader(l for l in open(sys.argv[2]) if l.startswith('"'))]
+if not rows:
+    print(sys.argv[1], "no kernels"); sys.exit()
+head = rows[0]; ki, vi = head.index("Kernel Name"), head.index("Metric Value")
+by = collections.defaultdict(list)
+for r in rows[1:]:
+    by[r[ki][:60]].append(float(r[vi].replace(",", "")) / 1e3)
+by = {k: v[-int(sys.argv[3]):] for k, v in by.items()}  # the timed calls (after the warm-up ones)
+tot = sum(statistics.median(v) for v in by.values())
+print(f"{sys.argv[1]:34s} total {tot:7.2f} us  " + "  ".join(f"{k}: {statistics.median(v):.2f} (n={len(v)})" for k, v in by.items()))
+PY
+  done
+}
+
 run_host() {
   unset MLX_ENABLE_TF32
   timeout -k 5 "${HOST_TIMEOUT:-120}" python3 scripts/cuda_host_cost.py --out "$OUT/host.json" 2>&1 | tee "$OUT/host.log"
@@ -210,6 +235,7 @@ stage2() {
       host) run_host ;;
       probes) run_probes ;;
       ncu) run_ncu ;;
+      ncutime) run_ncutime ;;
       none) ;;
       all) run_tests; run_bench ;;
       *) echo "unknown: $w"; return 2 ;;

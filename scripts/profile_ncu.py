@@ -3,6 +3,7 @@
 
     python3 scripts/profile_ncu.py list                 # the cases and their kernel regexes
     python3 scripts/profile_ncu.py run CASE             # warm-up calls, then the profiled ones
+    python3 scripts/profile_ncu.py timed decode:ours,B,HQ,HKV,LK,D[,BS] CALLS   # (cuda_device_run.sh ncutime)
     bash scripts/cuda_device_run.sh stage2 ncu          # every case under ncu (NCU_CASES to pick)
 
 A case is (what runs, the regex of the kernel(s) to profile): ours and MLX's op at the same
@@ -122,7 +123,38 @@ def _cases():
     }
 
 
+def _decode_case(spec: str):
+    """``decode:ours|mlx,b,hq,hkv,lk,d[,block_size]`` (fp16): a decode case by its shape,
+    ours with an optional split-KV block size (the knob)."""
+    import mlx.core as mx
+
+    import xlstm_kernels as xk
+
+    who, *vals = spec.split(":", 1)[1].split(",")
+    b, hq, hkv, lk, d = (int(v) for v in vals[:5])
+    knobs = {"split_kv_block_size": int(vals[5])} if len(vals) > 5 else None
+    q, k, v = (mx.random.normal(s).astype(mx.float16) for s in ((b, hq, 1, d), (b, hkv, lk, d), (b, hkv, lk, d)))
+    mx.eval(q, k, v)
+    if who == "ours":
+        return (lambda: lambda: xk.scaled_dot_product_attention(q, k, v, scale=d**-0.5, knobs=knobs)), "attention"
+    return (lambda: lambda: mx.fast.scaled_dot_product_attention(q, k, v, scale=d**-0.5)), "sdpa|cudnn|flash"
+
+
+def _timed(spec: str, calls: int) -> int:
+    """Run a decode case `calls` times after WARM, one eval per call (for ncu's kernel
+    durations with ``--metrics gpu__time_duration.sum``; cuda_device_run.sh ncutime)."""
+    import mlx.core as mx
+
+    fn = _decode_case(spec)[0]()
+    for _ in range(WARM + calls):
+        mx.eval(fn())
+    mx.synchronize()
+    return 0
+
+
 def main(argv: list[str]) -> int:
+    if len(argv) == 3 and argv[0] == "timed":
+        return _timed(argv[1], int(argv[2]))
     if not argv or argv[0] not in ("list", "run"):
         print(__doc__)
         return 2
@@ -136,6 +168,8 @@ def main(argv: list[str]) -> int:
     import mlx.core as mx
 
     cases = _cases()
+    if len(argv) >= 2 and argv[1].startswith("decode:"):
+        cases[argv[1]] = _decode_case(argv[1])
     if len(argv) < 2 or argv[1] not in cases:
         print(f"unknown case; one of {', '.join(cases)}", file=sys.stderr)
         return 2
