@@ -187,7 +187,7 @@ run_ncutime() {  # kernel durations (ncu, one metric, warm caches) of the decode
   for c in ${NCU_TIME_CASES:-}; do
     local re="regex:attention"
     [[ "$c" == mlx,* ]] && re="regex:sdpa|cudnn|flash|fmha"
-    timeout -k 5 "${NCU_TIMEOUT:-150}" ncu --metrics gpu__time_duration.sum --cache-control none --clock-control none \
+    timeout -k 5 "${NCU_TIMEOUT:-150}" ncu --metrics gpu__time_duration.sum --print-units base --cache-control none --clock-control none \
       --kernel-name "$re" --csv python3 scripts/profile_ncu.py timed "decode:$c" "$calls" >"$OUT/ncutime.csv" 2>&1
     python3 - "$c" "$OUT/ncutime.csv" "$calls" <<'PY' | tee -a "$OUT/ncutime.txt"
 import csv, statistics, sys, collections
