@@ -1,6 +1,8 @@
 """Decode attention (split-KV) on the GPU: the two pass-1 kernels and their variants vs
 mx.fast SDPA, in one run. Device time is estimated as the eval time of 20 queued calls
-(graph built first, timed apart); GB/s counts K + V + 2 q.
+(graph built first, timed apart); GB/s counts K + V + 2 q. "chain": the eval time per call
+of calls that each take the last one's output as query (as a decode loop: the calls cannot
+overlap on the GPU, where independent queued calls may run concurrently).
 
     python scripts/probe_decode.py [--out result.json] [--tiny] [--budget 85]
 
@@ -79,6 +81,22 @@ def timed(f):
     return best[len(best) // 2]
 
 
+def chained(f, q0):
+    """Eval us per call of `calls` calls each taking the last one's output as its query (a
+    decode loop's dependency: the calls cannot overlap on the GPU), built first; median rep."""
+    mx.eval(f(q0))
+    best = []
+    for _ in range(reps):
+        o = q0
+        for _ in range(calls):
+            o = f(o)
+        t1 = time.perf_counter()
+        mx.eval(o)
+        best.append((time.perf_counter() - t1) / calls * 1e6)
+    best.sort()
+    return best[len(best) // 2]
+
+
 def plan_of(q, k, v, env):
     """What the variant launches: kernel, block size, R, stages / simdgroups."""
     backend = xk.runtime.current_backend() if hasattr(xk, "runtime") else "cuda"
@@ -99,7 +117,7 @@ t_start = time.perf_counter()
 rows = []
 print(f"backend {xk.runtime.current_backend()}, device {mx.default_device()}")
 print(f"{'B Hq Hkv Lk D':20s} {'variant':11s} {'plan':28s} {'build us':>9s} {'eval us':>9s} {'GB/s':>6s} "
-      f"{'mlx us':>8s} {'ratio':>6s} {'err':>8s}")
+      f"{'mlx us':>8s} {'ratio':>6s} {'err':>8s} {'chain us':>9s} {'mlx chain':>9s} {'ratio':>6s}")
 for (b, hq, hkv, lk, d) in shapes:
     if time.perf_counter() - t_start > args.budget:
         print(f"{b} {hq} {hkv} {lk} {d}: skipped (time budget)")
@@ -114,9 +132,11 @@ for (b, hq, hkv, lk, d) in shapes:
     o_ref = ref()
     mx.eval(o_ref)
     mb, me = timed(ref)
+    mc = chained(lambda qq: mx.fast.scaled_dot_product_attention(qq, k, v, scale=scale), q)
     tag = f"{b} {hq} {hkv} {lk} {d}"
-    print(f"{tag:20s} {'mlx':11s} {'mx.fast SDPA':28s} {mb:9.1f} {me:9.1f} {nbytes / me / 1e3:6.0f} {me:8.1f} {1.0:6.2f}")
-    rows.append(dict(shape=[b, hq, hkv, lk, d], variant="mlx", eval_us=me, build_us=mb, gbs=nbytes / me / 1e3))
+    print(f"{tag:20s} {'mlx':11s} {'mx.fast SDPA':28s} {mb:9.1f} {me:9.1f} {nbytes / me / 1e3:6.0f} {me:8.1f} {1.0:6.2f} {'':8s} {mc:9.1f} {mc:9.1f} {1.0:6.2f}")
+    rows.append(dict(shape=[b, hq, hkv, lk, d], variant="mlx", eval_us=me, build_us=mb, gbs=nbytes / me / 1e3,
+                     chain_us=mc))
     for name, env, patch in VARIANTS:
         if time.perf_counter() - t_start > args.budget:
             print(f"{tag:20s} {name:11s} skipped (time budget)")
@@ -134,6 +154,7 @@ for (b, hq, hkv, lk, d) in shapes:
             err = (mx.abs(o.astype(mx.float32) - o_ref.astype(mx.float32)).max()
                    / mx.abs(o_ref.astype(mx.float32)).max()).item()
             ob, oe = timed(f)
+            oc = chained(lambda qq: xk.scaled_dot_product_attention(qq, k, v, scale=scale), q)
         except Exception as ex:  # noqa: BLE001
             print(f"{tag:20s} {name:11s} FAILED {str(ex)[:200]}")
             continue
@@ -144,9 +165,9 @@ for (b, hq, hkv, lk, d) in shapes:
                 os.environ.pop(key, None)
             att._CALLS.clear()
         print(f"{tag:20s} {name:11s} {plan:28s} {ob:9.1f} {oe:9.1f} {nbytes / oe / 1e3:6.0f} {me:8.1f} "
-              f"{me / oe:6.2f} {err:8.1e}")
+              f"{me / oe:6.2f} {err:8.1e} {oc:9.1f} {mc:9.1f} {mc / oc:6.2f}")
         rows.append(dict(shape=[b, hq, hkv, lk, d], variant=name, plan=plan, build_us=ob, eval_us=oe, mlx_eval_us=me,
-                         mlx_build_us=mb, gbs=nbytes / oe / 1e3, ratio=me / oe, err=err))
+                         mlx_build_us=mb, gbs=nbytes / oe / 1e3, ratio=me / oe, err=err, chain_us=oc, mlx_chain_us=mc))
 print(f"total {time.perf_counter() - t_start:.1f} s")
 if args.out:
     with open(args.out, "w") as fh:
