@@ -58,6 +58,12 @@ VARIANTS = [  # (name, environment, module constants of ops.attention to patch)
     ("tg256 st3", {}, {"SPLIT_KV_MMA_TARGET_GROUPS": 256, "SPLIT_KV_MMA_MAX_STAGES": 3}),
     ("tg512 st3", {}, {"SPLIT_KV_MMA_TARGET_GROUPS": 512, "SPLIT_KV_MMA_MAX_STAGES": 3}),
     ("tg1024", {}, {"SPLIT_KV_MMA_TARGET_GROUPS": 1024}),
+    ("tg1024 st3", {}, {"SPLIT_KV_MMA_TARGET_GROUPS": 1024, "SPLIT_KV_MMA_MAX_STAGES": 3}),
+    ("tg256 st4", {}, {"SPLIT_KV_MMA_TARGET_GROUPS": 256, "SPLIT_KV_MMA_MAX_STAGES": 4}),
+    ("tg512 st4", {}, {"SPLIT_KV_MMA_TARGET_GROUPS": 512, "SPLIT_KV_MMA_MAX_STAGES": 4}),
+    ("tg1024 st4", {}, {"SPLIT_KV_MMA_TARGET_GROUPS": 1024, "SPLIT_KV_MMA_MAX_STAGES": 4}),
+    ("st5", {}, {"SPLIT_KV_MMA_MAX_STAGES": 5}),
+    ("tg256 st5", {}, {"SPLIT_KV_MMA_TARGET_GROUPS": 256, "SPLIT_KV_MMA_MAX_STAGES": 5}),
 ]
 if os.environ.get("PROBE_DECODE_SHAPES"):
     shapes = [tuple(int(v) for v in s.split(",")) for s in os.environ["PROBE_DECODE_SHAPES"].split()]
