@@ -595,12 +595,13 @@ def test_split_kv_mma_plan(monkeypatch):
     """Rows per group, stages per backend budget, the automatic block size, and the lane
     walk where one stage of tiles does not fit."""
     h = mx.float16
-    assert att._mma_plan(4, 128, 128, h, "cuda") == (4, 1, 16, 2)  # 8.5 KiB per stage, SPLIT_KV_MMA_MAX_STAGES
-    assert att._mma_plan(1, 128, 128, h, "emulate") == (1, 1, 16, 2)
-    assert att._mma_plan(32, 128, 128, h, "cuda") == (16, 2, 16, 2)
-    assert att._mma_plan(24, 64, 64, h, "cuda") == (12, 2, 16, 2)
-    monkeypatch.setattr(att, "SPLIT_KV_MMA_MAX_STAGES", 3)
-    assert att._mma_plan(4, 128, 128, h, "cuda") == (4, 1, 16, 3)
+    assert att._mma_plan(4, 128, 128, h, "cuda") == (4, 1, 16, 3)  # 8.5 KiB per stage, SPLIT_KV_MMA_MAX_STAGES
+    assert att._mma_plan(1, 128, 128, h, "emulate") == (1, 1, 16, 3)
+    assert att._mma_plan(32, 128, 128, h, "cuda") == (16, 2, 16, 3)
+    assert att._mma_plan(24, 64, 64, h, "cuda") == (12, 2, 16, 3)
+    monkeypatch.setattr(att, "SPLIT_KV_MMA_MAX_STAGES", 5)
+    assert att._mma_plan(4, 128, 128, h, "cuda") == (4, 1, 16, 5)  # 5 x 8.5 KiB within 48 KiB
+    assert att._mma_plan(4, 128, 128, h, "emulate") == (4, 1, 16, 3)  # 32 KiB: 3 stages
     assert att._mma_plan(4, 128, 128, mx.float32, "emulate") == (4, 1, 16, 1)  # 16.5 KiB per stage
     monkeypatch.setattr(att, "SPLIT_KV_MMA_MAX_STAGES", 2)
     assert att._mma_plan(4, 256, 256, mx.float32, "cuda") == (4, 1, 16, 1)  # 32.5 KiB per stage
@@ -613,11 +614,12 @@ def test_split_kv_mma_plan(monkeypatch):
         _, kw = att._partial_mma_launch(q, k, k, att._Mask(0), 0.1, bs, backend)
         return bs, kw["grid"][0] // 32 * kw["grid"][1] * kw["grid"][2]
 
-    assert plan(8, 32, 8, 8192) == (4096, 128)  # the largest block already gives >= 128 groups
-    assert plan(4, 32, 8, 32768) == (4096, 256)
-    assert plan(16, 32, 8, 4096) == (4096, 128)
-    assert plan(1, 32, 32, 4096) == (1024, 128)  # halved until 128 groups
-    assert plan(1, 32, 8, 4096) == (256, 128)
+    assert plan(64, 32, 8, 8192) == (4096, 1024)  # the largest block already gives >= 512 groups
+    assert plan(8, 32, 8, 8192) == (1024, 512)  # halved until 512 groups
+    assert plan(4, 32, 8, 32768) == (2048, 512)
+    assert plan(16, 32, 8, 4096) == (1024, 512)
+    assert plan(1, 32, 32, 4096) == (256, 512)
+    assert plan(1, 32, 8, 4096) == (64, 512)
     assert plan(1, 32, 8, 100) == (64, 16)  # never below 64
     q = mx.zeros((1, 4, 1, 256), dtype=mx.float32)
     k = mx.zeros((1, 2, 64, 256), dtype=mx.float32)

@@ -1600,3 +1600,27 @@ def test_measure_pipelined_counts_every_call_and_checks_its_arguments():
     for bad in ({"calls": 0}, {"batches": 0}, {"repeats": 0}):
         with pytest.raises(ValueError, match="measure_pipelined"):
             measure_pipelined(fn, **bad)
+
+
+def test_measure_chained_feeds_each_call_the_last_output():
+    """Every call of a repeat takes the previous call's output (the first takes x0); the
+    time is per call."""
+    from xlstm_kernels.benchmarks.timing import measure_chained
+
+    x0 = mx.array(np.random.default_rng(4).standard_normal(64).astype(np.float32))
+    seen = []
+
+    def step(x):
+        seen.append(x)
+        return x * 0.5 + 1.0
+
+    t = measure_chained(step, x0, calls=4, repeats=3)
+    assert t > 0 and len(seen) == 1 + 3 * 4  # a warm-up call, then repeats x calls
+    for r in range(3):
+        chain = seen[1 + 4 * r: 5 + 4 * r]
+        assert chain[0] is x0
+        for prev, cur in zip(chain, chain[1:]):
+            np.testing.assert_allclose(np.asarray(cur), np.asarray(prev) * 0.5 + 1.0, rtol=1e-6)
+    for bad in ({"calls": 0}, {"repeats": 0}):
+        with pytest.raises(ValueError, match="measure_chained"):
+            measure_chained(step, x0, **bad)

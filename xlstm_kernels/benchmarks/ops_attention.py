@@ -9,7 +9,9 @@ or ``attention_decode``), shape [B, Hq, Hkv, Lq, Lk, D], dtype, mask, path (the 
 that ran: prefill, or split-KV partial + reduce), ours_ms, mlx_ms, ratio (mlx_ms /
 ours_ms, > 1 = faster than MLX), tflops (prefill: 4·D flops per visible (query, key)
 pair, so causal counts about half the square) or gbps (decode: q + K + V + o bytes),
-pct_roofline (of ``tiles.roofline()``: the dtype's peak TFLOP/s, or bandwidth_gbs) and
+decode rows also ratio_queued / ratio_pipelined (independent calls, which may overlap on
+the GPU) and ratio_chained (each call's query the last one's output: a decode loop's
+latency per step), pct_roofline (of ``tiles.roofline()``: the dtype's peak TFLOP/s, or bandwidth_gbs) and
 max_rel_err (vs float64 NumPy on the emulator's tiny shapes; on Metal vs
 mx.fast.scaled_dot_product_attention run in float32 on the same inputs, and
 baseline_rel_err for mx.fast in the benchmarked dtype against the same reference). On
@@ -47,7 +49,7 @@ import numpy as np
 
 from xlstm_kernels.benchmarks.kind import bench_kind
 from xlstm_kernels import runtime, tiles
-from xlstm_kernels.benchmarks.timing import throughput
+from xlstm_kernels.benchmarks.timing import measure_chained, throughput
 from xlstm_kernels.ops import attention as att
 
 REPEATS = 20
@@ -148,6 +150,13 @@ def _case_row(backend, op, shape, mask, dtype, rng, roof, repeats) -> dict:
     row.update({"ours_ms": t_ours * 1e3, "mlx_ms": t_mlx * 1e3, "ratio": t_mlx / t_ours, "repeats": repeats})
     if op == "attention_decode":  # queued and pipelined: a decoding model's steady state
         row.update(throughput(ours, theirs, repeats=repeats))
+        if v.shape[-1] == d:  # chained: each call's query is the last one's output (a decode loop)
+            n = max(3, repeats // 4)
+            c_ours = measure_chained(lambda x: att.scaled_dot_product_attention(x, k, v, scale=scale, mask=mask), q,
+                                     repeats=n)
+            c_mlx = measure_chained(lambda x: mx.fast.scaled_dot_product_attention(x, k, v, scale=scale, mask=mask), q,
+                                    repeats=n)
+            row.update({"ours_chained_ms": c_ours * 1e3, "mlx_chained_ms": c_mlx * 1e3, "ratio_chained": c_mlx / c_ours})
     if op == "attention_prefill":
         flops = 4.0 * b * hq * d * _visible_pairs(lq, lk, mask)
         peak = roof["fp32_tflops"] if dtype == mx.float32 else roof["bf16_tflops" if dtype == mx.bfloat16 else "fp16_tflops"]
@@ -158,6 +167,8 @@ def _case_row(backend, op, shape, mask, dtype, rng, roof, repeats) -> dict:
         if "ours_queued_ms" in row:
             row["gbps_queued"] = nbytes / row["ours_queued_ms"] / 1e6
             row["gbps_pipelined"] = nbytes / row["ours_pipelined_ms"] / 1e6
+        if "ours_chained_ms" in row:
+            row["gbps_chained"] = nbytes / row["ours_chained_ms"] / 1e6
         row.update({"gbps": nbytes / t_ours / 1e9, "mlx_gbps": nbytes / t_mlx / 1e9,
                     "pct_roofline": 100.0 * nbytes / t_ours / 1e9 / roof["bandwidth_gbs"], "bound": "memory"})
     return row
@@ -190,4 +201,5 @@ def _print(rows: list[dict]) -> None:
             print(f"{head} {r['ours_ms']:8.3f} ms  mx {r['mlx_ms']:8.3f} ms  x{r['ratio']:5.2f}  {rate}  "
                   f"{r['pct_roofline']:5.1f}%  rel.err {r['max_rel_err']:.1e} (mx {r['baseline_rel_err']:.1e})"
                   + (f"  queued x{r['ratio_queued']:5.2f} {r['gbps_queued']:7.1f} GB/s  pipelined "
-                     f"x{r['ratio_pipelined']:5.2f} {r['gbps_pipelined']:7.1f} GB/s" if "ratio_queued" in r else ""))
+                     f"x{r['ratio_pipelined']:5.2f} {r['gbps_pipelined']:7.1f} GB/s" if "ratio_queued" in r else "")
+                  + (f"  chained x{r['ratio_chained']:5.2f} {r['gbps_chained']:7.1f} GB/s" if "ratio_chained" in r else ""))

@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import mlx.core as mx
 
-__all__ = ["Timing", "measure", "measure_pipelined", "measure_queued", "sync", "throughput"]
+__all__ = ["Timing", "measure", "measure_chained", "measure_pipelined", "measure_queued", "sync", "throughput"]
 
 
 def sync(out: Any) -> Any:
@@ -117,6 +117,28 @@ def measure_pipelined(fn: Callable[[], Any], *, calls: int = 20, batches: int = 
             prev = cur
         mx.eval(prev)
         times.append((time.perf_counter() - t0) / (calls * batches))
+    return statistics.median(times)
+
+
+def measure_chained(step: Callable[[Any], Any], x0: Any, *, calls: int = 20, repeats: int = 5) -> float:
+    """Seconds per call of `calls` calls that each take the last call's output as input
+    (``x = step(x)``, starting from `x0`), built first, then evaluated together (median of
+    `repeats`, after a warm-up call). A decode loop's shape: no call can start before the
+    last one ends, where ``measure_queued``'s independent calls may overlap on the GPU (a
+    CUDA graph runs independent kernels concurrently), which flatters kernels that leave
+    most of the GPU idle. Host time that the evaluation itself spends (encoding kernels)
+    overlaps the GPU's work as in a model loop; the graph building does not count."""
+    if calls < 1 or repeats < 1:
+        raise ValueError(f"measure_chained: calls and repeats must be >= 1, got {calls}, {repeats}")
+    mx.eval(step(x0))
+    times = []
+    for _ in range(repeats):
+        x = x0
+        for _ in range(calls):
+            x = step(x)
+        t0 = time.perf_counter()
+        mx.eval(x)
+        times.append((time.perf_counter() - t0) / calls)
     return statistics.median(times)
 
 

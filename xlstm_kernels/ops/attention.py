@@ -62,10 +62,10 @@ Kernels (``metal_src/attention.metal``):
   otherwise): one simdgroup per (key block, kv head, group
   of up to 16 query rows), keys as the rows of simdgroup-matrix products (S^T = K Q^T,
   O^T = V^T P^T: tensor-core m16n8k16 on CUDA, 16 keys per product) over K / V tiles of
-  ``SPLIT_KV_MMA_TILE`` (16) keys streamed through up to ``SPLIT_KV_MMA_MAX_STAGES`` (2)
+  ``SPLIT_KV_MMA_TILE`` (16) keys streamed through up to ``SPLIT_KV_MMA_MAX_STAGES`` (3)
   threadgroup-memory stages (cp.async on CUDA; 48 KiB budget there, 32 KiB elsewhere);
   block size automatic from ``SPLIT_KV_MMA_MAX_BLOCK`` (4096) halved (down to 64) until the
-  grid has ``SPLIT_KV_MMA_TARGET_GROUPS`` (128) threadgroups. Where one stage does not fit
+  grid has ``SPLIT_KV_MMA_TARGET_GROUPS`` (512) threadgroups. Where one stage does not fit
   (float32 with head dims near 256 on 32 KiB) the lane walk runs. Split-KV is chosen
   automatically for
   Lq <= ``SPLIT_KV_MAX_QUERIES`` (8) and Lk >= ``SPLIT_KV_MIN_KEYS`` (1024; override with
@@ -632,21 +632,28 @@ SPLIT_KV_MMA_TILE = 16
 #: ... at most this many threadgroup-memory stages (tile t + ST - 1 is copied while tile t
 #: is computed), as many as fit the backend's budget: 48 KiB on cuda (CUDA's static shared
 #: memory per block), 32 KiB elsewhere (Apple GPUs, the emulator).
-SPLIT_KV_MMA_MAX_STAGES = 2  # H100, blocks of 4096 keys: 3 stages 85 / 145 / 76 us, 2 stages 76 / 131 / 81
-# at 8x32x8x8192 / 4x32x8x32768 / 16x32x8x4096 (fp16, D 128; scripts/probe_decode.py)
+#: A decode step's latency (chained calls, scripts/probe_decode.py, H200, session 14) wants
+#: more bytes in flight per SM than two stages of a one-simdgroup walk give: with 512
+#: groups, 3 stages ran as fast as 4 and up to 25% faster than 2. (Session 5 had picked 2
+#: by the eval time of independent queued calls, which overlap on the GPU and hid that.)
+SPLIT_KV_MMA_MAX_STAGES = 3
 _MMA_STAGE_BUDGET = {"cuda": 48 * 1024}
 _APPLE_STAGE_BUDGET_BYTES = 32 * 1024
 #: Query rows per threadgroup of the tile pass 1 (two 8-row fragments); more rows per kv
 #: head form several groups, spread evenly.
 SPLIT_KV_MMA_MAX_ROWS = 16
 #: Block sizes of the tile pass 1 when none is set: SPLIT_KV_MMA_MAX_BLOCK halved (down to
-#: 64) until the grid has SPLIT_KV_MMA_TARGET_GROUPS one-simdgroup threadgroups. Few long
-#: walks beat many short ones: on the H100 (scripts/probe_decode.py, eval time, fp16 D 128)
-#: 8x32x8x8192 takes 112 us with blocks of 512 keys (1024 groups), 99 with 1024 (512), 82
-#: with 2048 (256 groups: 3.3 TB/s of K and V), 80 with 4096, MLX 131; 4x32x8x32768 208 /
-#: 207 / 179 / 151 us (MLX 202-268); 16x32x8x4096 111 / 104 / 87 / 82 (MLX 109-134).
+#: 64) until the grid has SPLIT_KV_MMA_TARGET_GROUPS one-simdgroup threadgroups (about 4
+#: per SM of a 132-SM H100 / H200). One simdgroup's walk is latency-bound (about 10 GB/s
+#: of K and V alone), so a call needs several per SM. H200, fp16 D 128, us per call of
+#: chained calls (each call's query is the last one's output, as in a decode loop; MLX's
+#: op in parentheses), 128 -> 512 groups at 3 stages: 8x32x8x8192 216 -> 111 (117),
+#: 4x32x8x32768 236 -> 178 (188), 16x32x8x4096 212 -> 101 (105), 1x32x32x4096 93 -> 58
+#: (54), 1x32x8x16384 90 -> 70 (54). Session 5 had picked 128 by the eval time of
+#: independent queued calls, which overlap on the GPU (a one-call grid of 128 simdgroups
+#: leaves most of it idle) and so favoured long walks.
 SPLIT_KV_MMA_MAX_BLOCK = 4096
-SPLIT_KV_MMA_TARGET_GROUPS = 128
+SPLIT_KV_MMA_TARGET_GROUPS = 512
 
 
 def _mma_plan(rows: int, d: int, dv: int, dtype: mx.Dtype, backend: str) -> tuple[int, int, int, int] | None:
