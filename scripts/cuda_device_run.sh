@@ -172,10 +172,16 @@ run_ncu() {  # Nsight Compute reports of scripts/profile_ncu.py's cases (ours an
   while read -r name regex warm; do
     [ -z "$cases" ] || [[ " $cases " == *" $name "* ]] || continue
     echo "== ncu $name ($regex)" | tee -a "$OUT/ncu.txt"
+    local save=()
+    [ -n "${NCU_SOURCE:-}" ] && save=(-o "/tmp/ncu-$name" -f)
     timeout -k 5 "${NCU_TIMEOUT:-150}" ncu --set "${NCU_SET:-full}" --clock-control none --import-source no "${extra[@]}" \
-      --kernel-name "regex:$regex" --launch-skip "$warm" --launch-count 1 \
+      "${save[@]}" --kernel-name "regex:$regex" --launch-skip "$warm" --launch-count 1 \
       python3 scripts/profile_ncu.py run "$name" >>"$OUT/ncu.txt" 2>&1
     echo "exit $?" >>"$OUT/ncu.txt"
+    if [ -n "${NCU_SOURCE:-}" ]; then  # NCU_SOURCE=1: per-SASS-instruction metrics (stall samples) as CSV
+      ncu -i "/tmp/ncu-$name.ncu-rep" --page details >>"$OUT/ncu.txt" 2>&1
+      ncu -i "/tmp/ncu-$name.ncu-rep" --page source --print-source sass --csv >"$OUT/ncu-source-$name.csv" 2>&1
+    fi
   done <"$OUT/ncu-cases.txt"
   grep -E "^== ncu|Duration|DRAM Throughput|Memory Throughput|Registers Per|Achieved Occupancy|Theoretical Occupancy|Compute \(SM\) Throughput|Block Size|Grid Size" "$OUT/ncu.txt" | head -150
 }
