@@ -2,13 +2,15 @@
 the xk_grid input) from managed memory? (session 14)
 
     python3 scripts/probe_consts.py [--out consts.json]       # on the GPU (backend cuda)
-    XLSTM_KERNELS_CUDA_DEVICE_CONSTS=1 python3 scripts/probe_consts.py   # the same, copies in device memory
+    XLSTM_KERNELS_CUDA_DEVICE_CONSTS=0 python3 scripts/probe_consts.py   # constants in managed memory
 
 MLX's CUDA allocator puts every array made from host data (``mx.array([...])``) and every
 array of at most 8 bytes in managed memory. Our launches read their shape parameters,
-eps and scale from such arrays; MLX's own kernels take them by value. With
-``XLSTM_KERNELS_CUDA_DEVICE_CONSTS=1`` the cuda backend hands each kernel a copy of every
-small input made on the GPU (device memory), so the two runs compare the same kernels.
+eps and scale from such arrays; MLX's own kernels take them by value. Since session 14
+the ops make them with ``runtime.const_array`` (device-memory copies on cuda);
+``XLSTM_KERNELS_CUDA_DEVICE_CONSTS=0`` restores host arrays, so the two runs compare the
+same kernels. (The first measurement used a probe-only switch that copied every small
+input at launch.)
 Nsight Compute put 39% of the RMSNorm backward's stall samples (bf16 4096x4096) on the
 first read of its params.
 
@@ -40,7 +42,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
     args = ap.parse_args()
-    tag = "device" if os.environ.get("XLSTM_KERNELS_CUDA_DEVICE_CONSTS") == "1" else "managed"
+    tag = "managed" if os.environ.get("XLSTM_KERNELS_CUDA_DEVICE_CONSTS") == "0" else "device"
     rows = []
 
     def report(case, impl, **t):

@@ -60,6 +60,7 @@ import mlx.core as mx
 
 from ..emulate.kernel import _as_array, check_counts, launch_shape
 from ..emulate.translate import _TG_DECL, _blank_comments, _c_string, rewrite_half_literals
+from .constants import device_array
 from .text_files import as_include
 
 __all__ = ["CudaKernel", "CudaKernelError", "metal_kernel", "compat_header", "rewrite_threadgroup_decls",
@@ -262,38 +263,6 @@ def _blank_comments_only(text: str) -> str:
 
 
 
-
-
-_DEVICE_COPIES: dict[int, tuple[mx.array, mx.array]] = {}
-
-
-def _device_consts_on() -> bool:
-    return os.environ.get("XLSTM_KERNELS_CUDA_DEVICE_CONSTS", "0") == "1"
-
-
-def _device_resident(a: mx.array) -> mx.array:
-    """PROBE (XLSTM_KERNELS_CUDA_DEVICE_CONSTS=1): a copy of the small array `a` made on the
-    GPU, so that it lives in device memory. MLX's CUDA allocator puts arrays made from host
-    data, and every array of at most 8 bytes, in managed (unified) memory, which a kernel
-    may reach over the host link; the copy is padded past 8 bytes and `a`'s view of it
-    returned. Cached per array object (the memo's constants are the same objects)."""
-    if not isinstance(a, mx.array) or a.nbytes > 4096:
-        return a
-    hit = _DEVICE_COPIES.get(id(a))
-    if hit is not None and hit[0] is a:
-        return hit[1]
-    try:
-        flat = a.reshape(-1)
-        pad = max(1, -(-32 // a.itemsize) - flat.size)
-        padded = mx.concatenate([flat, mx.zeros((pad,), dtype=a.dtype)])
-        view = padded[: flat.size].reshape(a.shape)
-        mx.eval(view)
-    except Exception:  # noqa: BLE001  (a tracer inside mx.compile: leave it)
-        return a
-    if len(_DEVICE_COPIES) > 4096:
-        _DEVICE_COPIES.clear()
-    _DEVICE_COPIES[id(a)] = (a, view)
-    return view
 
 
 class CudaKernel:
@@ -500,14 +469,7 @@ class CudaKernel:
         if init_value is not None:
             kwargs["init_value"] = init_value
 
-        if _device_consts_on():  # PROBE: small inputs as device-memory copies
-            if grid_arg is not None:
-                grid_arg = _device_resident(grid_arg)
-
-            def run(inputs: Sequence[mx.array]) -> list[mx.array]:
-                ins = [_device_resident(a) for a in inputs]
-                return obj(inputs=ins if grid_arg is None else [*ins, grid_arg], **kwargs)
-        elif grid_arg is None:  # an exact grid: the inputs as they are
+        if grid_arg is None:  # an exact grid: the inputs as they are
             def run(inputs: Sequence[mx.array]) -> list[mx.array]:
                 return obj(inputs=inputs, **kwargs)
         else:
@@ -549,7 +511,7 @@ class CudaKernel:
             launch_grid = (bx * block[0], by * block[1], block[2])
         exact = native and all(gg % bb == 0 for gg, bb in zip(g, block))
         obj = self._object(zero_d, n_threads, template_key, native, exact, shared_memory)
-        grid_arg = None if exact else mx.array([*g, *counts], dtype=mx.int32)
+        grid_arg = None if exact else device_array([*g, *counts], mx.int32)
         return obj, grid_arg, launch_grid, block
 
 

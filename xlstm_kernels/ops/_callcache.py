@@ -49,12 +49,14 @@ from ..tiles import resolve as resolve_mod
 __all__ = ["CallCache", "REPLAY_BACKENDS", "REPLAY_ENV_VAR", "config_token", "placeholder", "replayable"]
 
 REPLAY_ENV_VAR = "XLSTM_KERNELS_REPLAY"
+# cuda: small constant inputs in device memory (runtime.const_array, cuda/constants.py)
+DEVICE_CONSTS_ENV_VAR = "XLSTM_KERNELS_CUDA_DEVICE_CONSTS"
 # Backends whose kernels are MLX primitives (mx.fast.metal_kernel / cuda_kernel), which a
 # compiled graph can hold. The emulator runs kernels eagerly on the CPU and the reference
 # backend is plain mx ops: neither gains anything from replay.
 REPLAY_BACKENDS = ("cuda", "metal")
 
-_all_env = env_mod.make_snapshot((backends_mod.ENV_VAR, REPLAY_ENV_VAR, *env_mod.GEMM_ENV_VARS,
+_all_env = env_mod.make_snapshot((backends_mod.ENV_VAR, REPLAY_ENV_VAR, DEVICE_CONSTS_ENV_VAR, *env_mod.GEMM_ENV_VARS,
                                   *knobs_mod._ALL_VARS))
 _epochs: dict[tuple, int] = {}
 # (env, override, gemm version, reloads, time, token) of the last configuration seen

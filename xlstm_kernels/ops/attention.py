@@ -105,7 +105,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from ..runtime import KernelSpec, current_backend, launch
+from ..runtime import KernelSpec, const_array, current_backend, launch
 from ..tiles.gemm import dtype_name
 from ..tiles.knobs import ALIAS_SPLIT_MIN_KEYS, attention_block_k_bytes, attention_fits, resolve_knobs
 from ._callcache import CallCache, placeholder, replayable
@@ -416,7 +416,7 @@ def _prefill_tiles(lq: int, d: int, dv: int, dtype: mx.Dtype, block_q: int | Non
 
 
 def _scale_array(scale: float) -> mx.array:
-    return mx.array(scale, dtype=mx.float32)
+    return const_array(scale, mx.float32)
 
 
 def _prefill_launch(q, k, v, m: _Mask, scale: float, block_q=None, block_k=None) -> tuple[KernelSpec, dict]:
@@ -426,7 +426,7 @@ def _prefill_launch(q, k, v, m: _Mask, scale: float, block_q=None, block_k=None)
     bq, bk = _prefill_tiles(lq, d, dv, q.dtype, block_q, block_k)
     rm = _prefill_rm(bq, q.dtype)
     mbuf = m.buffer()
-    params = mx.array([hq, hkv, lq, lk, *m.strides, 0, 0], dtype=mx.int64)
+    params = const_array([hq, hkv, lq, lk, *m.strides, 0, 0], mx.int64)
     threads = 32 * (bq // (8 * rm))
     check_int32("scaled_dot_product_attention", "the prefill grid x (threads per query block * blocks)",
                 threads * -(-lq // bq), f"q has shape {tuple(q.shape)}")
@@ -525,7 +525,7 @@ def _prefill_mma_launch(q, k, v, m: _Mask, scale: float, backend: str) -> tuple[
     wm, rb, bk, st = _prefill_mma_plan(lq, d, dv, q.dtype, backend)
     bq = 16 * rb * wm
     mbuf = m.buffer()
-    params = mx.array([hq, hkv, lq, lk, *m.strides, 0, 0], dtype=mx.int64)
+    params = const_array([hq, hkv, lq, lk, *m.strides, 0, 0], mx.int64)
     threads = 32 * wm
     check_int32("scaled_dot_product_attention", "the prefill grid x (threads per query block * blocks)",
                 threads * -(-lq // bq), f"q has shape {tuple(q.shape)}")
@@ -613,7 +613,7 @@ def _partial_launch(q, k, v, m: _Mask, scale: float, block_size: int) -> tuple[K
     sow = -(-dv // (32 * wv)) * wv * 32
     nsg = max(1, min(8, -(-block_size // kc), _PARTIAL_TG_BYTES // (4 * r * (sow + 2))))
     mbuf = m.buffer()
-    params = mx.array([hq, hkv, lq, lk, *m.strides, block_size, nb], dtype=mx.int64)
+    params = const_array([hq, hkv, lq, lk, *m.strides, block_size, nb], mx.int64)
     check_int32("scaled_dot_product_attention", "the split-KV grid x (threads per block * key blocks)",
                 32 * nsg * nb, f"k has shape {tuple(k.shape)}")
     return PARTIAL, dict(
@@ -715,7 +715,7 @@ def _partial_mma_launch(q, k, v, m: _Mask, scale: float, block_size: int, backen
     nrg = -(-rows // r)
     nb = -(-lk // block_size)
     mbuf = m.buffer()
-    params = mx.array([hq, hkv, lq, lk, *m.strides, block_size, nb], dtype=mx.int64)
+    params = const_array([hq, hkv, lq, lk, *m.strides, block_size, nb], mx.int64)
     check_int32("scaled_dot_product_attention", "the split-KV grid x (32 threads * key blocks)",
                 32 * nb, f"k has shape {tuple(k.shape)}")
     return PARTIAL_MMA, dict(
@@ -735,7 +735,7 @@ def _reduce_launch(o_part, lse, block_size: int, num_keys: int, dtype) -> tuple[
     rows = 1
     for s in lead:
         rows *= s
-    params = mx.array([rows, nb, block_size, num_keys], dtype=mx.int64)
+    params = const_array([rows, nb, block_size, num_keys], mx.int64)
     return REDUCE, dict(
         inputs=[o_part.reshape(rows, nb, dv), lse.reshape(rows, nb), params],
         output_shapes=[(rows, dv)],

@@ -54,7 +54,7 @@ import mlx.core as mx
 import numpy as np
 
 from .. import tiles as tiles_mod
-from ..runtime import KernelSpec, current_backend, launch
+from ..runtime import KernelSpec, const_array, current_backend, launch
 from ..tiles.gemm import MAX_THREADGROUP_BYTES
 from ._callcache import placeholder
 from ._validate import check_array
@@ -103,9 +103,8 @@ def _dummy(dtype: mx.Dtype) -> mx.array:
     return placeholder(dtype)
 
 
-@functools.lru_cache(maxsize=64)
 def _offset_array(offset: int) -> mx.array:
-    return mx.array([offset], dtype=mx.int32)
+    return const_array([offset], mx.int32)
 
 
 # ---------------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ import mlx.core as mx
 
 from .. import tiles as tiles_mod
 from ..tiles.gemm import SIMD_AUTO_STAGES
-from ..runtime import KernelSpec, current_backend, prepare_launch
+from ..runtime import KernelSpec, const_array, current_backend, prepare_launch
 from ._callcache import CallCache, placeholder, replayable
 from ._validate import INT32_MAX, check_array, check_int32
 
@@ -211,7 +211,7 @@ def _build_launcher(layout, a_shape, b_shape, dtype, has_bias, act, has_res, til
         check_int32(layout.op, "outputs of the split-K reduction (batch * M * N, its grid x)", nbatch * m * n,
                     shapes + "; use split_k=1")
     k_per_split = -(-k // split) if split > 1 else k
-    params = mx.array([m, n, k, sa, sb, k_per_split, split, nbatch], dtype=mx.int64)
+    params = const_array([m, n, k, sa, sb, k_per_split, split, nbatch], mx.int64)
     example = [absent, absent, absent, absent, params]  # ranks only: none is 0-d
 
     if cfg.path == "gemv" and m == 1:  # op(A) is one row: A is a contiguous K-vector in every layout

@@ -47,7 +47,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from ..runtime import KernelSpec, current_backend, launch, prepare_launch
+from ..runtime import KernelSpec, const_array, current_backend, launch, prepare_launch
 from ..tiles.knobs import resolve_knobs
 from ._callcache import CallCache, replayable
 from ._validate import check_array, check_int32, check_same_dtype
@@ -362,7 +362,7 @@ def _kernel_chunkwise(q, k, v, ig, fg, c0, n0, m0, chunk_size: int, eps: float, 
     dtype = q.dtype
     k3, v3 = k.reshape(bh, s, dk), v.reshape(bh, s, dv)
     ig2, fg2 = ig.astype(mx.float32).reshape(bh, s), fg.astype(mx.float32).reshape(bh, s)
-    params = mx.array([s, L, nc, dk, dv], dtype=mx.int32)
+    params = const_array([s, L, nc, dk, dv], mx.int32)
     c_st, n_st, m_st = launch(
         STATES,
         inputs=[k3, v3, ig2, fg2, c0.reshape(bh, dk, dv), n0.reshape(bh, dk), m0.reshape(bh), params],
@@ -379,8 +379,8 @@ def _kernel_chunkwise(q, k, v, ig, fg, c0, n0, m0, chunk_size: int, eps: float, 
         OUTPUTS,
         inputs=[
             q.reshape(bh, s, dk), k3, v3, ig2, fg2, c_st, n_st, m_st,
-            mx.array([s, L, nc, dk, dv, nrb], dtype=mx.int32),
-            mx.array([dk ** -0.5, eps], dtype=mx.float32),
+            const_array([s, L, nc, dk, dv, nrb], mx.int32),
+            const_array([dk ** -0.5, eps], mx.float32),
         ],
         output_shapes=[(bh, s, dv)],
         output_dtypes=[dtype],
@@ -401,7 +401,7 @@ def _prepared_step(bsz: int, nh: int, dk: int, dv: int, dtype: mx.Dtype, eps: fl
     """One step on a kernel backend, launch planned once:
     (q, k (B,NH,DK), v (B,NH,DV), i, f (B,NH), C, n, m) -> (h, C, n, m)."""
     bh = bsz * nh
-    consts = [mx.array([dk, dv], dtype=mx.int32), mx.array([dk ** -0.5, eps], dtype=mx.float32)]
+    consts = [const_array([dk, dv], mx.int32), const_array([dk ** -0.5, eps], mx.float32)]
     example = [mx.zeros((1,))] * 8 + consts
     run = prepare_launch(
         STEP,

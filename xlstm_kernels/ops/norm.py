@@ -49,7 +49,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from ..runtime import KernelSpec, current_backend, launch, prepare_launch
+from ..runtime import KernelSpec, const_array, current_backend, launch, prepare_launch
 from ..tiles.knobs import resolve_knobs
 from ._callcache import CallCache, replayable
 from ._validate import check_array, check_int32
@@ -234,10 +234,10 @@ def multihead_layer_norm_reference(
 # ---------------------------------------------------------------------------------------
 
 
-# Small constant inputs, made once (mx arrays are immutable): saves host work per call.
-@functools.lru_cache(maxsize=256)
+# Small constant inputs (runtime.const_array: in device memory on cuda, made once per value
+# there), made when a call signature is planned.
 def _ints(*values: int) -> mx.array:
-    return mx.array(list(values), dtype=mx.int32)
+    return const_array(list(values), mx.int32)
 
 
 @functools.lru_cache(maxsize=64)
@@ -247,9 +247,8 @@ def _float_bits(value: float) -> int:
     return int(np.array(value, dtype=np.float32).view(np.int32))
 
 
-@functools.lru_cache(maxsize=64)
 def _eps(eps: float) -> mx.array:
-    return mx.array(eps, dtype=mx.float32)
+    return const_array(eps, mx.float32)
 
 
 @functools.lru_cache(maxsize=8)

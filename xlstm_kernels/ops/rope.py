@@ -24,7 +24,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from ..runtime import KernelSpec, current_backend, prepare_launch
+from ..runtime import KernelSpec, const_array, current_backend, prepare_launch
 from ._callcache import CallCache, replayable
 from ._validate import check_array, check_int32
 
@@ -173,12 +173,11 @@ def rope_reference(
 # ---------------------------------------------------------------------------
 # Kernel
 # ---------------------------------------------------------------------------
-@functools.lru_cache(maxsize=256)
 def _launch_constants(half: int, d: int, seq_len: int, rows_per_group: int, z_per_group: int, scale: float):
-    """The kernel's small constant inputs, built once per geometry (saves host work per call)."""
-    params = mx.array([half, d, seq_len, rows_per_group, z_per_group], dtype=mx.int32)
-    scale_arr = mx.array(scale, dtype=mx.float32)
-    mx.eval(params, scale_arr)
+    """The kernel's small constant inputs (runtime.const_array: in device memory on cuda,
+    made once per value there)."""
+    params = const_array([half, d, seq_len, rows_per_group, z_per_group], mx.int32)
+    scale_arr = const_array(scale, mx.float32)
     return params, scale_arr
 
 
@@ -213,7 +212,7 @@ def _launch_kwargs(x: mx.array, dims: int, traditional: bool, scale: float, offs
     if isinstance(offset, mx.array):
         offsets = offset
     else:
-        offsets = mx.array([offset], dtype=mx.int32)
+        offsets = const_array([offset], mx.int32)
     groups = offsets.size  # 1, or B (per-batch offsets)
     rows_per_group = rows // groups
     n = ROWS_PER_THREAD
@@ -296,9 +295,8 @@ def _call_key(x, dims, traditional, base, scale, offset, freqs) -> tuple | None:
     return (x.shape, x.dtype, dims, traditional, base, base is DEFAULT_BASE, scale, off, fr)
 
 
-@functools.lru_cache(maxsize=4096)
 def _offset_array(offset: int) -> mx.array:
-    return mx.array([offset], dtype=mx.int32)
+    return const_array([offset], mx.int32)
 
 
 def _build_call(x, dims, traditional, base, scale, offset, freqs, replay: bool = False):

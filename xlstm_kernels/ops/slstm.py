@@ -68,7 +68,7 @@ from typing import Any, Sequence
 
 import mlx.core as mx
 
-from ..runtime import KernelSpec, current_backend, launch, prepare_launch
+from ..runtime import KernelSpec, const_array, current_backend, launch, prepare_launch
 from ..tiles.gemm import dtype_name
 from ..tiles.knobs import resolve_knobs, slstm_fits
 from ._callcache import CallCache, replayable
@@ -276,7 +276,7 @@ def _forward(wx, r, bias, s0, cfg: SLSTMConfig, save: bool, backend: str):
     saved = (bsz, s, 4, nh, dh) if save else (1,)
     return launch(
         FWD,
-        inputs=[wx, r, bias, s0, mx.array([bsz, s, nh], dtype=mx.int32)],
+        inputs=[wx, r, bias, s0, const_array([bsz, s, nh], mx.int32)],
         output_shapes=[(bsz, s, nh, dh), (4, bsz, nh, dh), saved, saved],
         output_dtypes=[wx.dtype, mx.float32, mx.float32, mx.float32],
         grid=(dh * k, nh, bsz),
@@ -294,7 +294,7 @@ def _backward(wx, r, bias, s0, dy, ds_out, cfg: SLSTMConfig, backend: str):
     dg, ds0 = launch(
         BWD,
         inputs=[dy.astype(wx.dtype), ds_out.astype(mx.float32), g_raw, h_st, s0, r,
-                mx.array([bsz, s, nh], dtype=mx.int32)],
+                const_array([bsz, s, nh], mx.int32)],
         output_shapes=[(bsz, s, 4, nh, dh), (4, bsz, nh, dh)],
         output_dtypes=[mx.float32, mx.float32],
         grid=(dh * k, nh, bsz),
@@ -430,7 +430,7 @@ def _step_function(wx_t, r, b, state, config, replay: bool = False):
     if backend == "reference" or bsz == 0 or nh == 0 or dh == 0:
         return slstm_step_reference
     k = cfg.threads_per_unit
-    dims = mx.array([bsz, nh], dtype=mx.int32)
+    dims = const_array([bsz, nh], mx.int32)
     run = prepare_launch(
         STEP,
         inputs=[wx_t, r, b, wx_t, dims],

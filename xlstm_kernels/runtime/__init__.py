@@ -1,7 +1,7 @@
 """Kernel runtime: backend choice, kernel sources, kernel objects and launches."""
 
 from .backends import BACKENDS, ENV_VAR, BackendUnavailableError, available, current_backend, default_backend, use_backend
-from .kernels import KernelSpec, get_kernel, launch, prepare_launch
+from .kernels import KernelSpec, const_array, get_kernel, launch, prepare_launch
 from .sources import KernelSourceError, families, family_header, kernel_body
 
 __all__ = [
@@ -11,6 +11,7 @@ __all__ = [
     "KernelSourceError",
     "KernelSpec",
     "available",
+    "const_array",
     "current_backend",
     "default_backend",
     "families",

@@ -168,3 +168,16 @@ def prepare_launch(
         return kernel(inputs=list(inputs), **kwargs)
 
     return run
+
+
+def const_array(values: Any, dtype: mx.Dtype, backend: str | None = None) -> mx.array:
+    """A small constant kernel input (shape parameters, eps, scale): ``mx.array(values,
+    dtype=dtype)``, on the cuda backend a view of a device-memory copy made once per value
+    (:mod:`xlstm_kernels.cuda.constants`: MLX keeps arrays made from host data in managed
+    memory, which kernels may wait for)."""
+    if (backend or current_backend()) == "cuda":
+        from ..cuda.constants import device_array
+
+        return device_array(values, dtype)
+    return mx.array(values, dtype=dtype)
+

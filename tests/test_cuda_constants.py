@@ -1,0 +1,71 @@
+"""Small constant kernel inputs in device memory (xlstm_kernels/cuda/constants.py).
+
+Runs wherever MLX runs (the copies are made on the default device: the GPU on a CUDA
+machine, the CPU here); what these tests check is the values, shapes and caching."""
+
+from __future__ import annotations
+
+import threading
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from xlstm_kernels import runtime
+from xlstm_kernels.cuda import constants
+
+
+@pytest.fixture(autouse=True)
+def fresh_cache(monkeypatch):
+    monkeypatch.delenv(constants.ENV_VAR, raising=False)
+    constants.clear()
+    yield
+    constants.clear()
+
+
+@pytest.mark.parametrize("values,dtype", [
+    ([3, 4096, 1, 7, 396], mx.int32),
+    ([2**40 + 3, -5, 0, 12, 8, 1, 1, 1, 256, 16], mx.int64),
+    (1e-5, mx.float32),  # 0-d: 4 bytes, padded past MLX's 8-byte scalar pool
+    ([0.0883883, 1e-6], mx.float32),
+    ([True], mx.bool_),
+])
+def test_device_array_values_shape_dtype(values, dtype):
+    got = constants.device_array(values, dtype)
+    ref = np.array(values, dtype=np.dtype(str(dtype).split(".")[-1].replace("bool_", "bool")))
+    assert got.dtype == dtype and tuple(got.shape) == ref.shape
+    np.testing.assert_array_equal(np.array(got), ref)
+
+
+def test_device_array_is_cached_per_value_and_thread():
+    a = constants.device_array([1, 2, 3], mx.int32)
+    assert constants.device_array([1, 2, 3], mx.int32) is a
+    assert constants.device_array([1, 2, 4], mx.int32) is not a
+    assert constants.device_array([1, 2, 3], mx.int64) is not a
+    other = []
+    t = threading.Thread(target=lambda: other.append(constants.device_array([1, 2, 3], mx.int32)))
+    t.start()
+    t.join()
+    assert other and other[0] is not a  # each thread its own copy (its own stream)
+    np.testing.assert_array_equal(np.array(other[0]), [1, 2, 3])
+
+
+def test_device_array_off_and_large_give_host_arrays(monkeypatch):
+    big = list(range(constants.MAX_BYTES // 4 + 1))
+    assert constants.device_array(big, mx.int32) is not constants.device_array(big, mx.int32)  # not cached
+    monkeypatch.setenv(constants.ENV_VAR, "0")
+    a = constants.device_array([5, 6], mx.int32)
+    assert a is not constants.device_array([5, 6], mx.int32)
+    np.testing.assert_array_equal(np.array(a), [5, 6])
+    monkeypatch.setenv(constants.ENV_VAR, "maybe")
+    with pytest.raises(ValueError, match=constants.ENV_VAR):
+        constants.device_array([5, 6], mx.int32)
+
+
+def test_const_array_only_goes_to_device_memory_on_cuda():
+    a = runtime.const_array([7, 8], mx.int32, backend="emulate")
+    assert a is not runtime.const_array([7, 8], mx.int32, backend="emulate")
+    c = runtime.const_array([7, 8], mx.int32, backend="cuda")
+    assert c is runtime.const_array([7, 8], mx.int32, backend="cuda")
+    for x in (a, c):
+        np.testing.assert_array_equal(np.array(x), [7, 8])
