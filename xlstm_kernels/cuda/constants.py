@@ -10,8 +10,7 @@ samples (bf16 4096x4096) on the first read of its params; with the constants in 
 memory, its training-step time went from 38.6 to 31.9 us (MLX: 30.6-32.8), the 1x4096
 forward's chained time from 13.2 to 8.0 us.
 
-:func:`device_array` makes such a constant once per (thread, stream, dtype, shape,
-values): a GPU copy of the host data, padded past 8 bytes (so that it is allocated in
+:func:`device_array` makes such a constant once per (thread, stream, dtype, values): a GPU copy of the host data, padded past 8 bytes (so that it is allocated in
 device memory), of which the caller gets a view of the original shape. The copy is
 scheduled with ``mx.async_eval`` (it never waits for the GPU's queued work), and a
 scheduled array is a constant to ``mx.compile`` (the graph replay of memoised calls
@@ -23,8 +22,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections import OrderedDict
-from typing import Any, Sequence
+from typing import Any
 
 import mlx.core as mx
 
@@ -32,51 +30,79 @@ import mlx.core as mx
 ENV_VAR = "XLSTM_KERNELS_CUDA_DEVICE_CONSTS"
 #: Bytes past which a constant is left where it is (large ones are not read per thread).
 MAX_BYTES = 1024
-#: Device copies kept (least recently used dropped first).
+#: Device copies kept per thread and stream (all dropped when full).
 MAX_ENTRIES = 4096
 
-_cache: OrderedDict[tuple, mx.array] = OrderedDict()
-_lock = threading.Lock()
+_local = threading.local()  # per thread: [(stream, {key: array})], streams compared by value
+
+
+_ENV_DATA = getattr(os.environ, "_data", None)  # POSIX: os.environ's bytes mapping
+_ENV_KEY = os.fsencode(ENV_VAR)
+_env_memo: list = [None, True]  # (copy of the environment, enabled)
 
 
 def enabled() -> bool:
     """Whether constants go to device memory (``XLSTM_KERNELS_CUDA_DEVICE_CONSTS``: unset
-    or 1 = on, 0 = off)."""
-    text = os.environ.get(ENV_VAR)
-    if text is None or text.strip().lower() in ("", "1", "true", "on", "yes"):
+    or 1 = on, 0 = off). Re-read only when the environment changed (one C-level dict
+    comparison, as tiles.env's snapshots: os.environ.get costs ~2 us)."""
+    if _ENV_DATA is not None:
+        copy, on = _env_memo
+        if _ENV_DATA == copy:
+            return on
+        raw = _ENV_DATA.get(_ENV_KEY)
+        text = None if raw is None else os.fsdecode(raw)
+    else:  # pragma: no cover - non-POSIX
+        text = os.environ.get(ENV_VAR)
+    on = _parse(text)
+    if _ENV_DATA is not None:
+        _env_memo[:] = [dict(_ENV_DATA), on]
+    return on
+
+
+def _parse(text: str | None) -> bool:
+    if text is None:
         return True
-    if text.strip().lower() in ("0", "false", "off", "no"):
+    low = text.strip().lower()
+    if low in ("", "1", "true", "on", "yes"):
+        return True
+    if low in ("0", "false", "off", "no"):
         return False
     raise ValueError(f"{ENV_VAR}={text!r}: expected 1 or 0 (on / off)")
 
 
-def _flat_values(values: Any) -> tuple:
-    if isinstance(values, (list, tuple)):
-        return tuple(v for x in values for v in _flat_values(x))
-    return (values,)
+def _stream_cache() -> dict:
+    """This thread's cache for its current default stream (streams compare by value but
+    hash by identity: a short list, scanned)."""
+    stream = mx.default_stream(mx.default_device())
+    caches = getattr(_local, "caches", None)
+    if caches is None:
+        caches = _local.caches = []
+    for known, cache in caches:
+        if known == stream:
+            return cache
+    cache: dict = {}
+    caches.append((stream, cache))
+    return cache
 
 
-def device_array(values: Any, dtype: mx.Dtype, shape: Sequence[int] | None = None) -> mx.array:
-    """``mx.array(values, dtype=dtype)`` (reshaped to `shape` if given) as a view of a
-    device-memory copy made on the current stream; the same array object for equal
-    arguments on the same thread and stream. Falls back to the host array when off,
-    when the constant is large, or where the copy cannot be scheduled."""
-    host = mx.array(values, dtype=dtype)
-    if shape is not None:
-        host = host.reshape(tuple(shape))
-    if host.nbytes > MAX_BYTES or not enabled():
-        return host
+def device_array(values: Any, dtype: mx.Dtype) -> mx.array:
+    """``mx.array(values, dtype=dtype)`` (`values`: a number or a flat list of numbers) as
+    a view of a device-memory copy made on the current stream; the same array object for
+    equal arguments on the same thread and stream. The host array where it is off, where
+    the constant is large, or where the copy cannot be scheduled."""
+    if not enabled():
+        return mx.array(values, dtype=dtype)
+    key = (dtype, tuple(values) if isinstance(values, list) else values)
     try:
-        stream = mx.default_stream(mx.default_device())
-        key = (threading.get_ident(), str(stream), str(dtype), tuple(host.shape), _flat_values(values))
-    except TypeError:  # unhashable values: no cache
-        key = None
-    if key is not None:
-        with _lock:
-            hit = _cache.get(key)
-            if hit is not None:
-                _cache.move_to_end(key)
-                return hit
+        cache = _stream_cache()
+        hit = cache.get(key)
+    except TypeError:  # unhashable values (nested lists): no cache
+        cache, hit = None, None
+    if hit is not None:
+        return hit
+    host = mx.array(values, dtype=dtype)
+    if host.nbytes > MAX_BYTES:
+        return host
     try:
         flat = host.reshape(-1)
         pad = max(1, -(-32 // host.itemsize) - flat.size)  # > 8 bytes: not MLX's managed scalar pool
@@ -85,15 +111,13 @@ def device_array(values: Any, dtype: mx.Dtype, shape: Sequence[int] | None = Non
         mx.async_eval(view)
     except Exception:  # noqa: BLE001  (no GPU stream here, or a transform refuses it: the host array)
         return host
-    if key is not None:
-        with _lock:
-            _cache[key] = view
-            while len(_cache) > MAX_ENTRIES:
-                _cache.popitem(last=False)
+    if cache is not None:
+        if len(cache) >= MAX_ENTRIES:
+            cache.clear()
+        cache[key] = view
     return view
 
 
 def clear() -> None:
-    """Drop the cached device copies (tests)."""
-    with _lock:
-        _cache.clear()
+    """Drop this thread's cached device copies (tests)."""
+    _local.caches = []

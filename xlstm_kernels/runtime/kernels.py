@@ -172,12 +172,15 @@ def prepare_launch(
 
 def const_array(values: Any, dtype: mx.Dtype, backend: str | None = None) -> mx.array:
     """A small constant kernel input (shape parameters, eps, scale): ``mx.array(values,
-    dtype=dtype)``, on the cuda backend a view of a device-memory copy made once per value
-    (:mod:`xlstm_kernels.cuda.constants`: MLX keeps arrays made from host data in managed
-    memory, which kernels may wait for)."""
+    dtype=dtype)`` (`values`: a number or a flat list), on the cuda backend a view of a
+    device-memory copy made once per value (:mod:`xlstm_kernels.cuda.constants`: MLX keeps
+    arrays made from host data in managed memory, which kernels may wait for)."""
     if (backend or current_backend()) == "cuda":
-        from ..cuda.constants import device_array
-
-        return device_array(values, dtype)
+        global _device_array
+        if _device_array is None:
+            from ..cuda.constants import device_array as _device_array
+        return _device_array(values, dtype)
     return mx.array(values, dtype=dtype)
 
+
+_device_array = None  # cuda.constants.device_array, imported at first use
