@@ -1,7 +1,8 @@
 """Ops called from 8 threads at once: every result is checked bit for bit.
 
 The in-process caches (kernel objects per backend and spec, the emulator's loaded
-kernel libraries, the kernel sources and the ops' small constant inputs) are emptied
+kernel libraries, the kernel sources and the ops' small constant inputs, per thread on
+cuda) are emptied
 first, so the threads race on filling them. Each thread selects the backend itself
 (``use_backend`` is per thread) and runs every op family in its own order, several
 times; each result must equal, bit for bit, the result of the same call made before on
@@ -21,6 +22,7 @@ import pytest
 
 import xlstm_kernels as xk
 from xlstm_kernels import runtime
+from xlstm_kernels.cuda import constants
 from xlstm_kernels.ops import mlstm as mlstm_mod
 from xlstm_kernels.ops import norm as norm_mod
 from xlstm_kernels.ops import rope as rope_mod
@@ -110,8 +112,9 @@ def _cases():
 def _clear_in_process_caches() -> None:
     kernels_mod._cache.clear()
     sources_mod.family_sections.cache_clear()
-    for fn in (norm_mod._ints, norm_mod._eps, norm_mod._dummy, rope_mod._base_freqs, rope_mod._launch_constants):
+    for fn in (norm_mod._dummy, rope_mod._base_freqs):
         fn.cache_clear()
+    constants.clear()  # the cuda backend's device copies of small constants (this thread's; each thread has its own)
     try:
         from xlstm_kernels.emulate import kernel as emu_kernel
     except ImportError:  # pragma: no cover
