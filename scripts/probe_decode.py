@@ -29,6 +29,7 @@ import time
 import mlx.core as mx
 
 import xlstm_kernels as xk
+from xlstm_kernels.benchmarks.timing import measure_chained
 from xlstm_kernels.ops import attention as att
 
 ap = argparse.ArgumentParser()
@@ -90,17 +91,7 @@ def timed(f):
 def chained(f, q0):
     """Eval us per call of `calls` calls each taking the last one's output as its query (a
     decode loop's dependency: the calls cannot overlap on the GPU), built first; median rep."""
-    mx.eval(f(q0))
-    best = []
-    for _ in range(reps):
-        o = q0
-        for _ in range(calls):
-            o = f(o)
-        t1 = time.perf_counter()
-        mx.eval(o)
-        best.append((time.perf_counter() - t1) / calls * 1e6)
-    best.sort()
-    return best[len(best) // 2]
+    return measure_chained(f, q0, calls=calls, repeats=reps) * 1e6
 
 
 def plan_of(q, k, v, env):
