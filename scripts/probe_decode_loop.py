@@ -1,0 +1,79 @@
+"""Probe: a decode loop as mlx-lm runs it, where the KV cache grows by one key a step
+(``k_cache[:, :, :lk]``) and RoPE's offset moves with it (session 14).
+
+    python3 scripts/probe_decode_loop.py [--out loop.json]      # on the GPU (backend cuda)
+
+Every step is a new call signature for attention (Lk changes) and a new offset for RoPE,
+where the bench repeats one shape and one offset. Per op, us per step: ``pipe`` (each
+step's op built while the last one runs, ``mx.async_eval``; what mlx-lm's generate does)
+and ``host`` (the building part alone), ours and MLX's, over 64 steps from Lk = 4096 (after
+8 warm-up steps at other lengths).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import mlx.core as mx
+
+import xlstm_kernels as xk
+
+
+def loop(step, n: int) -> tuple[float, float]:
+    """(pipelined us per step, host us per step) of step(i) for i in range(n)."""
+    t_host = 0.0
+    prev = None
+    t0 = time.perf_counter()
+    for i in range(n):
+        h0 = time.perf_counter()
+        out = step(i)
+        t_host += time.perf_counter() - h0
+        mx.async_eval(out)
+        if prev is not None:
+            mx.eval(prev)
+        prev = out
+    mx.eval(prev)
+    return (time.perf_counter() - t0) / n * 1e6, t_host / n * 1e6
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    rows = []
+    b, hq, hkv, d, l0, n = 1, 32, 8, 128, 4096, 64
+    kc = mx.random.normal((b, hkv, l0 + 2 * n + 64, d)).astype(mx.bfloat16)
+    vc = mx.random.normal((b, hkv, l0 + 2 * n + 64, d)).astype(mx.bfloat16)
+    q = mx.random.normal((b, hq, 1, d)).astype(mx.bfloat16)
+    x = mx.random.normal((b, hq, 1, d)).astype(mx.bfloat16)
+    mx.eval(kc, vc, q, x)
+    cases = {
+        "sdpa growing cache": (lambda f: (lambda i: f(q, kc[:, :, : l0 + i], vc[:, :, : l0 + i]))),
+        "sdpa fixed cache": (lambda f: (lambda i: f(q, kc[:, :, :l0], vc[:, :, :l0]))),
+    }
+    impls = {"ours": lambda a, k, v: xk.scaled_dot_product_attention(a, k, v, scale=d**-0.5),
+             "mlx": lambda a, k, v: mx.fast.scaled_dot_product_attention(a, k, v, scale=d**-0.5)}
+    for case, mk in cases.items():
+        for impl, f in impls.items():
+            step = mk(f)
+            loop(lambda i: step(1000 + i), 8)  # warm-up (JIT) at other lengths
+            pipe, host = loop(step, n)
+            rows.append(dict(case=case, impl=impl, pipe_us=pipe, host_us=host))
+            print(f"{case:22s} {impl:5s} pipe {pipe:8.1f} host {host:8.1f} us/step", flush=True)
+    ropes = {"ours": lambda a, off: xk.rope(a, d, traditional=False, base=10000.0, offset=off),
+             "mlx": lambda a, off: mx.fast.rope(a, d, traditional=False, base=10000.0, scale=1.0, offset=off)}
+    for impl, f in ropes.items():
+        loop(lambda i: f(x, 10 + i), 8)
+        for case, step in (("rope moving offset", lambda i: f(x, l0 + i)), ("rope fixed offset", lambda i: f(x, l0))):
+            pipe, host = loop(step, n)
+            rows.append(dict(case=case, impl=impl, pipe_us=pipe, host_us=host))
+            print(f"{case:22s} {impl:5s} pipe {pipe:8.1f} host {host:8.1f} us/step", flush=True)
+    if args.out:
+        with open(args.out, "w") as fh:
+            json.dump(rows, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()
