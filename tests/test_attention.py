@@ -700,6 +700,42 @@ def test_partial_lse_and_reduce(kernel_backend, walk):
     assert_close(out, np_attention(q, k, v, 0.125, "causal"), mx.float16, "attention_reduce")
 
 
+@pytest.mark.parametrize("dtype_name", ["float32", "float16"])
+def test_decode_loop_with_a_growing_cache(kernel_backend, dtype_name, monkeypatch):
+    """A decode loop's KV cache grows a key a step (k_cache[:, :, :lk]): every step is a new
+    Lk. From the second length on, the calls share one family call (no new memo entry per
+    step), and each result still matches float64."""
+    dtype = getattr(mx, dtype_name)
+    q, kc, vc = make_qkv(1, 4, 2, 1, 1040, 16, 16, dtype, seed_of("growing cache", dtype_name))
+    spy = LaunchSpy(monkeypatch)
+    for lk in (1030, 1031, 1033, 1036):
+        k, v = kc[:, :, :lk], vc[:, :, :lk]
+        spy.kernels.clear()
+        out = att.scaled_dot_product_attention(q, k, v, scale=0.25)
+        assert_close(out, np_attention(q, k, v, 0.25, None), dtype, f"growing cache, Lk {lk}")
+        assert len(att._CALLS) == 1  # only the first length is memoised
+        assert len(att._FAMILIES) == 1
+        if kernel_backend != "reference":
+            assert len(spy.kernels) == 2 and spy.kernels[1] == "attention_reduce", spy.kernels
+
+
+def test_decode_family_keeps_the_path_rule(kernel_backend, monkeypatch):
+    """A family's call serves only lengths that take its path: crossing split_kv_min_keys
+    goes back to a full build (split-KV above it, one pass below)."""
+    q, kc, vc = make_qkv(1, 4, 2, 1, 1040, 16, 16, mx.float32, seed_of("family path"))
+    spy = LaunchSpy(monkeypatch)
+    seen = []
+    for lk in (1029, 1030, 1031, 1032, 1033, 1031):
+        k, v = kc[:, :, :lk], vc[:, :, :lk]
+        spy.kernels.clear()
+        out = att.scaled_dot_product_attention(q, k, v, scale=0.25, split_kv_min_keys=1032)
+        assert_close(out, np_attention(q, k, v, 0.25, None), mx.float32, f"family path, Lk {lk}")
+        seen.append(list(spy.kernels))
+    if kernel_backend != "reference":
+        split = [["attention_partial", "attention_reduce"]]
+        assert seen[:3] == [["attention_prefill"]] * 3 and seen[3:5] == split * 2 and seen[5] == ["attention_prefill"]
+
+
 @pytest.mark.parametrize("nb,dv", [(3, 5), (33, 64), (70, 130), (64, 128)])
 def test_reduce_many_blocks(kernel_backend, nb, dv):
     """Pass 2 alone over random partials: 32 blocks at a time (nb past 32 and not a multiple

@@ -99,6 +99,7 @@ mx-op speed. Boolean masks and causal get no gradient (they are not differentiab
 
 from __future__ import annotations
 
+import contextvars
 import math
 from dataclasses import dataclass, replace
 from typing import Any
@@ -107,7 +108,8 @@ import mlx.core as mx
 
 from ..runtime import KernelSpec, const_array, current_backend, launch
 from ..tiles.gemm import dtype_name
-from ..tiles.knobs import ALIAS_SPLIT_MIN_KEYS, attention_block_k_bytes, attention_fits, resolve_knobs
+from ..tiles.knobs import (ALIAS_SPLIT_MIN_KEYS, attention_block_k_bytes, attention_fits, knob_shape_class,
+                           resolve_knobs)
 from ._callcache import CallCache, placeholder, replayable
 from ._validate import check_array, check_int32, check_same_dtype
 
@@ -415,6 +417,21 @@ def _prefill_tiles(lq: int, d: int, dv: int, dtype: mx.Dtype, block_q: int | Non
     return block_q, block_k
 
 
+#: Set while a decode loop's call runs (a KV cache that grew since the last call: see
+#: :func:`_attention`): its launch parameters, which hold Lk, are made as host arrays,
+#: since a new device copy per step (runtime.const_array) costs more host time than the
+#: kernels save.
+_TRANSIENT = contextvars.ContextVar("xlstm_kernels_attention_transient", default=False)
+
+
+def _params(values: list) -> mx.array:
+    """A launch's int64 parameter vector: runtime.const_array (device memory on cuda, made
+    once per value), or a host array inside a decode loop's transient call."""
+    if _TRANSIENT.get():
+        return mx.array(values, dtype=mx.int64)
+    return const_array(values, mx.int64)
+
+
 def _scale_array(scale: float) -> mx.array:
     return const_array(scale, mx.float32)
 
@@ -426,7 +443,7 @@ def _prefill_launch(q, k, v, m: _Mask, scale: float, block_q=None, block_k=None)
     bq, bk = _prefill_tiles(lq, d, dv, q.dtype, block_q, block_k)
     rm = _prefill_rm(bq, q.dtype)
     mbuf = m.buffer()
-    params = const_array([hq, hkv, lq, lk, *m.strides, 0, 0], mx.int64)
+    params = _params([hq, hkv, lq, lk, *m.strides, 0, 0])
     threads = 32 * (bq // (8 * rm))
     check_int32("scaled_dot_product_attention", "the prefill grid x (threads per query block * blocks)",
                 threads * -(-lq // bq), f"q has shape {tuple(q.shape)}")
@@ -525,7 +542,7 @@ def _prefill_mma_launch(q, k, v, m: _Mask, scale: float, backend: str) -> tuple[
     wm, rb, bk, st = _prefill_mma_plan(lq, d, dv, q.dtype, backend)
     bq = 16 * rb * wm
     mbuf = m.buffer()
-    params = const_array([hq, hkv, lq, lk, *m.strides, 0, 0], mx.int64)
+    params = _params([hq, hkv, lq, lk, *m.strides, 0, 0])
     threads = 32 * wm
     check_int32("scaled_dot_product_attention", "the prefill grid x (threads per query block * blocks)",
                 threads * -(-lq // bq), f"q has shape {tuple(q.shape)}")
@@ -613,7 +630,7 @@ def _partial_launch(q, k, v, m: _Mask, scale: float, block_size: int) -> tuple[K
     sow = -(-dv // (32 * wv)) * wv * 32
     nsg = max(1, min(8, -(-block_size // kc), _PARTIAL_TG_BYTES // (4 * r * (sow + 2))))
     mbuf = m.buffer()
-    params = const_array([hq, hkv, lq, lk, *m.strides, block_size, nb], mx.int64)
+    params = _params([hq, hkv, lq, lk, *m.strides, block_size, nb])
     check_int32("scaled_dot_product_attention", "the split-KV grid x (threads per block * key blocks)",
                 32 * nsg * nb, f"k has shape {tuple(k.shape)}")
     return PARTIAL, dict(
@@ -715,7 +732,7 @@ def _partial_mma_launch(q, k, v, m: _Mask, scale: float, block_size: int, backen
     nrg = -(-rows // r)
     nb = -(-lk // block_size)
     mbuf = m.buffer()
-    params = const_array([hq, hkv, lq, lk, *m.strides, block_size, nb], mx.int64)
+    params = _params([hq, hkv, lq, lk, *m.strides, block_size, nb])
     check_int32("scaled_dot_product_attention", "the split-KV grid x (32 threads * key blocks)",
                 32 * nb, f"k has shape {tuple(k.shape)}")
     return PARTIAL_MMA, dict(
@@ -735,7 +752,7 @@ def _reduce_launch(o_part, lse, block_size: int, num_keys: int, dtype) -> tuple[
     rows = 1
     for s in lead:
         rows *= s
-    params = const_array([rows, nb, block_size, num_keys], mx.int64)
+    params = _params([rows, nb, block_size, num_keys])
     return REDUCE, dict(
         inputs=[o_part.reshape(rows, nb, dv), lse.reshape(rows, nb), params],
         output_shapes=[(rows, dv)],
@@ -824,10 +841,50 @@ def _attention(q, k, v, scale, mask, path: str, cfg: dict) -> mx.array:
             key = None
     fn = _CALLS.get(key) if key is not None else None
     if fn is None:
+        fam_key = _family_key(key, q, k, v) if key is not None else None
+        fam = _FAMILIES.get(fam_key) if fam_key is not None else None
+        if fam is not None and fam is not _SEEN and fam.takes(q.shape[2], k.shape[2]):
+            token = _TRANSIENT.set(True)
+            try:
+                return fam(q, k, v, mask)
+            finally:
+                _TRANSIENT.reset(token)
+        if fam is _SEEN:  # a second key length of this family: a growing cache, from now on one shared call
+            fam = _build_attention(q, k, v, scale, mask, path, cfg, replay=False)
+            _FAMILIES.put(fam_key, fam)
+            if fam.takes(q.shape[2], k.shape[2]):
+                token = _TRANSIENT.set(True)
+                try:
+                    return fam(q, k, v, mask)
+                finally:
+                    _TRANSIENT.reset(token)
         fn = _build_attention(q, k, v, scale, mask, path, cfg, replay=key is not None)
         if key is not None:
             _CALLS.put(key, fn)
+            if fam_key is not None and fam is None:
+                _FAMILIES.put(fam_key, _SEEN)
     return fn(q, k, v, mask)
+
+
+# A decode loop's KV cache grows by a key a step, so each call has a new Lk: a new call
+# signature, whose build (validation, knobs, plans) and graph recording cost ~400 us of
+# host time a step on the H200 (scripts/probe_decode_loop.py: 1300 us a step pipelined
+# against MLX's 31). Calls that differ from a memoised one only in Lk (same knob shape
+# class) form a family: from its second key length on, one call built without graph
+# replay serves them all (its launches are planned per call from the shapes, with host
+# arrays for the parameters) while its path (split-KV or not) stays the same.
+_FAMILIES = CallCache("attention decode", maxsize=256)
+_SEEN = object()  # a family with one key length so far
+
+
+def _family_key(key: tuple, q, k, v) -> tuple | None:
+    """The memo key without Lk (plus its knob shape class), or None for calls whose k and v
+    disagree in length (validated by the full build) or that are not decode-sized."""
+    lk = k.shape[2]
+    if v.shape[2] != lk or q.ndim != 4 or k.ndim != 4 or v.ndim != 4 or q.shape[2] > SPLIT_KV_MAX_QUERIES:
+        return None
+    return (key[0], key[1], k.shape[:2] + k.shape[3:], key[3], v.shape[:2] + v.shape[3:], key[5], *key[6:],
+            knob_shape_class("attention", lk))
 
 
 def _build_attention(q, k, v, scale, mask, path: str, cfg: dict, replay: bool = False):
@@ -843,10 +900,17 @@ def _build_attention(q, k, v, scale, mask, path: str, cfg: dict, replay: bool = 
     kv = resolve_knobs("attention", q.dtype, lk, args=args, fits=attention_fits(d, dv, q.dtype)).values
     block_q, block_k = kv["block_q"], kv["block_k"]
     block_size = kv["split_kv_block_size"]
+    asked = path
+    min_keys = SPLIT_KV_MIN_KEYS if kv["split_kv_min_keys"] is None else kv["split_kv_min_keys"]
     if path == "auto":
-        min_keys = SPLIT_KV_MIN_KEYS if kv["split_kv_min_keys"] is None else kv["split_kv_min_keys"]
         split = lq <= SPLIT_KV_MAX_QUERIES and lk >= min_keys
         path = "split" if split else "prefill"
+
+    def takes(lq2: int, lk2: int) -> bool:
+        """Whether a call with these lengths takes the path this one took (decode families)."""
+        if asked != "auto":
+            return True
+        return (lq2 <= SPLIT_KV_MAX_QUERIES and lk2 >= min_keys) == (path == "split")
 
     backend = current_backend()
     if backend == "reference" or 0 in (b, hq, lq, d, dv, lk) or max(d, dv) > MAX_KERNEL_HEAD_DIM:
@@ -854,6 +918,7 @@ def _build_attention(q, k, v, scale, mask, path: str, cfg: dict, replay: bool = 
             return _reference(q, k, v, scale, m if mask is None or isinstance(mask, str) else _check_inputs(
                 q, k, v, scale, mask))
 
+        reference.takes = takes
         return reference
     mma = path == "split" and _use_mma(kv["split_kv_mma"], q, k, v, backend)
     # the tile prefill, unless the call names attention_prefill's tiles (block_q= / block_k=)
@@ -893,6 +958,7 @@ def _build_attention(q, k, v, scale, mask, path: str, cfg: dict, replay: bool = 
         extra = _check_inputs(q, k, v, scale, mask).array if additive else absent
         return f(q, k, v, extra)
 
+    call.takes = takes
     return call
 
 
