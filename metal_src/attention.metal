@@ -18,8 +18,11 @@
 // partial tile are -inf (they do not exist). A row whose scores are all -inf (additive
 // -inf everywhere) gives NaN, as in MLX.
 //
-// params (int64): [Hq, Hkv, Lq, Lk, mask stride b, h, q, k, block_size, n_blocks]
-// (the last two only for the split-KV pair).
+// params (int64): [Hq, Hkv, Lq, 0, mask stride b, h, q, k, block_size, 0] (block_size only
+// for the split-KV pair). Lk is k_shape[2] and the split-KV pass 1's block count its
+// grid's threadgroups along x (threadgroups_per_grid.x), both passed by value, so that the
+// parameters stay the same while a decode loop's KV cache grows (MLX's CUDA backend keeps
+// arrays made from host data in managed memory, and a new one per step stalled the GPU).
 
 // @header
 #include <metal_simdgroup_matrix>
@@ -537,7 +540,7 @@ constexpr int PS_ELEMS = TC ? WM * 8 * LDP : 4;  // the P / Q staging buffers (2
 constexpr bool SHARE = (BK * LDK + BK * LDV + PS_ELEMS) * int(sizeof(T)) > 32768;
 constexpr int KV_ELEMS = SHARE ? BK * (LDK > LDV ? LDK : LDV) : BK * (LDK + LDV);
 
-const long Hq = params[0], Hkv = params[1], Lq = params[2], Lk = params[3];
+const long Hq = params[0], Hkv = params[1], Lq = params[2], Lk = long(k_shape[2]);
 const long off = Lk - Lq;
 const uint sg = simdgroup_index_in_threadgroup;
 const uint lane = thread_index_in_simdgroup;
@@ -825,7 +828,7 @@ constexpr int CWK = D % V16 == 0 ? V16 : (V16 > 4 && D % 4 == 0) ? 4 : D % 2 == 
 constexpr int CWV = DV % V16 == 0 ? V16 : (V16 > 4 && DV % 4 == 0) ? 4 : DV % 2 == 0 ? 2 : 1;
 static_assert(BK % 16 == 0 && BK % WM == 0 && RB >= 1 && ST >= 1, "attention_prefill_mma: bad tile");
 
-const long Hq = params[0], Hkv = params[1], Lq = params[2], Lk = params[3];
+const long Hq = params[0], Hkv = params[1], Lq = params[2], Lk = long(k_shape[2]);
 const long off = Lk - Lq;
 const uint sg = simdgroup_index_in_threadgroup;
 const uint lane = thread_index_in_simdgroup;
@@ -1140,8 +1143,8 @@ constexpr int NT = 32 * NSG;
 constexpr int SOW = NV * 32;  // a row's accumulator in lane layout (>= DV)
 constexpr int SO_ELEMS = NSG * R * SOW;
 constexpr int SM_ELEMS = NSG * R;
-const long Hq = params[0], Hkv = params[1], Lq = params[2], Lk = params[3];
-const long bs = params[8], nb = params[9];
+const long Hq = params[0], Hkv = params[1], Lq = params[2], Lk = long(k_shape[2]);
+const long bs = params[8], nb = long(threadgroups_per_grid.x);
 const long off = Lk - Lq;
 const long G = Hq / Hkv;
 const long nrows = G * Lq;  // query rows per key/value head
@@ -1306,8 +1309,8 @@ constexpr int CWV = DV % V16 == 0 ? V16 : (V16 > 4 && DV % 4 == 0) ? 4 : DV % 2 
 static_assert(KT % 16 == 0 && RM >= 1 && RM <= 2 && R <= NQ, "attention_partial_mma: bad tile");
 static_assert(NQ * LDK <= ST * STAGE, "attention_partial_mma: q staging does not fit the stages");
 
-const long Hq = params[0], Hkv = params[1], Lq = params[2], Lk = params[3];
-const long bs = params[8], nb = params[9];
+const long Hq = params[0], Hkv = params[1], Lq = params[2], Lk = long(k_shape[2]);
+const long bs = params[8], nb = long(threadgroups_per_grid.x);
 const long off = Lk - Lq;
 const long G = Hq / Hkv;
 const long nrows = G * Lq;
@@ -1640,11 +1643,12 @@ for (int c = 0; c < NE; ++c) {
 // -FLT_MAX), the blocks are weighted by their key counts instead, which gives the uniform
 // average over all keys of the single-pass kernel.
 // Threadgroup (32, R, 1); grid (32, rows, 1).
-// inputs: o_part (rows, n_blocks, DV) float; lse (rows, n_blocks) float; params (int64)
+// inputs: o_part (rows, n_blocks, DV) float; lse (rows, n_blocks) float; params (int64);
+//         klen (Lk, 0): no data, its shape carries Lk by value (o_part's carries n_blocks)
 // outputs: o (rows, DV) T.  template: T, DV
-// params: [rows, n_blocks, block_size, Lk]
+// params: [rows, 0, block_size, 0]
 constexpr int NC = (DV + 31) / 32;  // columns per lane
-const long rows = params[0], nb = params[1], bs = params[2], Lk = params[3];
+const long rows = params[0], nb = long(o_part_shape[1]), bs = params[2], Lk = long(klen_shape[0]);
 const long row = thread_position_in_grid.y;
 const uint lane = thread_index_in_simdgroup;
 if (row < rows) {  // uniform per simdgroup

@@ -717,6 +717,10 @@ def test_decode_loop_with_a_growing_cache(kernel_backend, dtype_name, monkeypatc
         assert len(att._FAMILIES) == 1
         if kernel_backend != "reference":
             assert len(spy.kernels) == 2 and spy.kernels[1] == "attention_reduce", spy.kernels
+    for _ in range(2):  # then a fixed length, twice: memoised (replayed on cuda / metal)
+        out = att.scaled_dot_product_attention(q, k, v, scale=0.25)
+        assert_close(out, np_attention(q, k, v, 0.25, None), dtype, "fixed length after growth")
+    assert len(att._CALLS) == 2
 
 
 def test_decode_family_keeps_the_path_rule(kernel_backend, monkeypatch):

@@ -99,12 +99,13 @@ mx-op speed. Boolean masks and causal get no gradient (they are not differentiab
 
 from __future__ import annotations
 
-import contextvars
+import functools
 import math
 from dataclasses import dataclass, replace
 from typing import Any
 
 import mlx.core as mx
+import numpy as np
 
 from ..runtime import KernelSpec, const_array, current_backend, launch
 from ..tiles.gemm import dtype_name
@@ -151,7 +152,7 @@ PREFILL = KernelSpec("attention", "attention_prefill", _INPUTS, ("o",))
 PREFILL_MMA = KernelSpec("attention", "attention_prefill_mma", _INPUTS, ("o",))
 PARTIAL = KernelSpec("attention", "attention_partial", _INPUTS, ("o_part", "lse"))
 PARTIAL_MMA = KernelSpec("attention", "attention_partial_mma", _INPUTS, ("o_part", "lse"))
-REDUCE = KernelSpec("attention", "attention_reduce", ("o_part", "lse", "params"), ("o",))
+REDUCE = KernelSpec("attention", "attention_reduce", ("o_part", "lse", "params", "klen"), ("o",))
 
 
 # ---------------------------------------------------------------------------------------
@@ -417,19 +418,18 @@ def _prefill_tiles(lq: int, d: int, dv: int, dtype: mx.Dtype, block_q: int | Non
     return block_q, block_k
 
 
-#: Set while a decode loop's call runs (a KV cache that grew since the last call: see
-#: :func:`_attention`): its launch parameters, which hold Lk, are made as host arrays,
-#: since a new device copy per step (runtime.const_array) costs more host time than the
-#: kernels save.
-_TRANSIENT = contextvars.ContextVar("xlstm_kernels_attention_transient", default=False)
-
-
 def _params(values: list) -> mx.array:
-    """A launch's int64 parameter vector: runtime.const_array (device memory on cuda, made
-    once per value), or a host array inside a decode loop's transient call."""
-    if _TRANSIENT.get():
-        return mx.array(values, dtype=mx.int64)
+    """A launch's int64 parameter vector (runtime.const_array: in device memory on cuda).
+    It holds no Lk: the kernels read that from the shapes, so the same parameters serve a
+    decode loop's every step."""
     return const_array(values, mx.int64)
+
+
+@functools.lru_cache(maxsize=64)
+def _klen(num_keys: int) -> mx.array:
+    """attention_reduce's ``klen`` input: an empty (num_keys, 0) array, whose shape (passed
+    by value) carries Lk; it has no data."""
+    return mx.array(np.empty((num_keys, 0), dtype=np.int8))
 
 
 def _scale_array(scale: float) -> mx.array:
@@ -443,7 +443,7 @@ def _prefill_launch(q, k, v, m: _Mask, scale: float, block_q=None, block_k=None)
     bq, bk = _prefill_tiles(lq, d, dv, q.dtype, block_q, block_k)
     rm = _prefill_rm(bq, q.dtype)
     mbuf = m.buffer()
-    params = _params([hq, hkv, lq, lk, *m.strides, 0, 0])
+    params = _params([hq, hkv, lq, 0, *m.strides, 0, 0])  # Lk: k_shape[2] (by value)
     threads = 32 * (bq // (8 * rm))
     check_int32("scaled_dot_product_attention", "the prefill grid x (threads per query block * blocks)",
                 threads * -(-lq // bq), f"q has shape {tuple(q.shape)}")
@@ -542,7 +542,7 @@ def _prefill_mma_launch(q, k, v, m: _Mask, scale: float, backend: str) -> tuple[
     wm, rb, bk, st = _prefill_mma_plan(lq, d, dv, q.dtype, backend)
     bq = 16 * rb * wm
     mbuf = m.buffer()
-    params = _params([hq, hkv, lq, lk, *m.strides, 0, 0])
+    params = _params([hq, hkv, lq, 0, *m.strides, 0, 0])  # Lk: k_shape[2] (by value)
     threads = 32 * wm
     check_int32("scaled_dot_product_attention", "the prefill grid x (threads per query block * blocks)",
                 threads * -(-lq // bq), f"q has shape {tuple(q.shape)}")
@@ -630,7 +630,7 @@ def _partial_launch(q, k, v, m: _Mask, scale: float, block_size: int) -> tuple[K
     sow = -(-dv // (32 * wv)) * wv * 32
     nsg = max(1, min(8, -(-block_size // kc), _PARTIAL_TG_BYTES // (4 * r * (sow + 2))))
     mbuf = m.buffer()
-    params = _params([hq, hkv, lq, lk, *m.strides, block_size, nb])
+    params = _params([hq, hkv, lq, 0, *m.strides, block_size, 0])  # Lk, n_blocks: k_shape, the grid
     check_int32("scaled_dot_product_attention", "the split-KV grid x (threads per block * key blocks)",
                 32 * nsg * nb, f"k has shape {tuple(k.shape)}")
     return PARTIAL, dict(
@@ -732,7 +732,7 @@ def _partial_mma_launch(q, k, v, m: _Mask, scale: float, block_size: int, backen
     nrg = -(-rows // r)
     nb = -(-lk // block_size)
     mbuf = m.buffer()
-    params = _params([hq, hkv, lq, lk, *m.strides, block_size, nb])
+    params = _params([hq, hkv, lq, 0, *m.strides, block_size, 0])  # Lk, n_blocks: k_shape, the grid
     check_int32("scaled_dot_product_attention", "the split-KV grid x (32 threads * key blocks)",
                 32 * nb, f"k has shape {tuple(k.shape)}")
     return PARTIAL_MMA, dict(
@@ -752,9 +752,9 @@ def _reduce_launch(o_part, lse, block_size: int, num_keys: int, dtype) -> tuple[
     rows = 1
     for s in lead:
         rows *= s
-    params = _params([rows, nb, block_size, num_keys])
+    params = _params([rows, 0, block_size, 0])  # n_blocks, Lk: o_part's and klen's shapes (by value)
     return REDUCE, dict(
-        inputs=[o_part.reshape(rows, nb, dv), lse.reshape(rows, nb), params],
+        inputs=[o_part.reshape(rows, nb, dv), lse.reshape(rows, nb), params, _klen(num_keys)],
         output_shapes=[(rows, dv)],
         output_dtypes=[dtype],
         grid=(32, rows, 1),
@@ -844,20 +844,15 @@ def _attention(q, k, v, scale, mask, path: str, cfg: dict) -> mx.array:
         fam_key = _family_key(key, q, k, v) if key is not None else None
         fam = _FAMILIES.get(fam_key) if fam_key is not None else None
         if fam is not None and fam is not _SEEN and fam.takes(q.shape[2], k.shape[2]):
-            token = _TRANSIENT.set(True)
-            try:
+            if fam.last_lk != k.shape[2]:  # a new length: the family's call
+                fam.last_lk = k.shape[2]
                 return fam(q, k, v, mask)
-            finally:
-                _TRANSIENT.reset(token)
+            # the same length twice in a row (a loop at a fixed length): memoised below, then replayed
         if fam is _SEEN:  # a second key length of this family: a growing cache, from now on one shared call
             fam = _build_attention(q, k, v, scale, mask, path, cfg, replay=False)
             _FAMILIES.put(fam_key, fam)
             if fam.takes(q.shape[2], k.shape[2]):
-                token = _TRANSIENT.set(True)
-                try:
-                    return fam(q, k, v, mask)
-                finally:
-                    _TRANSIENT.reset(token)
+                return fam(q, k, v, mask)
         fn = _build_attention(q, k, v, scale, mask, path, cfg, replay=key is not None)
         if key is not None:
             _CALLS.put(key, fn)
@@ -871,8 +866,9 @@ def _attention(q, k, v, scale, mask, path: str, cfg: dict) -> mx.array:
 # host time a step on the H200 (scripts/probe_decode_loop.py: 1300 us a step pipelined
 # against MLX's 31). Calls that differ from a memoised one only in Lk (same knob shape
 # class) form a family: from its second key length on, one call built without graph
-# replay serves them all (its launches are planned per call from the shapes, with host
-# arrays for the parameters) while its path (split-KV or not) stays the same.
+# replay serves them all (its launches are planned per call from the shapes; the kernels
+# read Lk by value, so their parameter arrays repeat) while its path (split-KV or not)
+# stays the same.
 _FAMILIES = CallCache("attention decode", maxsize=256)
 _SEEN = object()  # a family with one key length so far
 
@@ -919,6 +915,7 @@ def _build_attention(q, k, v, scale, mask, path: str, cfg: dict, replay: bool = 
                 q, k, v, scale, mask))
 
         reference.takes = takes
+        reference.last_lk = lk
         return reference
     mma = path == "split" and _use_mma(kv["split_kv_mma"], q, k, v, backend)
     # the tile prefill, unless the call names attention_prefill's tiles (block_q= / block_k=)
@@ -959,6 +956,7 @@ def _build_attention(q, k, v, scale, mask, path: str, cfg: dict, replay: bool = 
         return f(q, k, v, extra)
 
     call.takes = takes
+    call.last_lk = lk
     return call
 
 
