@@ -6,14 +6,15 @@
 Every step is a new call signature for attention (Lk changes) and a new offset for RoPE,
 where the bench repeats one shape and one offset. Per op, us per step: ``pipe`` (each
 step's op built while the last one runs, ``mx.async_eval``; what mlx-lm's generate does)
-and ``host`` (the building part alone), ours and MLX's, over 64 steps from Lk = 4096 (after
-8 warm-up steps at other lengths).
+and ``host`` (the building part alone), ours and MLX's, over 64 steps (PROBE_LOOP_STEPS) from Lk = 4096
+(after 8 warm-up steps at other lengths).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 
 import mlx.core as mx
@@ -43,27 +44,28 @@ def main() -> None:
     ap.add_argument("--out")
     args = ap.parse_args()
     rows = []
-    b, hq, hkv, d, l0, n = 1, 32, 8, 128, 4096, 64
+    b, hq, hkv, d, l0, n = 1, 32, 8, 128, 4096, int(os.environ.get("PROBE_LOOP_STEPS", "64"))
     kc = mx.random.normal((b, hkv, l0 + 2 * n + 64, d)).astype(mx.bfloat16)
     vc = mx.random.normal((b, hkv, l0 + 2 * n + 64, d)).astype(mx.bfloat16)
     q = mx.random.normal((b, hq, 1, d)).astype(mx.bfloat16)
     x = mx.random.normal((b, hq, 1, d)).astype(mx.bfloat16)
     mx.eval(kc, vc, q, x)
     # contiguous K / V of every length (no slice copy inside the op): a separate factor
-    ks = [mx.contiguous(kc[:, :, : l0 + i]) for i in range(n)]
-    vs = [mx.contiguous(vc[:, :, : l0 + i]) for i in range(n)]
+    nc = min(n, 64)
+    ks = [mx.contiguous(kc[:, :, : l0 + i]) for i in range(nc)]
+    vs = [mx.contiguous(vc[:, :, : l0 + i]) for i in range(nc)]
     mx.eval(ks, vs)
     cases = {
         "sdpa growing cache": (lambda f: (lambda i: f(q, kc[:, :, : l0 + i], vc[:, :, : l0 + i]))),
         "sdpa fixed cache": (lambda f: (lambda i: f(q, kc[:, :, :l0], vc[:, :, :l0]))),
-        "sdpa growing contig": (lambda f: (lambda i: f(q, ks[i % n], vs[i % n]))),
+        "sdpa growing contig": (lambda f: (lambda i: f(q, ks[i % nc], vs[i % nc]))),
     }
     impls = {"ours": lambda a, k, v: xk.scaled_dot_product_attention(a, k, v, scale=d**-0.5),
              "mlx": lambda a, k, v: mx.fast.scaled_dot_product_attention(a, k, v, scale=d**-0.5)}
     for case, mk in cases.items():
         for impl, f in impls.items():
             step = mk(f)
-            loop(lambda i: step(1000 + i) if "contig" not in case else step(n - 1 - i), 8)  # warm-up (JIT)
+            loop(lambda i: step(1000 + i) if "contig" not in case else step(nc - 1 - i), 8)  # warm-up (JIT)
             pipe, host = loop(step, n)
             rows.append(dict(case=case, impl=impl, pipe_us=pipe, host_us=host))
             print(f"{case:22s} {impl:5s} pipe {pipe:8.1f} host {host:8.1f} us/step", flush=True)
