@@ -152,13 +152,26 @@ class LaunchSpy:
         self.kernels: list[str] = []
         self.templates: list[dict] = []
         real = att.launch
+        real_prepare = att.prepare_launch
 
         def spy(spec, **kwargs):
             self.kernels.append(spec.kernel)
             self.templates.append(dict(kwargs.get("template") or []))
             return real(spec, **kwargs)
 
+        def spy_prepare(spec, **kwargs):  # prepared launches (split-KV plans): recorded per run
+            run = real_prepare(spec, **kwargs)
+            template = dict(kwargs.get("template") or [])
+
+            def recorded(inputs):
+                self.kernels.append(spec.kernel)
+                self.templates.append(template)
+                return run(inputs)
+
+            return recorded
+
         monkeypatch.setattr(att, "launch", spy)
+        monkeypatch.setattr(att, "prepare_launch", spy_prepare)
 
 
 WALKS = ("lane", "mma")  # split-KV pass 1: attention_partial (lane walk) / attention_partial_mma (tiles)

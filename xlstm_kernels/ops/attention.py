@@ -107,7 +107,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from ..runtime import KernelSpec, const_array, current_backend, launch
+from ..runtime import KernelSpec, const_array, current_backend, launch, prepare_launch
 from ..tiles.gemm import dtype_name
 from ..tiles.knobs import (ALIAS_SPLIT_MIN_KEYS, attention_block_k_bytes, attention_fits, knob_shape_class,
                            resolve_knobs)
@@ -769,14 +769,31 @@ def _run(spec_kwargs, backend: str) -> list[mx.array]:
 
 
 def _split_kv_forward(q, k, v, m: _Mask, scale: float, block_size: int | None, backend: str,
-                      mma: bool = False) -> mx.array:
-    if mma:
-        block_size = block_size or _auto_block_size_mma(q, k, v, backend)
-        o_part, lse = _run(_partial_mma_launch(q, k, v, m, scale, block_size, backend), backend)
+                      mma: bool = False, plans: dict | None = None) -> mx.array:
+    """Pass 1 and pass 2 of one call. `plans` (a dict kept by the caller, for masks without
+    an array): the two launches prepared once per (block size, block count) and reused, as
+    a decode loop's growing cache calls with a new Lk every step (the kernels read Lk by
+    value; the grid changes only with the block count)."""
+    lk = k.shape[2]
+    bs = block_size or (_auto_block_size_mma(q, k, v, backend) if mma else _auto_block_size(q, k, v))
+    nb = -(-lk // bs)
+    plan = plans.get((bs, nb)) if plans is not None else None
+    if plan is None:
+        spec1, kw1 = (_partial_mma_launch(q, k, v, m, scale, bs, backend) if mma
+                      else _partial_launch(q, k, v, m, scale, bs))
+        if plans is None or m.array is not None:
+            o_part, lse = _run((spec1, kw1), backend)
+            (o,) = _run(_reduce_launch(o_part, lse, bs, lk, q.dtype), backend)
+            return o.reshape(*q.shape[:3], v.shape[3])
+        run1, consts1 = prepare_launch(spec1, **kw1, backend=backend), kw1["inputs"][3:]
+        o_part, lse = run1([q, k, v, *consts1])
+        spec2, kw2 = _reduce_launch(o_part, lse, bs, lk, q.dtype)
+        plan = plans[(bs, nb)] = (run1, consts1, prepare_launch(spec2, **kw2, backend=backend), kw2["inputs"][2],
+                                  tuple(kw2["inputs"][0].shape))
     else:
-        block_size = block_size or _auto_block_size(q, k, v)
-        o_part, lse = _run(_partial_launch(q, k, v, m, scale, block_size), backend)
-    (o,) = _run(_reduce_launch(o_part, lse, block_size, k.shape[2], q.dtype), backend)
+        o_part, lse = plan[0]([q, k, v, *plan[1]])
+    rows, nbr, dv = plan[4]
+    (o,) = plan[2]([o_part.reshape(rows, nbr, dv), lse.reshape(rows, nbr), plan[3], _klen(lk)])
     return o.reshape(*q.shape[:3], v.shape[3])
 
 
@@ -925,9 +942,11 @@ def _build_attention(q, k, v, scale, mask, path: str, cfg: dict, replay: bool = 
         check_int32("scaled_dot_product_attention", "rows B * Hq * Lq of the split-KV reduction", b * hq * lq,
                     f"q has shape {tuple(q.shape)}")
 
+    split_plans: dict = {}  # the split-KV launches per (block size, block count): see _split_kv_forward
+
     def forward(q, k, v, mm: _Mask) -> mx.array:
         if path == "split":
-            return _split_kv_forward(q, k, v, mm, scale, block_size, backend, mma)
+            return _split_kv_forward(q, k, v, mm, scale, block_size, backend, mma, split_plans)
         if prefill_mma:
             (o,) = _run(_prefill_mma_launch(q, k, v, mm, scale, backend), backend)
             return o
