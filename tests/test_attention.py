@@ -734,6 +734,12 @@ def test_decode_loop_with_a_growing_cache(kernel_backend, dtype_name, monkeypatc
         out = att.scaled_dot_product_attention(q, k, v, scale=0.25)
         assert_close(out, np_attention(q, k, v, 0.25, None), dtype, "fixed length after growth")
     assert len(att._CALLS) == 2
+    # an empty cache is never a family call: the full build (the reference path: zero keys)
+    empty = att.scaled_dot_product_attention(q, kc[:, :, :0], vc[:, :, :0], scale=0.25)
+    ref_empty = mx.fast.scaled_dot_product_attention(q.astype(mx.float32), kc[:, :, :0].astype(mx.float32),
+                                                     vc[:, :, :0].astype(mx.float32), scale=0.25)
+    assert tuple(empty.shape) == tuple(ref_empty.shape)
+    np.testing.assert_array_equal(np.isnan(np.asarray(empty.astype(mx.float32))), np.isnan(np.asarray(ref_empty)))
 
 
 def test_decode_family_keeps_the_path_rule(kernel_backend, monkeypatch):

@@ -892,9 +892,11 @@ _SEEN = object()  # a family with one key length so far
 
 def _family_key(key: tuple, q, k, v) -> tuple | None:
     """The memo key without Lk (plus its knob shape class), or None for calls whose k and v
-    disagree in length (validated by the full build) or that are not decode-sized."""
+    disagree in length (validated by the full build), with no keys, or that are not
+    decode-sized."""
     lk = k.shape[2]
-    if v.shape[2] != lk or q.ndim != 4 or k.ndim != 4 or v.ndim != 4 or q.shape[2] > SPLIT_KV_MAX_QUERIES:
+    if (lk == 0 or v.shape[2] != lk or q.ndim != 4 or k.ndim != 4 or v.ndim != 4
+            or q.shape[2] > SPLIT_KV_MAX_QUERIES):  # an empty cache takes the reference path: never a family
         return None
     return (key[0], key[1], k.shape[:2] + k.shape[3:], key[3], v.shape[:2] + v.shape[3:], key[5], *key[6:],
             knob_shape_class("attention", lk))
