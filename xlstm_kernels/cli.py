@@ -116,6 +116,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         print(format_table([], res.emulated))
     d = res.device
     print(f"device {d['name']} (family {d['family']}); roofline {res.roofline}")
+    from .benchmarks.copy_rate import target_summary
+
+    for line in target_summary(res.rows, res.copy):
+        print(line)
     failed = [r for r in res.rows if not r.get("ok")]
     print(f"{len(res.rows) - len(failed)} ok, {len(failed)} failed, {len(res.skipped)} families skipped, "
           f"{len(res.errors)} family errors in {res.seconds:.1f} s")

@@ -100,6 +100,7 @@ def to_document(result) -> dict:
         "timing": timing,
         "device": _clean(result.device),
         "roofline": _clean(result.roofline),
+        "copy": _clean(getattr(result, "copy", None)),
         "environment": environment(),
         "options": _clean(result.options),
         "summary": {"rows": len(rows), "ok": len(rows) - len(failed), "failed": len(failed),

@@ -369,6 +369,7 @@ class BenchResult:
     created: str = ""
     files: dict = field(default_factory=dict)  # "json" / "csv" / "png" -> path, once saved
     command: str = ""  # the command line, when run from the CLI
+    copy: dict | None = None  # the measured copy bandwidth (copy_rate.measure_copy_rate), GPU runs
 
     @property
     def emulated(self) -> bool:
@@ -485,6 +486,16 @@ def run_bench(
             continue
         for raw in raw_rows or []:
             add(normalize_row(dict(raw), family, backend))
+    if any(r.get("metric") == "GB/s" for r in result.rows):
+        # the bar of the memory-bound rows: the copy bandwidth, measured in this run
+        from .copy_rate import annotate_rows, measure_copy_rate
+
+        try:
+            result.copy = measure_copy_rate(backend)
+        except Exception as e:  # noqa: BLE001  reported; the rows stand without it
+            result.errors.append({"family": "copy", "error": f"copy bandwidth: {type(e).__name__}: {e}"})
+            note(f"copy bandwidth: {type(e).__name__}: {e}")
+        annotate_rows(result.rows, result.copy["gbps"] if result.copy else None)
     result.seconds = time.perf_counter() - t_start
     if out_dir is not None:
         from .report import save_results

@@ -1,0 +1,80 @@
+"""The bench's copy-bandwidth instrument: the copy_words kernel and the target view of rows."""
+
+from __future__ import annotations
+
+import math
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from xlstm_kernels.benchmarks import copy_rate
+
+
+def _random(shape, dtype, seed):
+    rng = np.random.default_rng(seed)
+    if dtype == mx.uint32:
+        return mx.array(rng.integers(0, 2**32, size=shape, dtype=np.uint64).astype(np.uint32))
+    return mx.array(rng.standard_normal(shape).astype(np.float32)).astype(dtype)
+
+
+@pytest.mark.parametrize("shape,dtype", [
+    ((1,), mx.float32),             # one word: no whole run, the tail only
+    ((33, 29), mx.float32),         # 957 words: 239 runs and a tail of 1
+    ((2, 3, 5), mx.float32),
+    ((6, 7), mx.float16),           # 21 words
+    ((17, 4), mx.bfloat16),
+    ((4 * 300 + 3,), mx.uint32),    # 300 runs (two threadgroups) and a tail of 3
+])
+def test_copy_words_copies_every_bit(backend, shape, dtype):
+    x = _random(shape, dtype, seed=len(shape) * 100 + shape[0])
+    y = copy_rate.copy_words(x, backend)
+    mx.eval(y)
+    assert y.shape == x.shape and y.dtype == x.dtype
+    assert np.array_equal(np.asarray(y.view(mx.uint8) if dtype != mx.uint32 else y),
+                          np.asarray(x.view(mx.uint8) if dtype != mx.uint32 else x))
+
+
+def test_copy_words_grid_stride(backend, monkeypatch):
+    """A grid smaller than the runs: each thread copies several runs (as at 1 GiB)."""
+    monkeypatch.setattr(copy_rate, "_MAX_THREADS", 256)
+    x = _random((4 * 1000 + 2,), mx.uint32, seed=7)
+    y = copy_rate.copy_words(x, backend)
+    assert np.array_equal(np.asarray(y), np.asarray(x))
+
+
+def test_copy_words_rejects_bad_input():
+    with pytest.raises(ValueError, match="multiple of 4 bytes"):
+        copy_rate.copy_words(mx.zeros((3,), dtype=mx.float16))
+    with pytest.raises(TypeError, match="mx.array"):
+        copy_rate.copy_words(np.zeros(4, dtype=np.float32))
+
+
+def test_no_copy_rate_without_a_gpu():
+    assert copy_rate.measure_copy_rate("emulate") is None
+    assert copy_rate.measure_copy_rate("reference") is None
+
+
+def test_annotate_rows_and_summary():
+    rows = [
+        # 100 MB moved: ours 25 us pipelined (4000 GB/s), MLX 30 us (3333 GB/s)
+        {"op": "rms_norm", "shape": "1x1", "dtype": "bfloat16", "metric": "GB/s", "gbps": 2000.0, "ours_ms": 0.05,
+         "baseline_ms": 0.06, "extra": {"ours_pipelined_ms": 0.025, "mlx_pipelined_ms": 0.030}},
+        # no pipelined times: the synchronised ones (1000 GB/s, MLX faster)
+        {"op": "rope", "shape": "2x2", "dtype": "float16", "metric": "GB/s", "gbps": 1000.0, "ours_ms": 0.1,
+         "baseline_ms": 0.08, "extra": {}},
+        {"op": "gemm_av", "metric": "GFLOP/s", "gbps": 10.0, "ours_ms": 1.0, "extra": {}},  # not memory-bound
+    ]
+    copy_rate.annotate_rows(rows, 4000.0)
+    a, b, c = (r["extra"] for r in rows)
+    assert a["steady"] == "pipelined" and math.isclose(a["pct_copy"], 100.0)
+    assert math.isclose(a["mlx_pct_copy"], 100.0 * 25 / 30) and math.isclose(a["ratio_steady"], 1.2)
+    assert a["meets_copy"] and a["meets_ratio"]
+    assert b["steady"] == "synchronised" and math.isclose(b["pct_copy"], 25.0)
+    assert not b["meets_copy"] and not b["meets_ratio"] and math.isclose(b["ratio_steady"], 0.8)
+    assert "pct_copy" not in c
+    lines = copy_rate.target_summary(rows, {"gbps": 4000.0, "kernel_gbps": 4000.0, "mlx_gbps": 3900.0,
+                                            "bytes": 1 << 30, "chain": 8})
+    assert "4,000 GB/s" in lines[0]
+    assert lines[-2].rstrip().endswith("met") and "not met: bandwidth, ratio" in lines[-1]
+    assert copy_rate.target_summary(rows, None) == []
