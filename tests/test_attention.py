@@ -881,6 +881,66 @@ def test_offset_slice_inputs(kernel_backend, monkeypatch, dtype_name, d, off, wa
     assert_close(att.attention_decode_split_kv(q, k, v, scale=0.2, block_size=16), ref, dtype, "split-KV k_all[1:]")
 
 
+def kv_layout(a: mx.array, layout: str) -> mx.array:
+    """`a` (B, H, L, D)'s values in a view the kernels must read in place through its
+    strides (no copy: ensure_row_contiguous is off for the attention kernels)."""
+    b, h, n, d = a.shape
+    if layout == "cache":  # a KV cache slice k_cache[:, :, :lk] (head stride Lmax * D)
+        big = mx.concatenate([a, mx.full((b, h, 13, d), 1e4, dtype=a.dtype)], axis=2)
+        return big[:, :, :n]
+    if layout == "transposed":  # keys projected as (B, L, H, D), then transposed
+        return mx.contiguous(a.transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3)
+    if layout == "every_other":  # element stride 2: every other column of a wider array
+        big = mx.stack([a, mx.full(a.shape, -1e4, dtype=a.dtype)], axis=-1).reshape(b, h, n, 2 * d)
+        return big[..., ::2]
+    if layout == "swapped":  # element stride L, row stride 1
+        return mx.contiguous(a.swapaxes(-1, -2)).swapaxes(-1, -2)
+    if layout == "broadcast":  # one batch element's keys broadcast (batch stride 0)
+        return mx.broadcast_to(a[:1], a.shape)
+    if layout == "misaligned":  # rows of D + 1 elements, the view starting at element 1
+        big = mx.concatenate([mx.full((b, h, n, 1), 1e4, dtype=a.dtype), a], axis=-1)
+        return big[..., 1:]
+    raise ValueError(layout)
+
+
+KV_LAYOUTS = ("cache", "transposed", "every_other", "swapped", "broadcast", "misaligned")
+
+
+# K and V reach the kernels uncopied, in any layout: a KV cache slice, transposed
+# projections, an element stride (every other column, or swapped axes), a broadcast batch,
+# a misaligned start with an odd row stride. Every path that reads them: the prefill
+# (attention_prefill, and attention_prefill_mma for 2-byte dtypes) and split-KV pass 1
+# (the lane walk and the tiles); q transposed and an additive mask broadcast as well.
+@pytest.mark.parametrize("layout", KV_LAYOUTS)
+@pytest.mark.parametrize("dtype_name", list(DTYPES))
+def test_kv_read_in_place(kernel_backend, monkeypatch, dtype_name, layout):
+    dtype = DTYPES[dtype_name]
+    assert not att.PARTIAL.ensure_row_contiguous and not att.PREFILL_MMA.ensure_row_contiguous
+    b, hq, hkv, lk, d = 2, 4, 2, 75, 64
+    seed = seed_of("kv in place", dtype_name, layout)
+    for lq in (1, 19):
+        q, k, v = make_qkv(b, hq, hkv, lq, lk, d, d, dtype, seed + lq)
+        if layout == "broadcast":
+            k, v = mx.broadcast_to(k[:1], k.shape), mx.broadcast_to(v[:1], v.shape)
+        kv, vv = kv_layout(k, layout), kv_layout(v, layout)
+        qv = mx.contiguous(q.transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3)  # q as (B, L, H, D) transposed
+        mask = make_mask("additive", b, hq, lq, lk, dtype, seed)
+        mask_view = mx.broadcast_to(mask, (b, 1, lq, lk))
+        ref = np_attention(q, k, v, d**-0.5, mask)
+        what = f"{layout} Lq={lq}"
+        out = att.attention_prefill(qv, kv, vv, scale=d**-0.5, mask=mask_view, block_q=16, block_k=16)
+        assert_close(out, ref, dtype, f"prefill {what}")
+        if dtype != mx.float32:
+            monkeypatch.setenv("XLSTM_ATTENTION_PREFILL_MMA", "1")
+            out = att.scaled_dot_product_attention(qv, kv, vv, scale=d**-0.5, mask="causal")
+            assert_close(out, np_attention(q, k, v, d**-0.5, "causal"), dtype, f"prefill_mma {what}")
+            monkeypatch.delenv("XLSTM_ATTENTION_PREFILL_MMA")
+        for walk in WALKS if dtype != mx.float32 or layout in ("cache", "swapped") else ("lane",):
+            set_walk(monkeypatch, walk)
+            out = att.attention_decode_split_kv(qv, kv, vv, scale=d**-0.5, mask=mask_view, block_size=32)
+            assert_close(out, ref, dtype, f"split-KV {walk} {what}")
+
+
 # ---------------------------------------------------------------------------------------
 # Dispatch
 # ---------------------------------------------------------------------------------------

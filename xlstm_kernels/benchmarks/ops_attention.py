@@ -4,8 +4,9 @@ in the same run.
     xlstm-kernels bench --ops attention [--backend metal|emulate] [--dtypes float32,float16,bfloat16]
                                   [--quick] [--out bench/results/attention-<backend>.json]
 
-``run(backend, dtypes, quick)`` returns one dict per (case, dtype): op (``attention_prefill``
-or ``attention_decode``), shape [B, Hq, Hkv, Lq, Lk, D], dtype, mask, path (the kernels
+``run(backend, dtypes, quick)`` returns one dict per (case, dtype): op (``attention_prefill``,
+``attention_decode``, or ``attention_decode_cache``: K and V slices of a longer KV cache,
+as a decode loop passes them), shape [B, Hq, Hkv, Lq, Lk, D], dtype, mask, path (the kernels
 that ran: prefill, or split-KV partial + reduce), ours_ms, mlx_ms, ratio (mlx_ms /
 ours_ms, > 1 = faster than MLX), tflops (prefill: 4·D flops per visible (query, key)
 pair, so causal counts about half the square) or gbps (decode: q + K + V + o bytes),
@@ -67,6 +68,10 @@ METAL_CASES = [
     ("attention_decode", (1, 32, 32, 1, 16384, 64), None),
     ("attention_decode", (1, 32, 8, 4, 4096, 128), "causal"),       # short speculative run
     ("attention_decode", (8, 32, 8, 1, 8192, 128), None),           # batched: 256 MiB of K/V
+    # K / V as slices of a KV cache (k_cache[:, :, :lk], capacity lk + 256 as mlx-lm's
+    # cache grows): read in place by ours and by MLX's op
+    ("attention_decode_cache", (1, 32, 8, 1, 4096, 128), None),
+    ("attention_decode_cache", (8, 32, 8, 1, 8192, 128), None),
 ]
 METAL_QUICK = [METAL_CASES[1], METAL_CASES[3], METAL_CASES[6], METAL_CASES[7]]
 EMULATE_CASES = [
@@ -74,8 +79,10 @@ EMULATE_CASES = [
     ("attention_prefill", (1, 4, 1, 19, 45, 128), None),
     ("attention_decode", (1, 4, 1, 1, 1100, 64), None),
     ("attention_decode", (1, 8, 1, 3, 1030, 128), "causal"),
+    ("attention_decode_cache", (1, 4, 2, 1, 1100, 64), None),
 ]
 EMULATE_QUICK = [EMULATE_CASES[0], EMULATE_CASES[2]]
+CACHE_SLACK = 256  # the _cache cases' unused cache rows past Lk
 
 
 def _dtype(d) -> mx.Dtype:
@@ -123,8 +130,9 @@ def _timed(fn, repeats: int) -> float:
 def _case_row(backend, op, shape, mask, dtype, rng, roof, repeats) -> dict:
     b, hq, hkv, lq, lk, d = shape
     q = mx.array(rng.standard_normal((b, hq, lq, d)).astype(np.float32)).astype(dtype)
-    k = mx.array(rng.standard_normal((b, hkv, lk, d)).astype(np.float32)).astype(dtype)
-    v = mx.array(rng.standard_normal((b, hkv, lk, d)).astype(np.float32)).astype(dtype)
+    cap = lk + CACHE_SLACK if op.endswith("_cache") else lk  # a cache slice: k_cache[:, :, :lk]
+    k = mx.array(rng.standard_normal((b, hkv, cap, d)).astype(np.float32)).astype(dtype)[:, :, :lk]
+    v = mx.array(rng.standard_normal((b, hkv, cap, d)).astype(np.float32)).astype(dtype)[:, :, :lk]
     scale = d**-0.5
     split = lq <= att.SPLIT_KV_MAX_QUERIES and lk >= att.SPLIT_KV_MIN_KEYS
     ours = lambda: att.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)  # noqa: E731
@@ -148,7 +156,7 @@ def _case_row(backend, op, shape, mask, dtype, rng, roof, repeats) -> dict:
     t_ours = _timed(ours, repeats)
     t_mlx = _timed(theirs, repeats)
     row.update({"ours_ms": t_ours * 1e3, "mlx_ms": t_mlx * 1e3, "ratio": t_mlx / t_ours, "repeats": repeats})
-    if op == "attention_decode":  # queued and pipelined: a decoding model's steady state
+    if op.startswith("attention_decode"):  # queued and pipelined: a decoding model's steady state
         row.update(throughput(ours, theirs, repeats=repeats))
         if v.shape[-1] == d:  # chained: each call's query is the last one's output (a decode loop)
             n = max(3, repeats // 4)

@@ -148,10 +148,16 @@ _NO_MASK = mx.array([False])  # the mask buffer of calls without a mask array (m
 _TG_MEMORY = 32 * 1024
 
 _INPUTS = ("q", "k", "v", "mask", "params", "scale")
-PREFILL = KernelSpec("attention", "attention_prefill", _INPUTS, ("o",))
-PREFILL_MMA = KernelSpec("attention", "attention_prefill_mma", _INPUTS, ("o",))
-PARTIAL = KernelSpec("attention", "attention_partial", _INPUTS, ("o_part", "lse"))
-PARTIAL_MMA = KernelSpec("attention", "attention_partial_mma", _INPUTS, ("o_part", "lse"))
+# The kernels that read K and V take them as they are, through k_strides / v_strides (MLX
+# would otherwise copy every input that is not row-contiguous before each launch: a KV
+# cache slice k_cache[:, :, :lk] of a decode loop, or keys transposed from (B, L, H, D)).
+# q and an array mask are made row-contiguous by the op (mx.contiguous: no copy when they
+# are); the kernels index them as such.
+_IN_PLACE = {"ensure_row_contiguous": False}
+PREFILL = KernelSpec("attention", "attention_prefill", _INPUTS, ("o",), **_IN_PLACE)
+PREFILL_MMA = KernelSpec("attention", "attention_prefill_mma", _INPUTS, ("o",), **_IN_PLACE)
+PARTIAL = KernelSpec("attention", "attention_partial", _INPUTS, ("o_part", "lse"), **_IN_PLACE)
+PARTIAL_MMA = KernelSpec("attention", "attention_partial_mma", _INPUTS, ("o_part", "lse"), **_IN_PLACE)
 REDUCE = KernelSpec("attention", "attention_reduce", ("o_part", "lse", "params", "klen"), ("o",))
 
 
@@ -170,6 +176,11 @@ class _Mask:
 
     def buffer(self) -> mx.array:
         return self.array if self.array is not None else _NO_MASK
+
+    def kernel_buffer(self) -> mx.array:
+        """The buffer as the kernels index it (row-contiguous, in its own shape): they read
+        their inputs as they are (K and V in place, see _IN_PLACE)."""
+        return mx.contiguous(self.array) if self.array is not None else _NO_MASK
 
     def reference_mask(self) -> Any:
         return {_MASK_NONE: None, _MASK_CAUSAL: "causal"}.get(self.kind, self.array)
@@ -442,7 +453,7 @@ def _prefill_launch(q, k, v, m: _Mask, scale: float, block_q=None, block_k=None)
     hkv, lk, dv = k.shape[1], k.shape[2], v.shape[3]
     bq, bk = _prefill_tiles(lq, d, dv, q.dtype, block_q, block_k)
     rm = _prefill_rm(bq, q.dtype)
-    mbuf = m.buffer()
+    mbuf = m.kernel_buffer()
     params = _params([hq, hkv, lq, 0, *m.strides, 0, 0])  # Lk: k_shape[2] (by value)
     threads = 32 * (bq // (8 * rm))
     check_int32("scaled_dot_product_attention", "the prefill grid x (threads per query block * blocks)",
@@ -541,7 +552,7 @@ def _prefill_mma_launch(q, k, v, m: _Mask, scale: float, backend: str) -> tuple[
     hkv, lk, dv = k.shape[1], k.shape[2], v.shape[3]
     wm, rb, bk, st = _prefill_mma_plan(lq, d, dv, q.dtype, backend)
     bq = 16 * rb * wm
-    mbuf = m.buffer()
+    mbuf = m.kernel_buffer()
     params = _params([hq, hkv, lq, 0, *m.strides, 0, 0])  # Lk: k_shape[2] (by value)
     threads = 32 * wm
     check_int32("scaled_dot_product_attention", "the prefill grid x (threads per query block * blocks)",
@@ -629,7 +640,7 @@ def _partial_launch(q, k, v, m: _Mask, scale: float, block_size: int) -> tuple[K
     nb = -(-lk // block_size)
     sow = -(-dv // (32 * wv)) * wv * 32
     nsg = max(1, min(8, -(-block_size // kc), _PARTIAL_TG_BYTES // (4 * r * (sow + 2))))
-    mbuf = m.buffer()
+    mbuf = m.kernel_buffer()
     params = _params([hq, hkv, lq, 0, *m.strides, block_size, 0])  # Lk, n_blocks: k_shape, the grid
     check_int32("scaled_dot_product_attention", "the split-KV grid x (threads per block * key blocks)",
                 32 * nsg * nb, f"k has shape {tuple(k.shape)}")
@@ -731,7 +742,7 @@ def _partial_mma_launch(q, k, v, m: _Mask, scale: float, block_size: int, backen
     r, rm, kt, st = plan
     nrg = -(-rows // r)
     nb = -(-lk // block_size)
-    mbuf = m.buffer()
+    mbuf = m.kernel_buffer()
     params = _params([hq, hkv, lq, 0, *m.strides, block_size, 0])  # Lk, n_blocks: k_shape, the grid
     check_int32("scaled_dot_product_attention", "the split-KV grid x (32 threads * key blocks)",
                 32 * nb, f"k has shape {tuple(k.shape)}")
@@ -947,6 +958,7 @@ def _build_attention(q, k, v, scale, mask, path: str, cfg: dict, replay: bool = 
     split_plans: dict = {}  # the split-KV launches per (block size, block count): see _split_kv_forward
 
     def forward(q, k, v, mm: _Mask) -> mx.array:
+        q = mx.contiguous(q)  # k and v are read in place (_IN_PLACE)
         if path == "split":
             return _split_kv_forward(q, k, v, mm, scale, block_size, backend, mma, split_plans)
         if prefill_mma:
@@ -1075,6 +1087,7 @@ def attention_partial(
     backend = current_backend()
     if backend == "reference":
         raise ValueError("attention_partial runs a kernel; the 'reference' backend has none")
+    q = mx.contiguous(q)  # k and v are read in place (_IN_PLACE)
     if _use_mma(mma, q, k, v, backend):
         o_part, lse = _run(_partial_mma_launch(q, k, v, m, float(scale), block_size, backend), backend)
     else:
