@@ -60,13 +60,19 @@ def test_annotate_rows_and_summary():
         # 100 MB moved: ours 25 us pipelined (4000 GB/s), MLX 30 us (3333 GB/s)
         {"op": "rms_norm", "shape": "1x1", "dtype": "bfloat16", "metric": "GB/s", "gbps": 2000.0, "ours_ms": 0.05,
          "baseline_ms": 0.06, "extra": {"ours_pipelined_ms": 0.025, "mlx_pipelined_ms": 0.030}},
+        # chained times come first where a row has them (here: ours 50 us, MLX 40 us)
+        {"op": "attention_decode", "shape": "3x3", "dtype": "float16", "metric": "GB/s", "gbps": 2000.0,
+         "ours_ms": 0.05, "baseline_ms": 0.06, "extra": {"ours_pipelined_ms": 0.025, "mlx_pipelined_ms": 0.030,
+                                                         "ours_chained_ms": 0.05, "mlx_chained_ms": 0.04}},
         # no pipelined times: the synchronised ones (1000 GB/s, MLX faster)
         {"op": "rope", "shape": "2x2", "dtype": "float16", "metric": "GB/s", "gbps": 1000.0, "ours_ms": 0.1,
          "baseline_ms": 0.08, "extra": {}},
         {"op": "gemm_av", "metric": "GFLOP/s", "gbps": 10.0, "ours_ms": 1.0, "extra": {}},  # not memory-bound
     ]
     copy_rate.annotate_rows(rows, 4000.0)
-    a, b, c = (r["extra"] for r in rows)
+    a, d, b, c = (r["extra"] for r in rows)
+    assert d["steady"] == "chained" and math.isclose(d["pct_copy"], 50.0) and math.isclose(d["ratio_steady"], 0.8)
+    assert d["meets_copy"] is False and d["meets_ratio"] is False
     assert a["steady"] == "pipelined" and math.isclose(a["pct_copy"], 100.0)
     assert math.isclose(a["mlx_pct_copy"], 100.0 * 25 / 30) and math.isclose(a["ratio_steady"], 1.2)
     assert a["meets_copy"] and a["meets_ratio"]
@@ -76,5 +82,6 @@ def test_annotate_rows_and_summary():
     lines = copy_rate.target_summary(rows, {"gbps": 4000.0, "kernel_gbps": 4000.0, "mlx_gbps": 3900.0,
                                             "bytes": 1 << 30, "chain": 8})
     assert "4,000 GB/s" in lines[0]
-    assert lines[-2].rstrip().endswith("met") and "not met: bandwidth, ratio" in lines[-1]
+    assert lines[-3].rstrip().endswith(" met") and "not met: bandwidth, ratio" in lines[-1]
+    assert "chained" in lines[-2] and "pipelined" in lines[-3] and "synchronised" in lines[-1]
     assert copy_rate.target_summary(rows, None) == []

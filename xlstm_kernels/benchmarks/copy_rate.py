@@ -11,9 +11,9 @@ same run, two ways, and keeps the higher:
 * ``mlx``: MLX's own elementwise kernel copying the buffer (``x + 0`` in float32: one
   read, one write).
 
-Each is timed as CHAIN dependent copies of a buffer far larger than the last-level cache
-(each copy reads the last one's output), so no copy is served from cache and the host's
-per-call cost is a small part of each.
+Each is timed as the rows' ``chained`` times are (``timing.measure_chained``: CHAIN
+dependent copies, each reading the last one's output, built first and then evaluated) on
+a buffer far larger than the last-level cache, so no copy is served from cache.
 
     rate = measure_copy_rate("cuda")        # {"gbps": 4012.3, "kernel_gbps": ..., ...}
     annotate_rows(rows, rate["gbps"])       # rows' extra: pct_copy, mlx_pct_copy, meets_*
@@ -21,15 +21,14 @@ per-call cost is a small part of each.
 
 from __future__ import annotations
 
-import statistics
-import time
-from typing import Any, Sequence
+from typing import Sequence
 
 import mlx.core as mx
 import numpy as np
 
 from .. import runtime
 from ..runtime.kernels import KernelSpec, launch
+from .timing import measure_chained
 
 __all__ = ["COPY_SPEC", "COPY_TARGET_PCT", "annotate_rows", "copy_words", "measure_copy_rate", "target_summary"]
 
@@ -68,20 +67,7 @@ def copy_words(x: mx.array, backend: str | None = None) -> mx.array:
 
 def _chained_seconds(step, x: mx.array, repeats: int) -> float:
     """Median seconds per call of CHAIN dependent calls y = step(y) per evaluation."""
-
-    def chain():
-        y = x
-        for _ in range(CHAIN):
-            y = step(y)
-        return y
-
-    mx.eval(chain())  # warm-up: builds the kernel
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        mx.eval(chain())
-        times.append((time.perf_counter() - t0) / CHAIN)
-    return statistics.median(times)
+    return measure_chained(step, x, calls=CHAIN, repeats=repeats)
 
 
 def measure_copy_rate(backend: str | None = None, nbytes: int | None = None, repeats: int = 5) -> dict | None:
@@ -124,8 +110,11 @@ def _bytes_moved(row: dict) -> float | None:
 def annotate_rows(rows: Sequence[dict], copy_gbps: float | None) -> None:
     """Add the copy-bandwidth view to each memory-bound row's ``extra`` (in place).
 
-    The steady-state rate is the pipelined one where the row has it (the next calls built
-    while the GPU runs: a model loop's steady state), else the synchronised one:
+    The steady-state time is the first a row has of: ``chained`` (each call takes the last
+    one's output, as the layers of a model or the steps of a decode loop do; graph building
+    not counted, as with asynchronous evaluation), ``pipelined`` (independent calls, the
+    next ones built while the GPU runs the last; calls may overlap on the GPU), the
+    synchronised time:
 
     * ``pct_copy`` / ``mlx_pct_copy``: 100 * ours / MLX's rate over `copy_gbps`;
     * ``ratio_steady``: MLX's time over ours at that rate (> 1: ours faster);
@@ -140,9 +129,10 @@ def annotate_rows(rows: Sequence[dict], copy_gbps: float | None) -> None:
         moved = _bytes_moved(row)
         if moved is None:
             continue
-        ours_ms = extra.get("ours_pipelined_ms") or row.get("ours_ms")
-        mlx_ms = extra.get("mlx_pipelined_ms") or row.get("baseline_ms")
-        extra["steady"] = "pipelined" if extra.get("ours_pipelined_ms") else "synchronised"
+        kind = next((k for k in ("chained", "pipelined") if extra.get(f"ours_{k}_ms")), None)
+        ours_ms = extra[f"ours_{kind}_ms"] if kind else row.get("ours_ms")
+        mlx_ms = extra.get(f"mlx_{kind}_ms") if kind else row.get("baseline_ms")
+        extra["steady"] = kind or "synchronised"
         extra["pct_copy"] = 100.0 * moved / (ours_ms * 1e6) / copy_gbps
         if mlx_ms:
             extra["mlx_pct_copy"] = 100.0 * moved / (mlx_ms * 1e6) / copy_gbps
@@ -158,9 +148,9 @@ def target_summary(rows: Sequence[dict], copy: dict | None) -> list[str]:
         return []
     lines = [f"copy bandwidth {copy['gbps']:,.0f} GB/s (copy_words {copy['kernel_gbps']:,.0f}, MLX elementwise "
              f"{copy['mlx_gbps']:,.0f}; {copy['bytes'] >> 20} MiB, {copy['chain']} chained copies)",
-             f"memory-bound rows, steady state (pipelined where timed): target >= {COPY_TARGET_PCT:.0f}% of copy "
-             f"bandwidth and >= 1.0x MLX",
-             f"  {'op':<26} {'shape':<20} {'dtype':<9} {'%copy':>6} {'mlx %copy':>9} {'ratio':>6}  target"]
+             f"memory-bound rows at their steady state (chained, else pipelined, else synchronised): target >= "
+             f"{COPY_TARGET_PCT:.0f}% of copy bandwidth and >= 1.0x MLX",
+             f"  {'op':<26} {'shape':<20} {'dtype':<9} {'timed':<12} {'%copy':>6} {'mlx %copy':>9} {'ratio':>6}  target"]
     for r in rows:
         e = r.get("extra") or {}
         if "pct_copy" not in e:
@@ -170,6 +160,6 @@ def target_summary(rows: Sequence[dict], copy: dict | None) -> list[str]:
             w for w, bad in (("bandwidth", not e.get("meets_copy")), ("ratio", not e.get("meets_ratio"))) if bad)
         ratio = e.get("ratio_steady")
         lines.append(f"  {str(r.get('op')):<26} {str(r.get('shape')):<20} {str(r.get('dtype')):<9} "
-                     f"{e['pct_copy']:6.1f} {e.get('mlx_pct_copy', float('nan')):9.1f} "
+                     f"{e.get('steady', '-'):<12} {e['pct_copy']:6.1f} {e.get('mlx_pct_copy', float('nan')):9.1f} "
                      f"{(ratio if ratio is not None else float('nan')):6.2f}  {why}")
     return lines

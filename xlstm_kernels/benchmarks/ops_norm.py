@@ -49,7 +49,7 @@ import numpy as np
 
 from xlstm_kernels.benchmarks.kind import bench_kind
 from xlstm_kernels import runtime, tiles
-from xlstm_kernels.benchmarks.timing import measure_pipelined, throughput
+from xlstm_kernels.benchmarks.timing import measure_chained, measure_pipelined, throughput
 from xlstm_kernels.ops import norm as norm_ops
 
 EPS = 1e-5
@@ -190,6 +190,13 @@ def _bench_case(op, rows, d, nh, dtype, emulated, repeats, roof, rng) -> list[di
                 s_mlx = measure_pipelined(_vjp_step_fn(_mlx, op, x, w, b, nh, cot), calls=20, repeats=n)
                 tp.update({"ours_step_ms": s_ours * 1e3, "mlx_step_ms": s_mlx * 1e3, "ratio_step": s_mlx / s_ours})
                 step = f"  step x{s_mlx / s_ours:5.2f}"
+            else:  # chained: each call normalises the last one's output (a layer stack's shape)
+                n = max(3, repeats // 4)
+                c_ours = measure_chained(lambda y: _ours(op, y, w, b, nh), x, repeats=n)
+                c_mlx = measure_chained(lambda y: _mlx(op, y, w, b, nh), x, repeats=n)
+                tp.update({"ours_chained_ms": c_ours * 1e3, "mlx_chained_ms": c_mlx * 1e3,
+                           "ratio_chained": c_mlx / c_ours, "gbps_chained": nbytes / c_ours / 1e9})
+                step = f"  chained x{c_mlx / c_ours:5.2f}"
             gbps = nbytes / t_ours / 1e9
             row.update({
                 "ours_ms": t_ours * 1e3, "mlx_ms": t_mlx * 1e3, "ratio": t_mlx / t_ours, "gbps": gbps,
