@@ -34,6 +34,9 @@ tried the prefetch again on the session 6/7 layouts, the next row held as loaded
 0.97-1.01x of the shipped kernel, bfloat16 0.67-0.78x (96 registers against 64) -- dropped
 again.
 PROBE_RMS_VARIANTS / PROBE_RMS_VJP_VARIANTS / PROBE_RMS_SHAPES / PROBE_RMS_DTYPES pick.
+PROBE_RMS_CHAIN=1 (session 15): the forward's Q calls are chained (each normalises the last
+one's output, as a layer stack does: no two kernels overlap on the GPU), where by default
+they are independent (a CUDA graph may run them concurrently).
 Tried and dropped (H100, session 5): x read again for the output instead of kept in
 registers (30-34 registers, 0.67-0.85x of the kept version), and the backward prefetching
 a unit's next row (+1-2% float32, -25-40% bfloat16). Session 6: the weight runs loaded
@@ -102,7 +105,7 @@ def configure(name: str) -> None:
     every = (mx.float32, mx.float16, mx.bfloat16)
     norm_mod.FULL_FORWARD_DTYPES = SHIPPED if name == "default" else every
     norm_mod.FORWARD_BASE_REGISTERS = 0 if name == "full_nohint" else SHIPPED_BASE_REGISTERS
-    norm_mod.CACHED_THREADS = {"t64": 64, "t256": 256}.get(name, SHIPPED_THREADS)
+    norm_mod.CACHED_THREADS = {"t32": 32, "t64": 64, "t256": 256, "t512": 512, "t1024": 1024}.get(name, SHIPPED_THREADS)
     norm_mod._CALLS.clear()
 
 
@@ -147,9 +150,10 @@ def main() -> None:
 
             vjp_names = [v for v in os.environ.get("PROBE_RMS_VJP_VARIANTS", ",".join(VJP_VARIANTS)).split(",") if v]
             for kind, names in (("fwd", variants), ("vjp", vjp_names)):
+                chain = kind == "fwd" and os.environ.get("PROBE_RMS_CHAIN") == "1"
                 if kind == "fwd":
-                    mlx_fn = lambda: mx.fast.rms_norm(x, w, eps)  # noqa: E731
-                    ours_fn = lambda: xk.rms_norm(x, w, eps)  # noqa: E731
+                    mlx_fn = lambda a=x: mx.fast.rms_norm(a, w, eps)  # noqa: E731
+                    ours_fn = lambda a=x: xk.rms_norm(a, w, eps)  # noqa: E731
                     nbytes = 2 * x.nbytes
                 else:
                     mlx_fn, ours_fn = vjp_of(mx.fast.rms_norm), vjp_of(xk.rms_norm)
@@ -171,7 +175,12 @@ def main() -> None:
                                               for a, b in zip(got, want))
                         mx.eval([fn() for _ in range(2)])
                         t0 = time.perf_counter()
-                        outs = [fn() for _ in range(q)]
+                        if chain:
+                            outs = [x]
+                            for _ in range(q):
+                                outs = [fn(outs[0])]
+                        else:
+                            outs = [fn() for _ in range(q)]
                         t1 = time.perf_counter()
                         mx.eval(outs)
                         times[v].append((time.perf_counter() - t1) / q)
@@ -182,7 +191,7 @@ def main() -> None:
                     print(f"{'x'.join(map(str, shape)):12s} {str(dt).split('.')[-1]:9s} {v:11s} {med * 1e3:8.4f} "
                           f"{best * 1e3:8.4f} {nbytes / med / 1e9:6.0f} {mlx_med * 1e3:8.4f} {mlx_med / med:6.3f} "
                           f"{errs.get(v, 0.0):8.1e} {statistics.median(host[v]) * 1e6:7.1f}")
-                    rows.append({"shape": list(shape), "dtype": str(dt), "variant": v, "kind": kind,
+                    rows.append({"shape": list(shape), "dtype": str(dt), "variant": v, "kind": kind, "chain": chain,
                                  "median_ms": med * 1e3, "best_ms": best * 1e3, "mlx_median_ms": mlx_med * 1e3,
                                  "ratio": mlx_med / med, "gbps": nbytes / med / 1e9, "relerr": errs.get(v),
                                  "host_us": statistics.median(host[v]) * 1e6})
