@@ -29,7 +29,7 @@ OUT="${OUT:-/tmp/xk-out}"
 TEST_FILES=(tests/emulate/test_emulator_features.py tests/test_gemm.py tests/test_norm.py tests/test_rope.py
             tests/test_attention.py tests/test_mlstm.py tests/test_slstm.py tests/test_fused.py
             tests/test_repeatability.py tests/test_cuda_text.py tests/test_cuda_constants.py tests/test_concurrency.py
-            tests/test_callcache.py)
+            tests/test_callcache.py tests/test_copy_rate.py)
 [ -n "${XK_TEST_FILES:-}" ] && read -ra TEST_FILES <<<"$XK_TEST_FILES"  # override: "tests/a.py tests/b.py"
 
 prepare() {
