@@ -1676,11 +1676,13 @@ for (int c = 0; c < NE; ++c) {
 // average over all keys of the single-pass kernel.
 // Threadgroup (32, R, 1); grid (32, rows, 1).
 // inputs: o_part (rows, n_blocks, DV) float; lse (rows, n_blocks) float; params (int64);
-//         klen (Lk, 0): no data, its shape carries Lk by value (o_part's carries n_blocks)
+//         klen (.., .., Lk, ..): only its shape is read, axis 2 carries Lk by value
+//         (o_part's carries n_blocks): the op passes the call's k itself (no new array per
+//         key length: a growing KV cache), or an empty (1, 1, Lk, 0) array
 // outputs: o (rows, DV) T.  template: T, DV
 // params: [rows, 0, block_size, 0]
 constexpr int NC = (DV + 31) / 32;  // columns per lane
-const long rows = params[0], nb = long(o_part_shape[1]), bs = params[2], Lk = long(klen_shape[0]);
+const long rows = params[0], nb = long(o_part_shape[1]), bs = params[2], Lk = long(klen_shape[2]);
 const long row = thread_position_in_grid.y;
 const uint lane = thread_index_in_simdgroup;
 if (row < rows) {  // uniform per simdgroup

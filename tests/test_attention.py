@@ -781,6 +781,12 @@ def test_reduce_many_blocks(kernel_backend, nb, dv):
     ref = (wt[:, :, None] * op64).sum(axis=1) / wt.sum(axis=1, keepdims=True)
     assert out.shape == (rows, dv)
     assert rel_err(out, ref) < 1e-5
+    # the same partials as transposed views (the kernel reads its inputs as they are: the op
+    # makes them row-contiguous first)
+    o_view = mx.array(np.ascontiguousarray(o_part.transpose(1, 0, 2))).transpose(1, 0, 2)
+    lse_view = mx.array(np.ascontiguousarray(lse.T)).T
+    out_view = att.attention_reduce(o_view, lse_view, block_size=bs, num_keys=lk, dtype=mx.float32)
+    assert rel_err(np.asarray(out_view).astype(np.float64), ref) < 1e-5
 
 
 # ---------------------------------------------------------------------------------------

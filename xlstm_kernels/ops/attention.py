@@ -143,6 +143,7 @@ MAX_KERNEL_HEAD_DIM = 256
 #: The backward pass recomputes scores for query chunks of at most this many elements.
 BACKWARD_CHUNK_ELEMENTS = 1 << 24
 
+_ARRAY = mx.array
 _MASK_NONE, _MASK_CAUSAL, _MASK_BOOL, _MASK_ADD = 0, 1, 2, 3
 _NO_MASK = mx.array([False])  # the mask buffer of calls without a mask array (made with its data: no kernel)
 _TG_MEMORY = 32 * 1024
@@ -158,7 +159,8 @@ PREFILL = KernelSpec("attention", "attention_prefill", _INPUTS, ("o",), **_IN_PL
 PREFILL_MMA = KernelSpec("attention", "attention_prefill_mma", _INPUTS, ("o",), **_IN_PLACE)
 PARTIAL = KernelSpec("attention", "attention_partial", _INPUTS, ("o_part", "lse"), **_IN_PLACE)
 PARTIAL_MMA = KernelSpec("attention", "attention_partial_mma", _INPUTS, ("o_part", "lse"), **_IN_PLACE)
-REDUCE = KernelSpec("attention", "attention_reduce", ("o_part", "lse", "params", "klen"), ("o",))
+# pass 2 reads only klen's shape (Lk); klen is the call's k in place, or an empty array
+REDUCE = KernelSpec("attention", "attention_reduce", ("o_part", "lse", "params", "klen"), ("o",), **_IN_PLACE)
 
 
 # ---------------------------------------------------------------------------------------
@@ -438,9 +440,10 @@ def _params(values: list) -> mx.array:
 
 @functools.lru_cache(maxsize=64)
 def _klen(num_keys: int) -> mx.array:
-    """attention_reduce's ``klen`` input: an empty (num_keys, 0) array, whose shape (passed
-    by value) carries Lk; it has no data."""
-    return mx.array(np.empty((num_keys, 0), dtype=np.int8))
+    """attention_reduce's ``klen`` input where no k is at hand (``attention_reduce`` called
+    alone): an empty (1, 1, num_keys, 0) array, whose shape (passed by value) carries Lk;
+    it has no data. The op passes its k instead (same axis 2)."""
+    return mx.array(np.empty((1, 1, num_keys, 0), dtype=np.int8))
 
 
 def _scale_array(scale: float) -> mx.array:
@@ -757,15 +760,17 @@ def _partial_mma_launch(q, k, v, m: _Mask, scale: float, block_size: int, backen
     )
 
 
-def _reduce_launch(o_part, lse, block_size: int, num_keys: int, dtype) -> tuple[KernelSpec, dict]:
-    """(spec, launch kwargs) of the split-KV pass 2."""
+def _reduce_launch(o_part, lse, block_size: int, num_keys: int, dtype, klen=None) -> tuple[KernelSpec, dict]:
+    """(spec, launch kwargs) of the split-KV pass 2; `klen`: an array whose axis 2 is
+    `num_keys` (the call's k), else an empty one is made."""
     *lead, nb, dv = o_part.shape
     rows = 1
     for s in lead:
         rows *= s
     params = _params([rows, 0, block_size, 0])  # n_blocks, Lk: o_part's and klen's shapes (by value)
     return REDUCE, dict(
-        inputs=[o_part.reshape(rows, nb, dv), lse.reshape(rows, nb), params, _klen(num_keys)],
+        inputs=[o_part.reshape(rows, nb, dv), lse.reshape(rows, nb), params,
+                _klen(num_keys) if klen is None else klen],
         output_shapes=[(rows, dv)],
         output_dtypes=[dtype],
         grid=(32, rows, 1),
@@ -786,26 +791,58 @@ def _split_kv_forward(q, k, v, m: _Mask, scale: float, block_size: int | None, b
     a decode loop's growing cache calls with a new Lk every step (the kernels read Lk by
     value; the grid changes only with the block count)."""
     lk = k.shape[2]
+    if plans is not None and m.array is None:
+        # a decode loop's step: the block size from Lk alone (a rule made once), the launches
+        # per (block size, block count), Lk to pass 2 through k's shape
+        rule = plans.get("block size")
+        if rule is None:
+            rule = plans["block size"] = _block_size_rule(q, k, v, block_size, mma, backend)
+        bs = rule(lk)
+        plan = plans.get((bs, -(-lk // bs)))
+        if plan is None:
+            spec1, kw1 = (_partial_mma_launch(q, k, v, m, scale, bs, backend) if mma
+                          else _partial_launch(q, k, v, m, scale, bs))
+            run1, consts1 = prepare_launch(spec1, **kw1, backend=backend), kw1["inputs"][3:]
+            o_part, lse = run1([q, k, v, *consts1])
+            spec2, kw2 = _reduce_launch(o_part, lse, bs, lk, q.dtype, klen=k)
+            rows, nbr, dv = kw2["inputs"][0].shape
+            plan = plans[(bs, -(-lk // bs))] = (run1, consts1, prepare_launch(spec2, **kw2, backend=backend),
+                                               kw2["inputs"][2], (rows, nbr, dv), (*q.shape[:3], dv))
+        else:
+            o_part, lse = plan[0]([q, k, v, *plan[1]])
+        _, _, run2, params2, (rows, nbr, dv), out_shape = plan
+        (o,) = run2([o_part.reshape(rows, nbr, dv), lse.reshape(rows, nbr), params2, k])
+        return o.reshape(out_shape)
     bs = block_size or (_auto_block_size_mma(q, k, v, backend) if mma else _auto_block_size(q, k, v))
-    nb = -(-lk // bs)
-    plan = plans.get((bs, nb)) if plans is not None else None
-    if plan is None:
-        spec1, kw1 = (_partial_mma_launch(q, k, v, m, scale, bs, backend) if mma
-                      else _partial_launch(q, k, v, m, scale, bs))
-        if plans is None or m.array is not None:
-            o_part, lse = _run((spec1, kw1), backend)
-            (o,) = _run(_reduce_launch(o_part, lse, bs, lk, q.dtype), backend)
-            return o.reshape(*q.shape[:3], v.shape[3])
-        run1, consts1 = prepare_launch(spec1, **kw1, backend=backend), kw1["inputs"][3:]
-        o_part, lse = run1([q, k, v, *consts1])
-        spec2, kw2 = _reduce_launch(o_part, lse, bs, lk, q.dtype)
-        plan = plans[(bs, nb)] = (run1, consts1, prepare_launch(spec2, **kw2, backend=backend), kw2["inputs"][2],
-                                  tuple(kw2["inputs"][0].shape))
-    else:
-        o_part, lse = plan[0]([q, k, v, *plan[1]])
-    rows, nbr, dv = plan[4]
-    (o,) = plan[2]([o_part.reshape(rows, nbr, dv), lse.reshape(rows, nbr), plan[3], _klen(lk)])
+    spec1, kw1 = (_partial_mma_launch(q, k, v, m, scale, bs, backend) if mma
+                  else _partial_launch(q, k, v, m, scale, bs))
+    o_part, lse = _run((spec1, kw1), backend)
+    (o,) = _run(_reduce_launch(o_part, lse, bs, lk, q.dtype, klen=k), backend)
     return o.reshape(*q.shape[:3], v.shape[3])
+
+
+def _block_size_rule(q, k, v, block_size: int | None, mma: bool, backend: str):
+    """lk -> the split-KV block size of calls like this one that differ only in Lk (what
+    _auto_block_size(_mma) give, computed from ints: no array attribute reads per call)."""
+    if block_size:
+        return lambda lk: block_size
+    b, hq, lq, d = q.shape
+    hkv, dv = k.shape[1], v.shape[3]
+    if mma:
+        rows = hq // hkv * lq
+        per_block = b * hkv * -(-rows // _mma_plan(rows, d, dv, q.dtype, backend)[0])
+        top, target = SPLIT_KV_MMA_MAX_BLOCK, SPLIT_KV_MMA_TARGET_GROUPS
+    else:
+        per_block = _partial_groups(b, hq, hkv, lq, 1, d, dv, q.dtype, 1)  # groups per key block
+        top, target = SPLIT_KV_BLOCK_SIZE, SPLIT_KV_TARGET_GROUPS
+
+    def rule(lk: int) -> int:
+        bs = top
+        while bs > 64 and per_block * -(-lk // bs) < target:
+            bs //= 2
+        return bs
+
+    return rule
 
 
 _ARG_KNOBS = {"block_q": "block_q", "block_k": "block_k", "block_size": "split_kv_block_size",
@@ -858,28 +895,28 @@ def _attention(q, k, v, scale, mask, path: str, cfg: dict) -> mx.array:
     """The op: validated, resolved and wrapped once per call signature (ops/_callcache.py)
     for masks None / "causal" and calls without a knobs dict; otherwise built per call."""
     key = None
-    if (isinstance(q, mx.array) and isinstance(k, mx.array) and isinstance(v, mx.array)
+    if (q.__class__ is _ARRAY and k.__class__ is _ARRAY and v.__class__ is _ARRAY
             and scale.__class__ in (float, int) and (mask is None or mask.__class__ is str)
             and cfg.get("knobs") is None):
         try:
             key = (q.shape, q.dtype, k.shape, k.dtype, v.shape, v.dtype, scale, mask, path,
-                   tuple(sorted(cfg.items())))
+                   tuple(cfg.items()))  # cfg: the public function's keywords, always in one order
             hash(key)
         except TypeError:
             key = None
     fn = _CALLS.get(key) if key is not None else None
     if fn is None:
-        fam_key = _family_key(key, q, k, v) if key is not None else None
+        fam_key = _family_key(key) if key is not None else None
         fam = _FAMILIES.get(fam_key) if fam_key is not None else None
-        if fam is not None and fam is not _SEEN and fam.takes(q.shape[2], k.shape[2]):
-            if fam.last_lk != k.shape[2]:  # a new length: the family's call
-                fam.last_lk = k.shape[2]
+        if fam is not None and fam is not _SEEN and fam.takes(key[0][2], key[2][2]):
+            if fam.last_lk != key[2][2]:  # a new length: the family's call
+                fam.last_lk = key[2][2]
                 return fam(q, k, v, mask)
             # the same length twice in a row (a loop at a fixed length): memoised below, then replayed
         if fam is _SEEN:  # a second key length of this family: a growing cache, from now on one shared call
             fam = _build_attention(q, k, v, scale, mask, path, cfg, replay=False)
             _FAMILIES.put(fam_key, fam)
-            if fam.takes(q.shape[2], k.shape[2]):
+            if fam.takes(key[0][2], key[2][2]):
                 return fam(q, k, v, mask)
         fn = _build_attention(q, k, v, scale, mask, path, cfg, replay=key is not None)
         if key is not None:
@@ -901,15 +938,17 @@ _FAMILIES = CallCache("attention decode", maxsize=256)
 _SEEN = object()  # a family with one key length so far
 
 
-def _family_key(key: tuple, q, k, v) -> tuple | None:
-    """The memo key without Lk (plus its knob shape class), or None for calls whose k and v
-    disagree in length (validated by the full build), with no keys, or that are not
-    decode-sized."""
-    lk = k.shape[2]
-    if (lk == 0 or v.shape[2] != lk or q.ndim != 4 or k.ndim != 4 or v.ndim != 4
-            or q.shape[2] > SPLIT_KV_MAX_QUERIES):  # an empty cache takes the reference path: never a family
+def _family_key(key: tuple) -> tuple | None:
+    """The memo key (q, k and v's shapes and dtypes first) without Lk, plus its knob shape
+    class, or None for calls whose k and v disagree in length (validated by the full
+    build), with no keys, or that are not decode-sized."""
+    qs, ks, vs = key[0], key[2], key[4]
+    if len(qs) != 4 or len(ks) != 4 or len(vs) != 4:
         return None
-    return (key[0], key[1], k.shape[:2] + k.shape[3:], key[3], v.shape[:2] + v.shape[3:], key[5], *key[6:],
+    lk = ks[2]
+    if lk == 0 or vs[2] != lk or qs[2] > SPLIT_KV_MAX_QUERIES:  # an empty cache takes the reference path
+        return None
+    return (qs, key[1], (ks[0], ks[1], ks[3]), key[3], (vs[0], vs[1], vs[3]), *key[5:],
             knob_shape_class("attention", lk))
 
 
@@ -1107,5 +1146,7 @@ def attention_reduce(
     backend = current_backend()
     if backend == "reference":
         raise ValueError("attention_reduce runs a kernel; the 'reference' backend has none")
-    (o,) = _run(_reduce_launch(o_part.astype(mx.float32), lse.astype(mx.float32), block_size, num_keys, dtype), backend)
+    # row-contiguous as the kernel indexes them (it reads its inputs as they are: _IN_PLACE)
+    o_part, lse = mx.contiguous(o_part.astype(mx.float32)), mx.contiguous(lse.astype(mx.float32))
+    (o,) = _run(_reduce_launch(o_part, lse, block_size, num_keys, dtype), backend)
     return o.reshape(*o_part.shape[:-2], o_part.shape[-1])
