@@ -79,6 +79,11 @@ def test_annotate_rows_and_summary():
     assert b["steady"] == "synchronised" and math.isclose(b["pct_copy"], 25.0)
     assert not b["meets_copy"] and not b["meets_ratio"] and math.isclose(b["ratio_steady"], 0.8)
     assert "pct_copy" not in c
+    kept = {"op": "rms_norm", "shape": "4x4", "dtype": "bfloat16", "metric": "GB/s", "gbps": 1000.0, "ours_ms": 0.1,
+            "baseline_ms": 0.1, "extra": {"ours_chained_ms": 0.05, "mlx_chained_ms": 0.04,
+                                          "ours_kept_ms": 0.04, "mlx_kept_ms": 0.05}}
+    copy_rate.annotate_rows([kept], 4000.0)
+    assert kept["extra"]["steady"] == "kept" and math.isclose(kept["extra"]["ratio_steady"], 1.25)
     lines = copy_rate.target_summary(rows, {"gbps": 4000.0, "kernel_gbps": 4000.0, "mlx_gbps": 3900.0,
                                             "bytes": 1 << 30, "chain": 8})
     assert "4,000 GB/s" in lines[0]

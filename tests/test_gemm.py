@@ -1624,3 +1624,34 @@ def test_measure_chained_feeds_each_call_the_last_output():
     for bad in ({"calls": 0}, {"repeats": 0}):
         with pytest.raises(ValueError, match="measure_chained"):
             measure_chained(step, x0, **bad)
+
+
+def test_measure_chained_keep_holds_every_output():
+    """keep=True: every output of a repeat is still referenced when the chain is evaluated
+    (no buffer can be donated along it); the chain is the same."""
+    import gc
+    import weakref
+
+    from xlstm_kernels.benchmarks.timing import measure_chained
+
+    x0 = mx.array(np.random.default_rng(5).standard_normal(64).astype(np.float32))
+    refs, alive_at_eval = [], []
+    real_eval = mx.eval
+
+    def step(x):
+        y = x * 0.5 + 1.0
+        refs.append(weakref.ref(y))
+        return y
+
+    def eval_counting(*args):
+        gc.collect()
+        alive_at_eval.append(sum(r() is not None for r in refs))
+        return real_eval(*args)
+
+    mx.eval = eval_counting
+    try:
+        measure_chained(step, x0, calls=4, repeats=2, keep=True)
+    finally:
+        mx.eval = real_eval
+    # the warm-up evaluates one call; then each repeat's 4 outputs are all alive at its eval
+    assert alive_at_eval[1] >= 4 and alive_at_eval[2] >= 4

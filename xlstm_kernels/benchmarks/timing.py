@@ -120,25 +120,36 @@ def measure_pipelined(fn: Callable[[], Any], *, calls: int = 20, batches: int = 
     return statistics.median(times)
 
 
-def measure_chained(step: Callable[[Any], Any], x0: Any, *, calls: int = 20, repeats: int = 5) -> float:
+def measure_chained(step: Callable[[Any], Any], x0: Any, *, calls: int = 20, repeats: int = 5,
+                    keep: bool = False) -> float:
     """Seconds per call of `calls` calls that each take the last call's output as input
     (``x = step(x)``, starting from `x0`), built first, then evaluated together (median of
     `repeats`, after a warm-up call). A decode loop's shape: no call can start before the
     last one ends, where ``measure_queued``'s independent calls may overlap on the GPU (a
     CUDA graph runs independent kernels concurrently), which flatters kernels that leave
     most of the GPU idle. Host time that the evaluation itself spends (encoding kernels)
-    overlaps the GPU's work as in a model loop; the graph building does not count."""
+    overlaps the GPU's work as in a model loop; the graph building does not count.
+
+    `keep`: every call's output stays referenced until the end, as a transformer's residual
+    stream stays alive past the norm that reads it. Without it MLX may donate a call's
+    input buffer to its output (an op of its own writes in place; a custom kernel always
+    writes a new buffer), and an array that fits the last-level cache then stays there
+    from call to call."""
     if calls < 1 or repeats < 1:
         raise ValueError(f"measure_chained: calls and repeats must be >= 1, got {calls}, {repeats}")
     mx.eval(step(x0))
     times = []
     for _ in range(repeats):
         x = x0
+        kept = []
         for _ in range(calls):
             x = step(x)
+            if keep:
+                kept.append(x)
         t0 = time.perf_counter()
         mx.eval(x)
         times.append((time.perf_counter() - t0) / calls)
+        del kept
     return statistics.median(times)
 
 
