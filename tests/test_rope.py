@@ -144,6 +144,65 @@ def test_non_contiguous_input(kernel_backend):
     assert rel_err(out, ref) < TOL["float32"]
 
 
+def x_layout(a: mx.array, layout: str) -> mx.array:
+    """`a`'s values in a view the kernel must read in place through its strides."""
+    if layout == "transposed":  # (B, L, H, D) projections seen as (B, H, L, D)
+        return mx.contiguous(a.swapaxes(1, 2)).swapaxes(1, 2)
+    if layout == "swapped":  # feature stride L: the last two axes swapped
+        return mx.contiguous(a.swapaxes(-1, -2)).swapaxes(-1, -2)
+    if layout == "every_other":  # feature stride 2
+        big = mx.stack([a, mx.full(a.shape, 1e4, dtype=a.dtype)], axis=-1)
+        return big.reshape(*a.shape[:-1], 2 * a.shape[-1])[..., ::2]
+    if layout == "broadcast":  # one row's values broadcast over H (row stride 0)
+        return mx.broadcast_to(a[:, :1], a.shape)
+    if layout == "misaligned":  # rows of D + 1 features, the view starting at feature 1
+        big = mx.concatenate([mx.full((*a.shape[:-1], 1), 1e4, dtype=a.dtype), a], axis=-1)
+        return big[..., 1:]
+    if layout == "cache":  # a slice of a longer position axis
+        big = mx.concatenate([a, mx.full((*a.shape[:-2], 5, a.shape[-1]), 1e4, dtype=a.dtype)], axis=-2)
+        return big[..., : a.shape[-2], :]
+    raise ValueError(layout)
+
+
+# x reaches the kernel uncopied in any layout (ensure_row_contiguous is off for rope):
+# every layout with each pairing, partial rotation (dims < D: the pass-through features too),
+# one offset and per-batch offsets, 2-byte dtypes, and the VJP of a transposed input.
+@pytest.mark.parametrize("layout", ["transposed", "swapped", "every_other", "broadcast", "misaligned", "cache"])
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_x_read_in_place(kernel_backend, layout, dtype):
+    assert not ROPE.ensure_row_contiguous
+    dt = DTYPES[dtype]
+    for shape, dims, traditional, offset in [((2, 5, 9, 32), 32, False, 3), ((2, 5, 9, 32), 16, True, [4, 11]),
+                                             ((3, 4, 7, 24), 24, True, 0), ((3, 4, 7, 24), 20, False, [1, 0, 9])]:
+        a = rand(shape, dt, seed=len(layout) * 7 + dims)
+        if layout == "broadcast":
+            a = mx.broadcast_to(a[:, :1], a.shape)
+        x = x_layout(a, layout)
+        off = mx.array(offset, dtype=mx.int32) if isinstance(offset, list) else offset
+        out = rope(x, dims, traditional=traditional, offset=off)
+        ref = np_rope(to_np(a), dims, traditional=traditional, offset=np.array(offset) if isinstance(offset, list)
+                      else offset)
+        assert out.shape == a.shape and out.dtype == dt
+        assert rel_err(out, ref) < TOL[dtype], (layout, shape, dims, traditional, offset)
+    if layout == "transposed":  # the VJP of a transposed input, against the reference path's
+        cot = rand((2, 5, 9, 32), dt, seed=3)
+        x = x_layout(rand((2, 5, 9, 32), dt, seed=4), layout)
+        _, (dx,) = mx.vjp(lambda v: rope(v, 32, offset=2), [x], [cot])
+        _, (dref,) = mx.vjp(lambda v: rope_reference(v, 32, offset=2), [x.astype(mx.float32)],
+                            [cot.astype(mx.float32)])
+        assert rel_err(dx, to_np(dref)) < TOL[dtype]
+
+
+def test_offsets_and_freqs_read_as_given(kernel_backend):
+    """Per-batch offsets and freqs given as strided views (the op makes them contiguous)."""
+    x = rand((3, 2, 5, 16), mx.float32, seed=12)
+    offs = mx.array([7, 0, 2, 0, 9, 0], dtype=mx.int32)[::2]  # [7, 2, 9], stride 2
+    freqs = mx.array(np.stack([np.linspace(1.0, 50.0, 8), np.zeros(8)], axis=1).reshape(-1).astype(np.float32))[::2]
+    out = rope(x, 16, offset=offs, base=None, freqs=freqs)
+    ref = np_rope(to_np(x), 16, offset=np.array([7, 2, 9]), freqs=np.linspace(1.0, 50.0, 8))
+    assert rel_err(out, ref) < TOL["float32"]
+
+
 @pytest.mark.parametrize(
     "dtype,traditional,shape,dims,offset",
     [

@@ -54,12 +54,14 @@ METAL_CASES = [
     ((1, 32, 2048, 128), 64, False, "int"),      # partial rotary (dims < D)
     ((4, 32, 1024, 64), 64, False, "int"),
     ((2, 32, 4096, 128), 128, False, "batch"),   # large: bandwidth-bound regime
+    ((1, 32, 2048, 128), 128, False, "int", "blhd"),  # mlx-lm's layout: (B, L, H, D) transposed
 ]
 METAL_QUICK = [METAL_CASES[0], METAL_CASES[2], METAL_CASES[3]]
 EMULATE_CASES = [
     ((1, 4, 64, 64), 64, False, "int"),
     ((4, 4, 1, 128), 128, True, "batch"),
     ((2, 3, 33, 80), 64, False, "int"),
+    ((2, 3, 33, 64), 64, False, "batch", "blhd"),
 ]
 EMULATE_QUICK = EMULATE_CASES[:2]
 BASE = 10000.0
@@ -106,9 +108,12 @@ def _timed_chain(fn, x: mx.array, repeats: int) -> float:
     return statistics.median(times) / CHAIN
 
 
-def _case_row(backend, shape, dims, traditional, offset_kind, dtype, rng, roof, repeats) -> dict:
+def _case_row(backend, shape, dims, traditional, offset_kind, dtype, rng, roof, repeats, layout="bhld") -> dict:
     x32 = rng.standard_normal(shape).astype(np.float32)
     x = mx.array(x32).astype(dtype)
+    if layout == "blhd":  # (B, L, H, D) data seen as (B, H, L, D), as mlx-lm ropes q and k
+        x = mx.contiguous(x.swapaxes(1, 2)).swapaxes(1, 2)
+        mx.eval(x)
     if offset_kind == "batch":
         off_np = rng.integers(0, 4096, size=shape[0])
         offset = mx.array(off_np.astype(np.int32))
@@ -122,9 +127,9 @@ def _case_row(backend, shape, dims, traditional, offset_kind, dtype, rng, roof, 
     out = ours(x)
     err = float(np.max(np.abs(np.asarray(out.astype(mx.float32), dtype=np.float64) - ref)) / np.max(np.abs(ref)))
     row = {
-        "op": "rope_traditional" if traditional else "rope",
+        "op": ("rope_traditional" if traditional else "rope") + ("_transposed" if layout == "blhd" else ""),
         "shape": list(shape), "dtype": str(dtype).split(".")[-1], "dims": dims,
-        "traditional": traditional, "offset": offset_kind, "max_rel_err": err,
+        "traditional": traditional, "offset": offset_kind, "layout": layout, "max_rel_err": err,
         # float32 angles carry an absolute error of about position * 2^-24 (any float32
         # kernel, MLX's included): the bound grows with the largest position.
         "tolerance": {"float32": 1e-5 + float(np.max(off_np) + shape[-2]) * 2.0**-23,
@@ -164,9 +169,10 @@ def run(backend: str, dtypes: list, quick: bool) -> list[dict]:
     repeats = 5 if quick else REPEATS
     rows = []
     with runtime.use_backend(backend):
-        for shape, dims, traditional, offset_kind in cases:
+        for shape, dims, traditional, offset_kind, *layout in cases:
             for d in dtypes:
-                rows.append(_case_row(backend, shape, dims, traditional, offset_kind, _dtype(d), rng, roof, repeats))
+                rows.append(_case_row(backend, shape, dims, traditional, offset_kind, _dtype(d), rng, roof, repeats,
+                                      *layout))
     return rows
 
 

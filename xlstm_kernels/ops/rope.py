@@ -30,7 +30,10 @@ from ._validate import check_array, check_int32
 
 __all__ = ["rope", "rope_reference"]
 
-ROPE = KernelSpec("rope", "rope", ("x", "offsets", "freqs", "params", "scale"), ("y",))
+# x is read in place through its strides (queries / keys transposed from (B, L, H, D) are
+# not row-contiguous, and MLX would copy them before every launch); the op makes offsets
+# and freqs row-contiguous itself.
+ROPE = KernelSpec("rope", "rope", ("x", "offsets", "freqs", "params", "scale"), ("y",), ensure_row_contiguous=False)
 
 ROWS_PER_THREAD = 4  # N: rows that share one cos/sin evaluation and whose loads overlap (MLX uses 4)
 _MAX_THREADS = 256
@@ -173,10 +176,11 @@ def rope_reference(
 # ---------------------------------------------------------------------------
 # Kernel
 # ---------------------------------------------------------------------------
-def _launch_constants(half: int, d: int, seq_len: int, rows_per_group: int, z_per_group: int, scale: float):
+def _launch_constants(half: int, d: int, seq_len: int, rows_per_group: int, z_per_group: int, scale: float,
+                      per_batch: bool = False):
     """The kernel's small constant inputs (runtime.const_array: in device memory on cuda,
     made once per value there)."""
-    params = const_array([half, d, seq_len, rows_per_group, z_per_group], mx.int32)
+    params = const_array([half, d, seq_len, rows_per_group, z_per_group, int(per_batch)], mx.int32)
     scale_arr = const_array(scale, mx.float32)
     return params, scale_arr
 
@@ -202,29 +206,42 @@ def pairs_per_thread(dtype: mx.Dtype, traditional: bool, half: int) -> int:
     return max(1, min(p, 1 << (half.bit_length() - 1)))
 
 
+def kernel_shape(shape: tuple, per_batch: bool) -> tuple[int, int, int, int]:
+    """The kernel's 4-D view (B, H, L, D) of x's shape (..., L, D): B the batch of
+    per-batch offsets (x's first axis), H the other leading axes. A view of x without a copy
+    for 2-D to 4-D x (a reshape that inserts unit axes), so that a transposed x is read in
+    place; 5-D and up merge the middle axes."""
+    *lead, seq_len, d = shape
+    if not lead:
+        return 1, 1, seq_len, d
+    if len(lead) == 1:
+        return (lead[0], 1, seq_len, d) if per_batch else (1, lead[0], seq_len, d)
+    h = 1
+    for s in lead[1:]:
+        h *= s
+    return lead[0], h, seq_len, d
+
+
 def _launch_kwargs(x: mx.array, dims: int, traditional: bool, scale: float, offset, freqs32: mx.array,
                    backward: bool) -> dict[str, Any]:
     """The launch keywords of the rope kernel for x (..., L, D) (see metal_src/rope.metal)."""
-    d = x.shape[-1]
-    seq_len = x.shape[-2]
-    rows = x.size // (seq_len * d)
-    half = dims // 2
     if isinstance(offset, mx.array):
         offsets = offset
     else:
         offsets = _offset_array(offset)
-    groups = offsets.size  # 1, or B (per-batch offsets)
-    rows_per_group = rows // groups
+    per_batch = offsets.size > 1  # else one offset for every row
+    b4, h4, seq_len, d = kernel_shape(tuple(x.shape), per_batch)
+    half = dims // 2
     n = ROWS_PER_THREAD
     p = pairs_per_thread(x.dtype, traditional, half)
     run = 2 * p if traditional else p
-    z_per_group = -(-rows_per_group // n)
+    z_per_group = -(-h4 // n)
     gx = -(-half // p) + -(-(d - dims) // run)
-    gz = groups * z_per_group
-    params, scale_arr = _launch_constants(half, d, seq_len, rows_per_group, z_per_group, scale)
+    gz = b4 * z_per_group
+    params, scale_arr = _launch_constants(half, d, seq_len, h4, z_per_group, scale, per_batch)
     return dict(
-        inputs=[x.reshape(rows, seq_len, d), offsets, freqs32, params, scale_arr],
-        output_shapes=[(rows, seq_len, d)],
+        inputs=[x.reshape(b4, h4, seq_len, d), offsets, freqs32, params, scale_arr],
+        output_shapes=[(b4, h4, seq_len, d)],
         output_dtypes=[x.dtype],
         grid=(gx, seq_len, gz),
         threadgroup=_launch_geometry(gx, seq_len, gz),
@@ -312,13 +329,13 @@ def _build_call(x, dims, traditional, base, scale, offset, freqs, replay: bool =
 
     def inputs(offset, freqs):
         """(offsets, freqs32) of one call: an int offset is range-checked here."""
-        if isinstance(offset, mx.array):
-            offs = (offset.reshape(1) if offset.ndim == 0 else offset).astype(mx.int32)
+        if isinstance(offset, mx.array):  # row-contiguous, as the kernel indexes it
+            offs = mx.contiguous((offset.reshape(1) if offset.ndim == 0 else offset).astype(mx.int32))
         else:
             if not -(2**31) <= offset < 2**31:
                 raise ValueError(f"offset must fit in int32, got {offset}")
             offs = offset
-        return offs, (_as_float32(freqs) if given_freqs else freqs32)
+        return offs, (mx.contiguous(_as_float32(freqs)) if given_freqs else freqs32)
 
     backend = current_backend()
     if backend == "reference" or x.size == 0:
@@ -329,16 +346,15 @@ def _build_call(x, dims, traditional, base, scale, offset, freqs, replay: bool =
         return reference
 
     example = _launch_kwargs(x, dims, traditional, scale, offset_checked, freqs32, False)
-    rows, seq_len, d = example["output_shapes"][0]
     params, scale_arr = example["inputs"][3:]
     runs = {backward: prepare_launch(ROPE, **_launch_kwargs(x, dims, traditional, scale, offset_checked, freqs32,
                                                             backward), backend=backend)
             for backward in (False, True)}
 
-    flat = (rows, seq_len, d)
+    flat = tuple(example["output_shapes"][0])  # the kernel's (B, H, L, D)
 
     def rotate(inp: mx.array, offs: mx.array, fr: mx.array, backward: bool) -> mx.array:
-        shape = inp.shape  # reshaped only when not already (rows, L, D)
+        shape = inp.shape  # reshaped only when not already (B, H, L, D): a view of inp
         (y,) = runs[backward]([inp if shape == flat else inp.reshape(flat), offs, fr, params, scale_arr])
         return y if shape == flat else y.reshape(shape)
 
