@@ -1626,6 +1626,30 @@ def test_measure_chained_feeds_each_call_the_last_output():
             measure_chained(step, x0, **bad)
 
 
+def test_measure_chained_pair_interleaves_the_two_chains():
+    """One chain of each side per repeat, the side that goes first alternating; each chain
+    feeds every call the last call's output; the result is (ours, theirs) per call."""
+    from xlstm_kernels.benchmarks.timing import chained_repeats, measure_chained_pair
+
+    x0 = mx.array(np.random.default_rng(6).standard_normal(32).astype(np.float32))
+    order = []
+
+    def make(tag, a):
+        def step(x):
+            order.append(tag)
+            return x * a + 1.0
+        return step
+
+    ours, theirs = measure_chained_pair(make("o", 0.5), make("t", 0.25), x0, calls=3, repeats=4)
+    assert ours > 0 and theirs > 0
+    runs = "".join(order[2:])  # after one warm-up call of each
+    assert runs == "ooo" "ttt" "ttt" "ooo" "ooo" "ttt" "ttt" "ooo", runs
+    for bad in ({"calls": 0}, {"repeats": 0}):
+        with pytest.raises(ValueError, match="measure_chained_pair"):
+            measure_chained_pair(make("o", 0.5), make("t", 0.25), x0, **bad)
+    assert [chained_repeats(r) for r in (1, 10, 14, 20)] == [5, 5, 7, 11]
+
+
 def test_measure_chained_keep_holds_every_output():
     """keep=True: every output of a repeat is still referenced when the chain is evaluated
     (no buffer can be donated along it); the chain is the same."""

@@ -49,7 +49,7 @@ import numpy as np
 
 from xlstm_kernels.benchmarks.kind import bench_kind
 from xlstm_kernels import runtime, tiles
-from xlstm_kernels.benchmarks.timing import measure_chained, measure_pipelined, throughput
+from xlstm_kernels.benchmarks.timing import chained_repeats, measure_chained_pair, measure_pipelined, throughput
 from xlstm_kernels.ops import norm as norm_ops
 
 EPS = 1e-5
@@ -191,12 +191,11 @@ def _bench_case(op, rows, d, nh, dtype, emulated, repeats, roof, rng) -> list[di
                 tp.update({"ours_step_ms": s_ours * 1e3, "mlx_step_ms": s_mlx * 1e3, "ratio_step": s_mlx / s_ours})
                 step = f"  step x{s_mlx / s_ours:5.2f}"
             else:  # chained: each call normalises the last one's output (a layer stack's shape)
-                n = max(3, repeats // 4)
-                c_ours = measure_chained(lambda y: _ours(op, y, w, b, nh), x, repeats=n)
-                c_mlx = measure_chained(lambda y: _mlx(op, y, w, b, nh), x, repeats=n)
+                n = chained_repeats(repeats)
+                step_ours, step_mlx = (lambda y: _ours(op, y, w, b, nh)), (lambda y: _mlx(op, y, w, b, nh))
+                c_ours, c_mlx = measure_chained_pair(step_ours, step_mlx, x, repeats=n)
                 # and with every output kept referenced (a residual stream: no buffer donation)
-                k_ours = measure_chained(lambda y: _ours(op, y, w, b, nh), x, repeats=n, keep=True)
-                k_mlx = measure_chained(lambda y: _mlx(op, y, w, b, nh), x, repeats=n, keep=True)
+                k_ours, k_mlx = measure_chained_pair(step_ours, step_mlx, x, repeats=n, keep=True)
                 tp.update({"ours_chained_ms": c_ours * 1e3, "mlx_chained_ms": c_mlx * 1e3,
                            "ratio_chained": c_mlx / c_ours, "gbps_chained": nbytes / c_ours / 1e9,
                            "ours_kept_ms": k_ours * 1e3, "mlx_kept_ms": k_mlx * 1e3, "ratio_kept": k_mlx / k_ours,

@@ -39,7 +39,7 @@ import mlx.core as mx
 import numpy as np
 
 from xlstm_kernels.benchmarks.kind import bench_kind
-from xlstm_kernels.benchmarks.timing import measure_chained, throughput
+from xlstm_kernels.benchmarks.timing import chained_repeats, measure_chained_pair, throughput
 from xlstm_kernels import runtime, tiles
 from xlstm_kernels.ops.rope import rope
 
@@ -143,8 +143,8 @@ def _case_row(backend, shape, dims, traditional, offset_kind, dtype, rng, roof, 
     t_ours = _timed_chain(ours, x, repeats)
     t_mlx = _timed_chain(theirs, x, repeats)
     tp = throughput(lambda: ours(x), lambda: theirs(x), repeats=repeats)
-    n = max(3, repeats // 4)  # chained as measure_chained times it (graph building not counted)
-    c_ours, c_mlx = measure_chained(ours, x, repeats=n), measure_chained(theirs, x, repeats=n)
+    # chained as measure_chained times it (graph building not counted), the two interleaved
+    c_ours, c_mlx = measure_chained_pair(ours, theirs, x, repeats=chained_repeats(repeats))
     tp.update({"ours_chained_ms": c_ours * 1e3, "mlx_chained_ms": c_mlx * 1e3, "ratio_chained": c_mlx / c_ours,
                "gbps_chained": 2.0 * x.nbytes / c_ours / 1e9})
     nbytes = 2.0 * x.nbytes

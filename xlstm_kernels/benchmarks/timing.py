@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import mlx.core as mx
 
-__all__ = ["Timing", "measure", "measure_chained", "measure_pipelined", "measure_queued", "sync", "throughput"]
+__all__ = ["Timing", "measure", "chained_repeats", "measure_chained", "measure_chained_pair", "measure_pipelined", "measure_queued", "sync", "throughput"]
 
 
 def sync(out: Any) -> Any:
@@ -138,19 +138,51 @@ def measure_chained(step: Callable[[Any], Any], x0: Any, *, calls: int = 20, rep
     if calls < 1 or repeats < 1:
         raise ValueError(f"measure_chained: calls and repeats must be >= 1, got {calls}, {repeats}")
     mx.eval(step(x0))
-    times = []
-    for _ in range(repeats):
-        x = x0
-        kept = []
-        for _ in range(calls):
-            x = step(x)
-            if keep:
-                kept.append(x)
-        t0 = time.perf_counter()
-        mx.eval(x)
-        times.append((time.perf_counter() - t0) / calls)
-        del kept
-    return statistics.median(times)
+    return statistics.median(_chain_once(step, x0, calls, keep) for _ in range(repeats))
+
+
+def _chain_once(step: Callable[[Any], Any], x0: Any, calls: int, keep: bool) -> float:
+    """Seconds per call of one evaluated chain of `calls` calls (see measure_chained)."""
+    x = x0
+    kept = []
+    for _ in range(calls):
+        x = step(x)
+        if keep:
+            kept.append(x)
+    t0 = time.perf_counter()
+    mx.eval(x)
+    dt = (time.perf_counter() - t0) / calls
+    del kept
+    return dt
+
+
+def chained_repeats(repeats: int) -> int:
+    """Chains per side of a bench row with `repeats` (the CLI's --repeats): at least 5, odd."""
+    n = max(5, repeats // 2)
+    return n if n % 2 else n + 1
+
+
+def measure_chained_pair(ours: Callable[[Any], Any], theirs: Callable[[Any], Any], x0: Any, *, calls: int = 20,
+                         repeats: int = 7, keep: bool = False) -> tuple[float, float]:
+    """(ours, theirs): seconds per call of chains as :func:`measure_chained` times them,
+    the two interleaved (one chain of each per repeat, the order alternating), medians of
+    `repeats`. A chain's time moves with the machine's state (clocks, the host's other
+    work): RoPE's chained ratios at 16 MB, each side timed apart (3 repeats), moved by up
+    to 0.8 between bench runs on the H200 (session 15). Interleaved, drift during the
+    measurement falls on both sides alike."""
+    if calls < 1 or repeats < 1:
+        raise ValueError(f"measure_chained_pair: calls and repeats must be >= 1, got {calls}, {repeats}")
+    mx.eval(ours(x0))
+    mx.eval(theirs(x0))
+    a, b = [], []
+    for i in range(repeats):
+        if i % 2 == 0:
+            a.append(_chain_once(ours, x0, calls, keep))
+            b.append(_chain_once(theirs, x0, calls, keep))
+        else:
+            b.append(_chain_once(theirs, x0, calls, keep))
+            a.append(_chain_once(ours, x0, calls, keep))
+    return statistics.median(a), statistics.median(b)
 
 
 def throughput(ours: Callable[[], Any], base: Callable[[], Any], *, repeats: int = 10, calls: int = 20) -> dict:
