@@ -68,9 +68,14 @@ def test_annotate_rows_and_summary():
         {"op": "rope", "shape": "2x2", "dtype": "float16", "metric": "GB/s", "gbps": 1000.0, "ours_ms": 0.1,
          "baseline_ms": 0.08, "extra": {}},
         {"op": "gemm_av", "metric": "GFLOP/s", "gbps": 10.0, "ours_ms": 1.0, "extra": {}},  # not memory-bound
+        # memory-bound, but no op of the target (a recurrence): rates and ratio, no verdict
+        {"op": "slstm", "shape": "2x512x4x64", "dtype": "float32", "metric": "GB/s", "gbps": 10.0, "ours_ms": 1.0,
+         "baseline_ms": 100.0, "extra": {}},
     ]
     copy_rate.annotate_rows(rows, 4000.0)
-    a, d, b, c = (r["extra"] for r in rows)
+    a, d, b, c, s = (r["extra"] for r in rows)
+    assert math.isclose(s["ratio_steady"], 100.0) and "pct_copy" in s
+    assert "meets_copy" not in s and "meets_ratio" not in s
     assert d["steady"] == "chained" and math.isclose(d["pct_copy"], 50.0) and math.isclose(d["ratio_steady"], 0.8)
     assert d["meets_copy"] is False and d["meets_ratio"] is False
     assert a["steady"] == "pipelined" and math.isclose(a["pct_copy"], 100.0)
@@ -89,4 +94,8 @@ def test_annotate_rows_and_summary():
     assert "4,000 GB/s" in lines[0]
     assert lines[-3].rstrip().endswith(" met") and "not met: bandwidth, ratio" in lines[-1]
     assert "chained" in lines[-2] and "pipelined" in lines[-3] and "synchronised" in lines[-1]
+    assert not any("slstm" in line for line in lines)
+    assert [copy_rate.targeted({"op": op}) for op in ("rms_norm_vjp", "attention_decode_cache", "rope_transposed",
+                                                       "multihead_layer_norm", "attention_prefill", "mlstm_step",
+                                                       "gemm_av")] == [True, True, True, True, False, False, False]
     assert copy_rate.target_summary(rows, None) == []
