@@ -5,11 +5,13 @@
 
 ``run(backend, dtypes, quick)`` returns one dict per (case, dtype):
 
-* ``op="mlstm_chunkwise"``: ``mlstm(q, k, v, i, f, chunk_size=64)`` (state kernel + output
-  kernel) against ``mlstm_chunkwise_mx`` (the identical chunkwise algorithm written with
-  mx ops: batched matmuls for the intra-chunk part, a Python loop of mx ops over the
-  chunks for the states). ``mlx_ms`` is that composite as is; ``mlx_compiled_ms`` the
-  same under ``mx.compile`` (elementwise ops fused by MLX). ``ratio = mlx_ms / ours_ms``.
+* ``op="mlstm_chunkwise"``: ``mlstm(q, k, v, i, f)`` as users call it (state kernel +
+  output kernel; the chunk size from the ``chunk_size`` knob: the device's preset, else 64;
+  ``chunk`` in the row) against ``mlstm_chunkwise_mx`` (the identical chunkwise algorithm
+  written with mx ops: batched matmuls for the intra-chunk part, a Python loop of mx ops
+  over the chunks for the states) at chunk 64 (``mlx_chunk``; a smaller chunk only adds
+  iterations to its Python loop). ``mlx_ms`` is that composite as is; ``mlx_compiled_ms``
+  the same under ``mx.compile`` (elementwise ops fused by MLX). ``ratio = mlx_ms / ours_ms``.
 * ``op="mlstm_step"``: one decoding step, the fused step kernel against
   ``mlstm_step_reference`` (mx ops).
 
@@ -51,7 +53,7 @@ import numpy as np
 
 from xlstm_kernels.benchmarks.kind import bench_kind
 from xlstm_kernels import runtime, tiles
-from xlstm_kernels.ops.mlstm import mlstm, mlstm_chunkwise_mx, mlstm_step, mlstm_step_reference
+from xlstm_kernels.ops.mlstm import knob_values, mlstm, mlstm_chunkwise_mx, mlstm_step, mlstm_step_reference
 
 REPEATS = 10
 CHUNK = 64
@@ -144,10 +146,11 @@ def _chunkwise_row(backend, case, dtype, rng, roof, repeats) -> dict:
     b, nh, s, dh = case
     args = _inputs(b, nh, s, dh, dtype, rng)
     emulated = backend == "emulate"
-    ours = lambda: mlstm(*args, chunk_size=CHUNK)  # noqa: E731
+    chunk = knob_values(s, dtype)["chunk_size"]  # what mlstm(...) without chunk_size= uses
+    ours = lambda: mlstm(*args)  # noqa: E731
     out = ours()
-    row = {"op": "mlstm_chunkwise", "shape": [b, nh, s, dh], "dtype": _name(dtype), "chunk": CHUNK,
-           "max_rel_err": _rel_err(out, _reference(args, emulated))}
+    row = {"op": "mlstm_chunkwise", "shape": [b, nh, s, dh], "dtype": _name(dtype), "chunk": chunk,
+           "mlx_chunk": CHUNK, "max_rel_err": _rel_err(out, _reference(args, emulated))}
     if emulated:
         t0 = time.perf_counter()
         mx.eval(ours())
@@ -158,7 +161,7 @@ def _chunkwise_row(backend, case, dtype, rng, roof, repeats) -> dict:
     t_ours = _timed(ours, repeats)
     t_mlx = _timed(theirs, repeats)
     t_comp = _timed(lambda: compiled(*args), repeats)
-    tflops = _flops(b, nh, s, dh, CHUNK) / t_ours / 1e12
+    tflops = _flops(b, nh, s, dh, chunk) / t_ours / 1e12
     peak = roof.get({"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}[_name(dtype)] + "_tflops")
     row.update({
         "ours_ms": t_ours * 1e3, "mlx_ms": t_mlx * 1e3, "mlx_compiled_ms": t_comp * 1e3,
