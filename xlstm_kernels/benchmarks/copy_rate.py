@@ -30,7 +30,8 @@ from .. import runtime
 from ..runtime.kernels import KernelSpec, launch
 from .timing import measure_chained
 
-__all__ = ["COPY_SPEC", "COPY_TARGET_PCT", "TARGET_OPS", "annotate_rows", "copy_words", "measure_copy_rate", "target_summary", "targeted"]
+__all__ = ["COPY_SPEC", "COPY_TARGET_PCT", "TARGET_OPS", "annotate_rows", "copy_words", "measure_copy_rate",
+           "target_summary", "targeted"]
 
 COPY_SPEC = KernelSpec("copy", "copy_words", ("src",), ("dst",))
 COPY_TARGET_PCT = 80.0  # issue 8: memory-bound ops >= 80% of the measured copy bandwidth
@@ -42,11 +43,6 @@ STEADY_ORDER = ("kept", "chained", "pipelined")  # the times annotate_rows reads
 # share of the copy bandwidth as information, with no verdict: a recurrence or a GEMV is
 # measured against the speedups or the GEMM target asked of it instead.
 TARGET_OPS = ("rms_norm", "layer_norm", "multihead_layer_norm", "rope", "attention_decode")
-
-
-def targeted(row: dict) -> bool:
-    """Whether a bench row's op is one the copy-bandwidth target applies to (TARGET_OPS)."""
-    return str(row.get("op", "")).startswith(TARGET_OPS)
 _THREADGROUP = 256
 _MAX_THREADS = 1 << 21  # grid-stride beyond this
 
@@ -118,6 +114,12 @@ def _bytes_moved(row: dict) -> float | None:
     return float(gbps) * float(ms) * 1e6
 
 
+
+def targeted(row: dict) -> bool:
+    """Whether a bench row's op is one the copy-bandwidth target applies to (TARGET_OPS)."""
+    return str(row.get("op", "")).startswith(TARGET_OPS)
+
+
 def annotate_rows(rows: Sequence[dict], copy_gbps: float | None) -> None:
     """Add the copy-bandwidth view to each memory-bound row's ``extra`` (in place).
 
@@ -165,8 +167,8 @@ def target_summary(rows: Sequence[dict], copy: dict | None) -> list[str]:
         return []
     lines = [f"copy bandwidth {copy['gbps']:,.0f} GB/s (copy_words {copy['kernel_gbps']:,.0f}, MLX elementwise "
              f"{copy['mlx_gbps']:,.0f}; {copy['bytes'] >> 20} MiB, {copy['chain']} chained copies)",
-             f"norm, RoPE and decode-attention rows at their steady state (kept, else chained, else pipelined, else synchronised): target >= "
-             f"{COPY_TARGET_PCT:.0f}% of copy bandwidth and >= 1.0x MLX",
+             "norm, RoPE and decode-attention rows at their steady state (kept, else chained, else pipelined, "
+             f"else synchronised): target >= {COPY_TARGET_PCT:.0f}% of copy bandwidth and >= 1.0x MLX",
              f"  {'op':<26} {'shape':<20} {'dtype':<9} {'timed':<12} {'%copy':>6} {'mlx %copy':>9} {'ratio':>6}  target"]
     for r in rows:
         e = r.get("extra") or {}
