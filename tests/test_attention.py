@@ -742,6 +742,23 @@ def test_decode_loop_with_a_growing_cache(kernel_backend, dtype_name, monkeypatc
     np.testing.assert_array_equal(np.isnan(np.asarray(empty.astype(mx.float32))), np.isnan(np.asarray(ref_empty)))
 
 
+@pytest.mark.parametrize("dtype_name", ["float32", "bfloat16"])
+def test_decode_family_with_batches_and_query_runs(kernel_backend, dtype_name):
+    """The family's prepared launches declare pass 1's outputs (rows, blocks, DV) and pass 2's
+    (B, Hq, Lq, DV) directly: with several sequences, a query run (Lq 3, causal) and a value
+    head dim unlike the key's, each step's output keeps its shape and matches float64."""
+    dtype = getattr(mx, dtype_name)
+    q, kc, vc = make_qkv(2, 6, 2, 3, 1100, 16, 24, dtype, seed_of("family batches", dtype_name))
+    att._CALLS.clear()
+    att._FAMILIES.clear()
+    for lk in (1030, 1031, 1057, 1090):
+        k, v = kc[:, :, :lk], vc[:, :, :lk]
+        out = att.scaled_dot_product_attention(q, k, v, scale=0.25, mask="causal")
+        assert tuple(out.shape) == (2, 6, 3, 24)
+        assert_close(out, np_attention(q, k, v, 0.25, "causal"), dtype, f"family, Lk {lk}")
+    assert len(att._FAMILIES) == 1
+
+
 def test_decode_family_keeps_the_path_rule(kernel_backend, monkeypatch):
     """A family's call serves only lengths that take its path: crossing split_kv_min_keys
     goes back to a full build (split-KV above it, one pass below)."""

@@ -800,19 +800,27 @@ def _split_kv_forward(q, k, v, m: _Mask, scale: float, block_size: int | None, b
         bs = rule(lk)
         plan = plans.get((bs, -(-lk // bs)))
         if plan is None:
+            # Pass 1's outputs declared (rows, n_blocks, DV) / (rows, n_blocks) and pass 2's
+            # (B, Hq, Lq, DV): the same row-major bytes as the public shapes (kernels index
+            # their outputs flat and read only their inputs' shapes), so a step runs no
+            # reshape between or after the two launches.
             spec1, kw1 = (_partial_mma_launch(q, k, v, m, scale, bs, backend) if mma
                           else _partial_launch(q, k, v, m, scale, bs))
+            *lead, nb, dv = kw1["output_shapes"][0]
+            rows = 1
+            for n in lead:
+                rows *= n
+            kw1 = {**kw1, "output_shapes": [(rows, nb, dv), (rows, nb)]}
             run1, consts1 = prepare_launch(spec1, **kw1, backend=backend), kw1["inputs"][3:]
             o_part, lse = run1([q, k, v, *consts1])
             spec2, kw2 = _reduce_launch(o_part, lse, bs, lk, q.dtype, klen=k)
-            rows, nbr, dv = kw2["inputs"][0].shape
+            kw2 = {**kw2, "output_shapes": [(*q.shape[:3], dv)]}
             plan = plans[(bs, -(-lk // bs))] = (run1, consts1, prepare_launch(spec2, **kw2, backend=backend),
-                                               kw2["inputs"][2], (rows, nbr, dv), (*q.shape[:3], dv))
+                                               kw2["inputs"][2])
         else:
             o_part, lse = plan[0]([q, k, v, *plan[1]])
-        _, _, run2, params2, (rows, nbr, dv), out_shape = plan
-        (o,) = run2([o_part.reshape(rows, nbr, dv), lse.reshape(rows, nbr), params2, k])
-        return o.reshape(out_shape)
+        (o,) = plan[2]([o_part, lse, plan[3], k])
+        return o
     bs = block_size or (_auto_block_size_mma(q, k, v, backend) if mma else _auto_block_size(q, k, v))
     spec1, kw1 = (_partial_mma_launch(q, k, v, m, scale, bs, backend) if mma
                   else _partial_launch(q, k, v, m, scale, bs))
