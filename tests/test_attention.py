@@ -759,6 +759,40 @@ def test_decode_family_with_batches_and_query_runs(kernel_backend, dtype_name):
     assert len(att._FAMILIES) == 1
 
 
+def test_decode_family_fast_path_follows_the_memo_and_the_configuration(kernel_backend, monkeypatch):
+    """After a family's call, the next step at a new length skips the memo lookups
+    (_LAST_FAMILY): no family-memo lookup per step. An environment change applies at the
+    very next step (here the split threshold moves above Lk: one pass, not split-KV), and a
+    cleared memo is not bypassed (the spy, made after the family, sees the launches)."""
+    q, kc, vc = make_qkv(1, 4, 2, 1, 1100, 16, 16, mx.float32, seed_of("family fast path"))
+    att._CALLS.clear()
+    att._FAMILIES.clear()
+    for lk in (1030, 1031):  # the family is made at the second length
+        att.scaled_dot_product_attention(q, kc[:, :, :lk], vc[:, :, :lk], scale=0.25)
+    lookups = []
+    real_get = att._FAMILIES.get
+    monkeypatch.setattr(att._FAMILIES, "get", lambda key: lookups.append(key) or real_get(key))
+    for lk in (1032, 1033, 1040):
+        k, v = kc[:, :, :lk], vc[:, :, :lk]
+        out = att.scaled_dot_product_attention(q, k, v, scale=0.25)
+        assert_close(out, np_attention(q, k, v, 0.25, None), mx.float32, f"fast path, Lk {lk}")
+    assert lookups == []
+    spy = LaunchSpy(monkeypatch)  # clears the memos: the next steps build anew and launch through the spy
+    for lk in (1041, 1042, 1043):
+        k, v = kc[:, :, :lk], vc[:, :, :lk]
+        out = att.scaled_dot_product_attention(q, k, v, scale=0.25)
+        assert_close(out, np_attention(q, k, v, 0.25, None), mx.float32, f"after clearing, Lk {lk}")
+    if kernel_backend != "reference":
+        assert spy.kernels == ["attention_partial", "attention_reduce"] * 3, spy.kernels
+    spy.kernels.clear()
+    monkeypatch.setenv("XLSTM_ATTENTION_SPLIT_KV_MIN_KEYS", "100000")
+    k, v = kc[:, :, :1044], vc[:, :, :1044]
+    out = att.scaled_dot_product_attention(q, k, v, scale=0.25)
+    assert_close(out, np_attention(q, k, v, 0.25, None), mx.float32, "threshold moved")
+    if kernel_backend != "reference":
+        assert spy.kernels == ["attention_prefill"], spy.kernels
+
+
 def test_decode_family_keeps_the_path_rule(kernel_backend, monkeypatch):
     """A family's call serves only lengths that take its path: crossing split_kv_min_keys
     goes back to a full build (split-KV above it, one pass below)."""

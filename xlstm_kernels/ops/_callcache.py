@@ -179,6 +179,10 @@ class CallCache:
         self.maxsize = maxsize
         self._entries: dict[tuple, Any] = {}
         self._lock = threading.Lock()
+        # bumped whenever entries are dropped (clear, or the memo full): a caller that keeps
+        # a found value aside (ops.attention's last decode family) compares it to know the
+        # value is still the memo's
+        self.epoch = 0
 
     def get(self, key: Hashable) -> Any:
         """The value stored for `key` under the current configuration, else None."""
@@ -197,12 +201,14 @@ class CallCache:
         with self._lock:
             if len(self._entries) >= self.maxsize:
                 self._entries.clear()
+                self.epoch += 1
             self._entries[full] = value
         return value
 
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()
+            self.epoch += 1
 
     def __len__(self) -> int:
         return len(self._entries)

@@ -111,7 +111,7 @@ from ..runtime import KernelSpec, const_array, current_backend, launch, prepare_
 from ..tiles.gemm import dtype_name
 from ..tiles.knobs import (ALIAS_SPLIT_MIN_KEYS, attention_block_k_bytes, attention_fits, knob_shape_class,
                            resolve_knobs)
-from ._callcache import CallCache, placeholder, replayable
+from ._callcache import CallCache, config_token, placeholder, replayable
 from ._validate import check_array, check_int32, check_same_dtype
 
 __all__ = [
@@ -902,6 +902,19 @@ _CALLS = CallCache("attention")
 def _attention(q, k, v, scale, mask, path: str, cfg: dict) -> mx.array:
     """The op: validated, resolved and wrapped once per call signature (ops/_callcache.py)
     for masks None / "causal" and calls without a knobs dict; otherwise built per call."""
+    last = _LAST_FAMILY[0]
+    if last is not None and q.__class__ is _ARRAY and k.__class__ is _ARRAY and v.__class__ is _ARRAY:
+        # the step after a family's call, in the same family at a new length: that call
+        # again, without the memo lookups below (see _LAST_FAMILY)
+        ks = k.shape
+        lk = ks[2]
+        fam = last[2]
+        if (lk != fam.last_lk and last[4] == _FAMILIES.epoch
+                and _family_prefix(q, k, v, ks, scale, mask, path, cfg) == last[0]
+                and knob_shape_class("attention", lk) == last[1] and config_token() == last[3]
+                and fam.takes(last[0][0][2], lk)):
+            fam.last_lk = lk
+            return fam(q, k, v, mask)
     key = None
     if (q.__class__ is _ARRAY and k.__class__ is _ARRAY and v.__class__ is _ARRAY
             and scale.__class__ in (float, int) and (mask is None or mask.__class__ is str)
@@ -919,12 +932,14 @@ def _attention(q, k, v, scale, mask, path: str, cfg: dict) -> mx.array:
         if fam is not None and fam is not _SEEN and fam.takes(key[0][2], key[2][2]):
             if fam.last_lk != key[2][2]:  # a new length: the family's call
                 fam.last_lk = key[2][2]
+                _remember_family(q, k, v, scale, mask, path, cfg, fam_key, fam)
                 return fam(q, k, v, mask)
             # the same length twice in a row (a loop at a fixed length): memoised below, then replayed
         if fam is _SEEN:  # a second key length of this family: a growing cache, from now on one shared call
             fam = _build_attention(q, k, v, scale, mask, path, cfg, replay=False)
             _FAMILIES.put(fam_key, fam)
             if fam.takes(key[0][2], key[2][2]):
+                _remember_family(q, k, v, scale, mask, path, cfg, fam_key, fam)
                 return fam(q, k, v, mask)
         fn = _build_attention(q, k, v, scale, mask, path, cfg, replay=key is not None)
         if key is not None:
@@ -944,6 +959,37 @@ def _attention(q, k, v, scale, mask, path: str, cfg: dict) -> mx.array:
 # stays the same.
 _FAMILIES = CallCache("attention decode", maxsize=256)
 _SEEN = object()  # a family with one key length so far
+# The last family call: (prefix, knob shape class, family, config token, the family
+# memo's epoch). A decode loop
+# calls the same family every step, and the memo lookups that find it (the full key's miss,
+# the family key, the family memo) cost several microseconds of a ~20 us step (local, stub
+# kernels); the next call checks these fields instead and, when they match at a new
+# length, is that family's call. The prefix holds everything the family key holds but Lk
+# (shapes, dtypes, scale, mask, path, keywords), the config token stands for the memo's
+# configuration check and the epoch for the family still being in the memo, so the call is
+# the one the lookups would have found. (A length memoised earlier as a call of its own,
+# met again later, takes the family's call here: the same launches, the same result.)
+_LAST_FAMILY: list = [None]
+
+
+def _family_prefix(q, k, v, ks, scale, mask, path: str, cfg: dict) -> tuple | None:
+    """What identifies a call's family apart from Lk (k's shape `ks` read once), or None
+    where a call cannot be one (a knobs dict, a mask array, a non-number scale, k and v of
+    other lengths, no keys)."""
+    if (cfg.get("knobs") is not None or scale.__class__ not in (float, int)
+            or not (mask is None or mask.__class__ is str)):
+        return None
+    vs = v.shape
+    if len(ks) != 4 or len(vs) != 4 or vs[2] != ks[2] or ks[2] == 0:
+        return None
+    return (q.shape, q.dtype, ks[0], ks[1], ks[3], k.dtype, vs[0], vs[1], vs[3], v.dtype, scale, mask, path,
+            tuple(cfg.items()))
+
+
+def _remember_family(q, k, v, scale, mask, path: str, cfg: dict, fam_key: tuple, fam) -> None:
+    """Record `fam` as the last family called (_LAST_FAMILY)."""
+    prefix = _family_prefix(q, k, v, k.shape, scale, mask, path, cfg)
+    _LAST_FAMILY[0] = None if prefix is None else (prefix, fam_key[-1], fam, config_token(), _FAMILIES.epoch)
 
 
 def _family_key(key: tuple) -> tuple | None:
