@@ -120,6 +120,14 @@ def cases() -> dict:
         out["rope " + "x".join(map(str, shape))] = (
             x, lambda a: xk.rope(a, 128, traditional=False, base=10000.0, offset=7),
             lambda a: mx.fast.rope(a, 128, traditional=False, base=10000.0, scale=1.0, offset=7), 2 * x.nbytes)
+    # the one-token row with its offset in device memory (an int offset is a host-made
+    # array, which MLX's CUDA allocator keeps in managed memory)
+    x = mx.random.normal((32, 32, 1, 128)).astype(mx.bfloat16)
+    off = mx.zeros((1,), dtype=mx.int32) + 7
+    mx.eval(x, off)
+    out["rope 32x32x1x128 dev off"] = (
+        x, lambda a: xk.rope(a, 128, traditional=False, base=10000.0, offset=off),
+        lambda a: mx.fast.rope(a, 128, traditional=False, base=10000.0, scale=1.0, offset=off), 2 * x.nbytes)
     for shape in ((1, 4096), (4096, 4096)):
         x = mx.random.normal(shape).astype(mx.bfloat16)
         w = (1 + 0.1 * mx.random.normal((shape[-1],))).astype(mx.bfloat16)
@@ -140,7 +148,7 @@ def main() -> None:
     xk.use_backend("cuda")
     rows: list = []
     t0 = time.perf_counter()
-    top = copy_floor(rows)
+    top = copy_floor(rows) if os.environ.get("PROBE_CHAIN_COPY", "1") == "1" else 2900.0
     variants = ("ours", "bare", "mlx")
     print(f"\nchained us per call ({CALLS} calls a chain, median of {REPEATS}; bare = ours without mx.custom_function)")
     print(f"  {'case':24s} {'ours':>8s} {'bare':>8s} {'mlx':>8s}  {'ours %copy':>10s} {'mlx %copy':>9s}")

@@ -1,0 +1,102 @@
+"""Probe: the split-KV tile pass 1's block size and stages for one decode sequence, chained
+and interleaved with MLX (session 17).
+
+    python3 scripts/probe_decode_chain.py [--out decode_chain.json]      # on the GPU
+
+`scripts/probe_decode.py` times each variant apart from the others; chained decode times
+moved by up to 2x between its rows (session 14). Here every repeat runs one chain (20
+calls, each taking the last one's output as its query) of MLX's SDPA and of every
+variant, the order rotating, and each row is the median over PROBE_DC_REPEATS repeats.
+A variant patches ops.attention's SPLIT_KV_MMA_TARGET_GROUPS (tgN: the block size is 4096
+halved until the grid has N threadgroups) and SPLIT_KV_MMA_MAX_STAGES (stN), and the call
+memo is cleared around it (each chain replays a graph recorded under the variant).
+PROBE_DC_SHAPES="B,Hq,Hkv,Lk,D ..." picks the shapes; dtype bfloat16.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+import mlx.core as mx
+
+import xlstm_kernels as xk
+from xlstm_kernels.benchmarks.timing import _chain_once
+from xlstm_kernels.ops import attention as att
+
+CALLS = 20
+REPEATS = int(os.environ.get("PROBE_DC_REPEATS", "9"))
+GROUPS = (128, 256, 512, 1024)
+STAGES = (2, 3, 4)
+
+
+def _use(groups: int | None, stages: int | None, saved: dict) -> None:
+    att.SPLIT_KV_MMA_TARGET_GROUPS = groups or saved["SPLIT_KV_MMA_TARGET_GROUPS"]
+    att.SPLIT_KV_MMA_MAX_STAGES = stages or saved["SPLIT_KV_MMA_MAX_STAGES"]
+    att._CALLS.clear()
+    att._FAMILIES.clear()
+    att._LAST_FAMILY[0] = None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    shapes = [(1, 32, 8, 4096, 128), (1, 32, 8, 16384, 128), (1, 32, 8, 8192, 128)]
+    if os.environ.get("PROBE_DC_SHAPES"):
+        shapes = [tuple(int(v) for v in s.split(",")) for s in os.environ["PROBE_DC_SHAPES"].split()]
+    saved = {k: getattr(att, k) for k in ("SPLIT_KV_MMA_TARGET_GROUPS", "SPLIT_KV_MMA_MAX_STAGES")}
+    print(f"shipped: groups {saved['SPLIT_KV_MMA_TARGET_GROUPS']}, stages {saved['SPLIT_KV_MMA_MAX_STAGES']}; "
+          f"{CALLS} chained calls, median of {REPEATS} interleaved repeats, us per call")
+    rows = []
+    t0 = time.perf_counter()
+    for (b, hq, hkv, lk, d) in shapes:
+        q = mx.random.normal((b, hq, 1, d)).astype(mx.bfloat16)
+        k = mx.random.normal((b, hkv, lk, d)).astype(mx.bfloat16)
+        v = mx.random.normal((b, hkv, lk, d)).astype(mx.bfloat16)
+        mx.eval(q, k, v)
+        scale = d**-0.5
+        ours = lambda a: xk.scaled_dot_product_attention(a, k, v, scale=scale)  # noqa: E731
+        mlx = lambda a: mx.fast.scaled_dot_product_attention(a, k, v, scale=scale)  # noqa: E731
+        ref = mlx(q).astype(mx.float32)
+        variants = [("mlx", None, None)] + [(f"tg{g} st{s}", g, s) for g in GROUPS for s in STAGES]
+        times = {name: [] for name, _, _ in variants}
+        errs = {}
+        plans = {}
+        for r in range(REPEATS):
+            shift = r % len(variants)
+            for name, g, s in variants[shift:] + variants[:shift]:
+                if name == "mlx":
+                    f = mlx
+                else:
+                    _use(g, s, saved)
+                    f = ours
+                    if name not in errs:
+                        o = f(q).astype(mx.float32)
+                        errs[name] = (mx.abs(o - ref).max() / mx.abs(ref).max()).item()
+                        bs = att._auto_block_size_mma(q, k, v, "cuda")
+                        plans[name] = f"bs{bs} nb{-(-lk // bs)}"
+                mx.eval(f(q))
+                mx.eval(f(f(q)))
+                times[name].append(_chain_once(f, q, CALLS, False) * 1e6)
+        _use(None, None, saved)
+        m = statistics.median(times["mlx"])
+        nbytes = k.nbytes + v.nbytes
+        print(f"{b}x{hq}x{hkv}x{lk} D{d}: mlx {m:.1f} us")
+        for name, g, s in variants[1:]:
+            t = statistics.median(times[name])
+            print(f"  {name:12s} {plans[name]:12s} {t:7.1f} us  ratio {m / t:5.2f}  spread {min(times[name]):6.1f}-"
+                  f"{max(times[name]):6.1f}  err {errs[name]:.1e}", flush=True)
+            rows.append(dict(shape=[b, hq, hkv, lk, d], variant=name, plan=plans[name], chain_us=t, mlx_chain_us=m,
+                             ratio=m / t, err=errs[name], kv_bytes=nbytes, all_us=times[name]))
+    print(f"total {time.perf_counter() - t0:.1f} s")
+    if args.out:
+        with open(args.out, "w") as fh:
+            json.dump(rows, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()
