@@ -123,7 +123,7 @@ def cases() -> dict:
     # the one-token row with its offset in device memory (an int offset is a host-made
     # array, which MLX's CUDA allocator keeps in managed memory)
     x = mx.random.normal((32, 32, 1, 128)).astype(mx.bfloat16)
-    off = mx.zeros((1,), dtype=mx.int32) + 7
+    off = mx.zeros((), dtype=mx.int32) + 7
     mx.eval(x, off)
     out["rope 32x32x1x128 dev off"] = (
         x, lambda a: xk.rope(a, 128, traditional=False, base=10000.0, offset=off),

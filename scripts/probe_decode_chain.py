@@ -7,7 +7,8 @@ and interleaved with MLX (session 17).
 moved by up to 2x between its rows (session 14). Here every repeat runs one chain (20
 calls, each taking the last one's output as its query) of MLX's SDPA and of every
 variant, the order rotating, and each row is the median over PROBE_DC_REPEATS repeats.
-A variant patches ops.attention's SPLIT_KV_MMA_TARGET_GROUPS (tgN: the block size is 4096
+PROBE_DC_MODE=rules (default): block-size rules (RULES, patching ops.attention._mma_block_for).
+PROBE_DC_MODE=grid: a variant patches ops.attention's SPLIT_KV_MMA_TARGET_GROUPS (tgN: the block size is 4096
 halved until the grid has N threadgroups) and SPLIT_KV_MMA_MAX_STAGES (stN), and the call
 memo is cleared around it (each chain replays a graph recorded under the variant).
 PROBE_DC_SHAPES="B,Hq,Hkv,Lk,D ..." picks the shapes; dtype bfloat16.
@@ -31,11 +32,27 @@ CALLS = 20
 REPEATS = int(os.environ.get("PROBE_DC_REPEATS", "9"))
 GROUPS = (128, 256, 512, 1024)
 STAGES = (2, 3, 4)
+_shipped_rule = att._mma_block_for
 
 
-def _use(groups: int | None, stages: int | None, saved: dict) -> None:
+def _pow2_at_least(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def _floor_rule(lo: int, blocks: int):
+    """The shipped block size, raised to at least `lo` keys and to at most `blocks` key
+    blocks (pass 2 merges 32 blocks at a time)."""
+    return lambda per_block, lk: max(_shipped_rule(per_block, lk), lo, _pow2_at_least(-(-lk // blocks)))
+
+
+RULES = {"shipped": _shipped_rule, "max32": _floor_rule(64, 32), "max32 min128": _floor_rule(128, 32),
+         "max16 min128": _floor_rule(128, 16)}
+
+
+def _use(groups: int | None, stages: int | None, saved: dict, rule=None) -> None:
     att.SPLIT_KV_MMA_TARGET_GROUPS = groups or saved["SPLIT_KV_MMA_TARGET_GROUPS"]
     att.SPLIT_KV_MMA_MAX_STAGES = stages or saved["SPLIT_KV_MMA_MAX_STAGES"]
+    att._mma_block_for = rule or _shipped_rule
     att._CALLS.clear()
     att._FAMILIES.clear()
     att._LAST_FAMILY[0] = None
@@ -45,7 +62,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
     args = ap.parse_args()
-    shapes = [(1, 32, 8, 4096, 128), (1, 32, 8, 16384, 128), (1, 32, 8, 8192, 128)]
+    shapes = [(1, 32, 8, lk, 128) for lk in (1024, 2048, 4096, 8192, 16384, 32768)] + [
+        (8, 32, 8, 8192, 128), (4, 32, 8, 32768, 128), (16, 32, 8, 4096, 128), (1, 32, 32, 16384, 64),
+        (1, 32, 32, 4096, 128), (4, 32, 8, 2048, 128)]
     if os.environ.get("PROBE_DC_SHAPES"):
         shapes = [tuple(int(v) for v in s.split(",")) for s in os.environ["PROBE_DC_SHAPES"].split()]
     saved = {k: getattr(att, k) for k in ("SPLIT_KV_MMA_TARGET_GROUPS", "SPLIT_KV_MMA_MAX_STAGES")}
@@ -62,7 +81,10 @@ def main() -> None:
         ours = lambda a: xk.scaled_dot_product_attention(a, k, v, scale=scale)  # noqa: E731
         mlx = lambda a: mx.fast.scaled_dot_product_attention(a, k, v, scale=scale)  # noqa: E731
         ref = mlx(q).astype(mx.float32)
-        variants = [("mlx", None, None)] + [(f"tg{g} st{s}", g, s) for g in GROUPS for s in STAGES]
+        if os.environ.get("PROBE_DC_MODE", "rules") == "rules":
+            variants = [("mlx", None, None)] + [(name, None, None) for name in RULES]
+        else:
+            variants = [("mlx", None, None)] + [(f"tg{g} st{s}", g, s) for g in GROUPS for s in STAGES]
         times = {name: [] for name, _, _ in variants}
         errs = {}
         plans = {}
@@ -72,7 +94,7 @@ def main() -> None:
                 if name == "mlx":
                     f = mlx
                 else:
-                    _use(g, s, saved)
+                    _use(g, s, saved, RULES.get(name))
                     f = ours
                     if name not in errs:
                         o = f(q).astype(mx.float32)

@@ -725,7 +725,13 @@ def _auto_block_size_mma(q, k, v, backend: str) -> int:
     hkv, lk = k.shape[1], k.shape[2]
     rows = hq // hkv * lq
     r = _mma_plan(rows, d, v.shape[3], q.dtype, backend)[0]
-    per_block = b * hkv * -(-rows // r)
+    return _mma_block_for(b * hkv * -(-rows // r), lk)
+
+
+def _mma_block_for(per_block: int, lk: int) -> int:
+    """The tile pass 1's automatic block size for `lk` keys, where each key block makes
+    `per_block` threadgroups (batch x kv heads x row groups): SPLIT_KV_MMA_MAX_BLOCK halved
+    (down to 64) while the grid has fewer than SPLIT_KV_MMA_TARGET_GROUPS threadgroups."""
     bs = SPLIT_KV_MMA_MAX_BLOCK
     while bs > 64 and per_block * -(-lk // bs) < SPLIT_KV_MMA_TARGET_GROUPS:
         bs //= 2
@@ -839,10 +845,9 @@ def _block_size_rule(q, k, v, block_size: int | None, mma: bool, backend: str):
     if mma:
         rows = hq // hkv * lq
         per_block = b * hkv * -(-rows // _mma_plan(rows, d, dv, q.dtype, backend)[0])
-        top, target = SPLIT_KV_MMA_MAX_BLOCK, SPLIT_KV_MMA_TARGET_GROUPS
-    else:
-        per_block = _partial_groups(b, hq, hkv, lq, 1, d, dv, q.dtype, 1)  # groups per key block
-        top, target = SPLIT_KV_BLOCK_SIZE, SPLIT_KV_TARGET_GROUPS
+        return lambda lk: _mma_block_for(per_block, lk)
+    per_block = _partial_groups(b, hq, hkv, lq, 1, d, dv, q.dtype, 1)  # groups per key block
+    top, target = SPLIT_KV_BLOCK_SIZE, SPLIT_KV_TARGET_GROUPS
 
     def rule(lk: int) -> int:
         bs = top
