@@ -632,7 +632,11 @@ def test_split_kv_mma_plan(monkeypatch):
     assert plan(4, 32, 8, 32768) == (2048, 512)
     assert plan(16, 32, 8, 4096) == (1024, 512)
     assert plan(1, 32, 32, 4096) == (256, 512)
-    assert plan(1, 32, 8, 4096) == (64, 512)
+    # one sequence of few kv heads: at most SPLIT_KV_MMA_MAX_BLOCKS (32) blocks, fewer groups
+    assert plan(1, 32, 8, 4096) == (128, 256)
+    assert plan(1, 32, 8, 16384) == (512, 256)
+    assert plan(1, 32, 8, 2048) == (64, 256)  # 32 blocks of 64 already
+    assert plan(1, 32, 8, 1 << 20) == (4096, 2048)  # never above SPLIT_KV_MMA_MAX_BLOCK
     assert plan(1, 32, 8, 100) == (64, 16)  # never below 64
     q = mx.zeros((1, 4, 1, 256), dtype=mx.float32)
     k = mx.zeros((1, 2, 64, 256), dtype=mx.float32)

@@ -65,7 +65,8 @@ Kernels (``metal_src/attention.metal``):
   ``SPLIT_KV_MMA_TILE`` (16) keys streamed through up to ``SPLIT_KV_MMA_MAX_STAGES`` (3)
   threadgroup-memory stages (cp.async on CUDA; 48 KiB budget there, 32 KiB elsewhere);
   block size automatic from ``SPLIT_KV_MMA_MAX_BLOCK`` (4096) halved (down to 64) until the
-  grid has ``SPLIT_KV_MMA_TARGET_GROUPS`` (512) threadgroups. Where one stage does not fit
+  grid has ``SPLIT_KV_MMA_TARGET_GROUPS`` (512) threadgroups, then doubled while the keys
+  make more than ``SPLIT_KV_MMA_MAX_BLOCKS`` (32) blocks. Where one stage does not fit
   (float32 with head dims near 256 on 32 KiB) the lane walk runs. Split-KV is chosen
   automatically for
   Lq <= ``SPLIT_KV_MAX_QUERIES`` (8) and Lk >= ``SPLIT_KV_MIN_KEYS`` (1024; override with
@@ -685,6 +686,14 @@ SPLIT_KV_MMA_MAX_ROWS = 16
 #: leaves most of it idle) and so favoured long walks.
 SPLIT_KV_MMA_MAX_BLOCK = 4096
 SPLIT_KV_MMA_TARGET_GROUPS = 512
+#: ... and at most this many key blocks per (batch, kv head, row group), where that leaves
+#: fewer groups: one decode sequence (few kv heads) gets fewer, longer walks. Session 17,
+#: H200, bf16 1x32x8 heads D 128, chained calls interleaved with MLX
+#: (scripts/probe_decode_chain.py, fastest quarter of 11 chains), us per call, 512 groups ->
+#: at most 32 blocks: 4096 keys 41 -> 35, 8192 39 -> 35, 16384 57 -> 47-50, 32768 69 -> 62-64
+#: (16 blocks: 35, 37, 61, 83). Batched shapes, whose rule already gives <= 32 blocks, keep
+#: their plans. Pass 2 merges 32 blocks at a time.
+SPLIT_KV_MMA_MAX_BLOCKS = 32
 
 
 def _mma_plan(rows: int, d: int, dv: int, dtype: mx.Dtype, backend: str) -> tuple[int, int, int, int] | None:
@@ -719,8 +728,7 @@ def _use_mma(knob: bool | None, q, k, v, backend: str) -> bool:
 
 
 def _auto_block_size_mma(q, k, v, backend: str) -> int:
-    """Tile pass 1 block size when none is set: SPLIT_KV_MMA_MAX_BLOCK, halved (down to 64)
-    while the grid has fewer than SPLIT_KV_MMA_TARGET_GROUPS threadgroups."""
+    """Tile pass 1 block size when none is set (:func:`_mma_block_for`)."""
     b, hq, lq, d = q.shape
     hkv, lk = k.shape[1], k.shape[2]
     rows = hq // hkv * lq
@@ -731,10 +739,14 @@ def _auto_block_size_mma(q, k, v, backend: str) -> int:
 def _mma_block_for(per_block: int, lk: int) -> int:
     """The tile pass 1's automatic block size for `lk` keys, where each key block makes
     `per_block` threadgroups (batch x kv heads x row groups): SPLIT_KV_MMA_MAX_BLOCK halved
-    (down to 64) while the grid has fewer than SPLIT_KV_MMA_TARGET_GROUPS threadgroups."""
+    (down to 64) while the grid has fewer than SPLIT_KV_MMA_TARGET_GROUPS threadgroups, then
+    raised (by powers of two, up to SPLIT_KV_MMA_MAX_BLOCK) until the keys make at most
+    SPLIT_KV_MMA_MAX_BLOCKS blocks."""
     bs = SPLIT_KV_MMA_MAX_BLOCK
     while bs > 64 and per_block * -(-lk // bs) < SPLIT_KV_MMA_TARGET_GROUPS:
         bs //= 2
+    while bs < SPLIT_KV_MMA_MAX_BLOCK and -(-lk // bs) > SPLIT_KV_MMA_MAX_BLOCKS:
+        bs *= 2
     return bs
 
 
