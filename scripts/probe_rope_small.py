@@ -1,0 +1,87 @@
+"""Probe: RoPE's launch shape at decode sizes (one position per sequence), chained and
+interleaved with MLX (session 17).
+
+    python3 scripts/probe_rope_small.py [--out rope_small.json]      # on the GPU
+
+At 32x32x1x128 bf16 the kernel runs 2048 threads (N = 4 rows x P = 8 pairs each: 8
+threadgroups of 256), and a chained call costs ~3-4 us more than MLX's rope. Variants
+patch ops.rope's ROWS_PER_THREAD (nN) and pairs_per_thread (pP: P divided by it), the memo
+cleared around each; every repeat runs one chain (20 calls) of each variant and of MLX's
+op, the order rotating. Rows: the fastest quarter (q25) and median us per call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+import mlx.core as mx
+
+import xlstm_kernels as xk
+from xlstm_kernels.benchmarks.timing import _chain_once
+from xlstm_kernels.ops import rope as rope_ops
+
+CALLS = 20
+REPEATS = int(os.environ.get("PROBE_RS_REPEATS", "11"))
+_ppt = rope_ops.pairs_per_thread
+_rows = rope_ops.ROWS_PER_THREAD
+
+
+def _use(n: int, p_div: int) -> None:
+    rope_ops.ROWS_PER_THREAD = n
+    rope_ops.pairs_per_thread = lambda dtype, trad, half: max(1, _ppt(dtype, trad, half) // p_div)
+    rope_ops._CALLS.clear()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    shapes = [(32, 32, 1, 128), (1, 32, 1, 128), (8, 32, 1, 128), (4, 32, 1, 64), (1, 32, 2048, 128)]
+    variants = [("mlx", 0, 0)] + [(f"n{n} p/{p}", n, p) for n in (1, 2, 4) for p in (1, 2, 4)]
+    rows = []
+    t0 = time.perf_counter()
+    for shape in shapes:
+        x = mx.random.normal(shape).astype(mx.bfloat16)
+        mx.eval(x)
+        d = shape[-1]
+        ours = lambda a: xk.rope(a, d, traditional=False, base=10000.0, offset=4095)  # noqa: E731
+        mlx = lambda a: mx.fast.rope(a, d, traditional=False, base=10000.0, scale=1.0, offset=4095)  # noqa: E731
+        ref = mlx(x).astype(mx.float32)
+        times = {v[0]: [] for v in variants}
+        errs = {}
+        for r in range(REPEATS):
+            shift = r % len(variants)
+            for name, n, p in variants[shift:] + variants[:shift]:
+                if name == "mlx":
+                    f = mlx
+                else:
+                    _use(n, p)
+                    f = ours
+                    if name not in errs:
+                        o = f(x).astype(mx.float32)
+                        errs[name] = (mx.abs(o - ref).max() / mx.abs(ref).max()).item()
+                mx.eval(f(x))
+                mx.eval(f(f(x)))
+                times[name].append(_chain_once(f, x, CALLS, False) * 1e6)
+        _use(_rows, 1)
+        rope_ops.pairs_per_thread = _ppt
+        tag = "x".join(map(str, shape))
+        m = sorted(times["mlx"])
+        print(f"{tag} bf16: mlx q25 {m[len(m) // 4]:.1f} med {statistics.median(m):.1f} us")
+        for name, n, p in variants[1:]:
+            a = sorted(times[name])
+            print(f"  {name:8s} q25 {a[len(a) // 4]:6.1f} med {statistics.median(a):6.1f}  ratio(q25) "
+                  f"{m[len(m) // 4] / a[len(a) // 4]:5.2f}  err {errs[name]:.1e}", flush=True)
+            rows.append(dict(shape=list(shape), variant=name, all_us=times[name], mlx_us=times["mlx"], err=errs[name]))
+    print(f"total {time.perf_counter() - t0:.1f} s")
+    if args.out:
+        with open(args.out, "w") as fh:
+            json.dump(rows, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()
