@@ -5,7 +5,7 @@ interleaved with MLX (session 17).
 
 At 32x32x1x128 bf16 the kernel runs 2048 threads (N = 4 rows x P = 8 pairs each: 8
 threadgroups of 256), and a chained call costs ~3-4 us more than MLX's rope. Variants
-patch ops.rope's ROWS_PER_THREAD (nN) and pairs_per_thread (pP: P divided by it), the memo
+patch ops.rope's ROWS_PER_THREAD (nN) and pairs_per_thread (p/k: the 16-byte-run P divided by k), the memo
 cleared around each; every repeat runs one chain (20 calls) of each variant and of MLX's
 op, the order rotating. Rows: the fastest quarter (q25) and median us per call.
 """
@@ -32,7 +32,7 @@ _rows = rope_ops.ROWS_PER_THREAD
 
 def _use(n: int, p_div: int) -> None:
     rope_ops.ROWS_PER_THREAD = n
-    rope_ops.pairs_per_thread = lambda dtype, trad, half: max(1, _ppt(dtype, trad, half) // p_div)
+    rope_ops.pairs_per_thread = lambda dtype, trad, half, run_bytes=16: max(1, _ppt(dtype, trad, half) // p_div)
     rope_ops._CALLS.clear()
 
 
@@ -41,15 +41,23 @@ def main() -> None:
     ap.add_argument("--out")
     args = ap.parse_args()
     shapes = [(32, 32, 1, 128), (1, 32, 1, 128), (8, 32, 1, 128), (4, 32, 1, 64), (1, 32, 2048, 128)]
+    if os.environ.get("PROBE_RS_SHAPES"):  # "B,H,L,D[,dtype[,t]] ...": t = traditional
+        shapes = [tuple(s.split(",")) for s in os.environ["PROBE_RS_SHAPES"].split()]
     variants = [("mlx", 0, 0)] + [(f"n{n} p/{p}", n, p) for n in (1, 2, 4) for p in (1, 2, 4)]
+    if os.environ.get("PROBE_RS_VARIANTS"):  # "n4 p/1|n4 p/2"
+        pick = os.environ["PROBE_RS_VARIANTS"].split("|")
+        variants = [v for v in variants if v[0] == "mlx" or v[0] in pick]
     rows = []
     t0 = time.perf_counter()
-    for shape in shapes:
-        x = mx.random.normal(shape).astype(mx.bfloat16)
+    for spec in shapes:
+        shape = tuple(int(v) for v in spec[:4])
+        dtype = getattr(mx, spec[4]) if len(spec) > 4 else mx.bfloat16
+        trad = len(spec) > 5 and spec[5] == "t"
+        x = mx.random.normal(shape).astype(dtype)
         mx.eval(x)
         d = shape[-1]
-        ours = lambda a: xk.rope(a, d, traditional=False, base=10000.0, offset=4095)  # noqa: E731
-        mlx = lambda a: mx.fast.rope(a, d, traditional=False, base=10000.0, scale=1.0, offset=4095)  # noqa: E731
+        ours = lambda a: xk.rope(a, d, traditional=trad, base=10000.0, offset=4095)  # noqa: E731
+        mlx = lambda a: mx.fast.rope(a, d, traditional=trad, base=10000.0, scale=1.0, offset=4095)  # noqa: E731
         ref = mlx(x).astype(mx.float32)
         times = {v[0]: [] for v in variants}
         errs = {}
@@ -69,14 +77,14 @@ def main() -> None:
                 times[name].append(_chain_once(f, x, CALLS, False) * 1e6)
         _use(_rows, 1)
         rope_ops.pairs_per_thread = _ppt
-        tag = "x".join(map(str, shape))
+        tag = "x".join(map(str, shape)) + f" {dtype}" + (" traditional" if trad else "")
         m = sorted(times["mlx"])
-        print(f"{tag} bf16: mlx q25 {m[len(m) // 4]:.1f} med {statistics.median(m):.1f} us")
+        print(f"{tag}: mlx q25 {m[len(m) // 4]:.1f} med {statistics.median(m):.1f} us")
         for name, n, p in variants[1:]:
             a = sorted(times[name])
             print(f"  {name:8s} q25 {a[len(a) // 4]:6.1f} med {statistics.median(a):6.1f}  ratio(q25) "
                   f"{m[len(m) // 4] / a[len(a) // 4]:5.2f}  err {errs[name]:.1e}", flush=True)
-            rows.append(dict(shape=list(shape), variant=name, all_us=times[name], mlx_us=times["mlx"], err=errs[name]))
+            rows.append(dict(shape=list(shape), dtype=str(dtype), traditional=trad, variant=name, all_us=times[name], mlx_us=times["mlx"], err=errs[name]))
     print(f"total {time.perf_counter() - t0:.1f} s")
     if args.out:
         with open(args.out, "w") as fh:

@@ -300,6 +300,27 @@ def test_check_schedules(dtype, traditional, shape, dims):
     assert rel_err(y.reshape(shape), ref) < TOL[dtype]
 
 
+@pytest.mark.parametrize("dtype,traditional,p", [("bfloat16", False, 4), ("bfloat16", True, 2), ("float32", False, 2),
+                                                  ("float32", True, 1)])
+def test_cuda_plan_runs_in_the_emulator(dtype, traditional, p):
+    """cuda's launch plan (8-byte runs, RUN_BYTES) has the expected P and gives bit-identical,
+    correct outputs under every thread order in the emulator."""
+    from xlstm_kernels.emulate import check_schedules
+    from xlstm_kernels.ops.rope import _launch_kwargs
+
+    shape, dims = (3, 5, 7, 40), 36  # half 18: full and partial runs; copy 4
+    x = rand(shape, DTYPES[dtype], seed=zlib.crc32(f"cuda plan {dtype}{traditional}".encode()))
+    offsets = mx.array([5, 0, 9], dtype=mx.int32)
+    half = dims // 2
+    freqs = mx.array((10000.0 ** (np.arange(half) / half)).astype(np.float32))
+    kw = _launch_kwargs(x, dims, traditional, 1.0, offsets, freqs, False, "cuda")
+    assert dict(kw["template"])["P"] == p
+    assert dict(_launch_kwargs(x, dims, traditional, 1.0, offsets, freqs, False, "emulate")["template"])["P"] == 2 * p
+    (y,) = check_schedules(runtime.get_kernel(ROPE, "emulate"), **kw, check_bounds=True)
+    ref = np_rope(to_np(x), dims, traditional=traditional, offset=np.array([5, 0, 9]))
+    assert rel_err(y.reshape(shape), ref) < TOL[dtype]
+
+
 def test_launch_geometry():
     assert _launch_geometry(64, 7, 2) == (64, 4, 1)
     assert _launch_geometry(64, 1, 8) == (64, 1, 4)
@@ -368,7 +389,9 @@ def test_every_work_split(kernel_backend, monkeypatch, n, p, traditional, dtype)
     shape, dims = (3, 5, 6, 40), 36  # half 18: full and partial runs of every P; copy 4
     p_max = rope_mod.pairs_per_thread
     monkeypatch.setattr(rope_mod, "ROWS_PER_THREAD", n)
-    monkeypatch.setattr(rope_mod, "pairs_per_thread", lambda dtype, trad, half: min(p, p_max(dtype, trad, half)))
+    # P up to a 16-byte run on every backend (cuda ships 8-byte runs: RUN_BYTES)
+    monkeypatch.setattr(rope_mod, "pairs_per_thread",
+                        lambda dtype, trad, half, run_bytes=16: min(p, p_max(dtype, trad, half)))
     rope_mod._CALLS.clear()
     try:
         x = rand(shape, DTYPES[dtype], seed=zlib.crc32(f"split{n}{p}{traditional}{dtype}".encode()))

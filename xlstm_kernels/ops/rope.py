@@ -11,7 +11,8 @@ a 0-d integer array or one integer per batch element (shape ``(x.shape[0],)``).
 
 The kernel rotates P consecutive pairs for N rows sharing a position per thread (cos/sin
 in float with precise math, computed once per N rows), reading and writing runs of
-consecutive features with one 16-byte access each where aligned (``pairs_per_thread``);
+consecutive features with one 16-byte access each where aligned (8 bytes on cuda:
+``pairs_per_thread``, ``RUN_BYTES``);
 the VJP is the same kernel rotating by ``-theta`` (the rotation is orthogonal).
 """
 
@@ -197,12 +198,21 @@ def _launch_geometry(gx: int, seq_len: int, gz: int) -> tuple[int, int, int]:
     return tx, ty, tz
 
 
-def pairs_per_thread(dtype: mx.Dtype, traditional: bool, half: int) -> int:
-    """P: pairs a thread rotates, so that each run of features is one 16-byte access
-    (split-half: runs of P features, traditional: of 2P; float32 P = 4 / 2, half and
-    bfloat16 P = 8 / 4), capped at the largest power of two <= half."""
-    run = 16 // dtype.size
-    p = run if not traditional else run // 2
+#: Bytes of one run of features a thread reads (one vector access), per backend (else 16).
+#: CUDA: 8. Session 17, H200, chained calls interleaved with MLX's
+#: (scripts/probe_rope_small.py, fastest quarter of 11 chains): 8-byte runs (twice the
+#: threads) were as fast or faster on 8 of 9 shapes, 1-8% (e.g. bf16 1x32x2048x128 28.2 ->
+#: 26.4 us, 32x32x1x128 14.6 -> 13.8, float32 2x32x4096x128 87.8 -> 86.8); 4-byte runs
+#: were slower on most. Apple GPUs keep 16 (not measured there).
+RUN_BYTES = {"cuda": 8}
+
+
+def pairs_per_thread(dtype: mx.Dtype, traditional: bool, half: int, run_bytes: int = 16) -> int:
+    """P: pairs a thread rotates, so that each run of features is one `run_bytes` access
+    (split-half: runs of P features, traditional: of 2P; at 16 bytes float32 P = 4 / 2, half
+    and bfloat16 P = 8 / 4), capped at the largest power of two <= half."""
+    run = max(1, run_bytes // dtype.size)
+    p = run if not traditional else max(1, run // 2)
     return max(1, min(p, 1 << (half.bit_length() - 1)))
 
 
@@ -223,8 +233,9 @@ def kernel_shape(shape: tuple, per_batch: bool) -> tuple[int, int, int, int]:
 
 
 def _launch_kwargs(x: mx.array, dims: int, traditional: bool, scale: float, offset, freqs32: mx.array,
-                   backward: bool) -> dict[str, Any]:
-    """The launch keywords of the rope kernel for x (..., L, D) (see metal_src/rope.metal)."""
+                   backward: bool, backend: str | None = None) -> dict[str, Any]:
+    """The launch keywords of the rope kernel for x (..., L, D) (see metal_src/rope.metal) on
+    `backend` (its RUN_BYTES)."""
     if isinstance(offset, mx.array):
         offsets = offset
     else:
@@ -233,7 +244,7 @@ def _launch_kwargs(x: mx.array, dims: int, traditional: bool, scale: float, offs
     b4, h4, seq_len, d = kernel_shape(tuple(x.shape), per_batch)
     half = dims // 2
     n = ROWS_PER_THREAD
-    p = pairs_per_thread(x.dtype, traditional, half)
+    p = pairs_per_thread(x.dtype, traditional, half, run_bytes=RUN_BYTES.get(backend, 16))
     run = 2 * p if traditional else p
     z_per_group = -(-h4 // n)
     gx = -(-half // p) + -(-(d - dims) // run)
@@ -345,10 +356,10 @@ def _build_call(x, dims, traditional, base, scale, offset, freqs, replay: bool =
 
         return reference
 
-    example = _launch_kwargs(x, dims, traditional, scale, offset_checked, freqs32, False)
+    example = _launch_kwargs(x, dims, traditional, scale, offset_checked, freqs32, False, backend)
     params, scale_arr = example["inputs"][3:]
     runs = {backward: prepare_launch(ROPE, **_launch_kwargs(x, dims, traditional, scale, offset_checked, freqs32,
-                                                            backward), backend=backend)
+                                                            backward, backend), backend=backend)
             for backward in (False, True)}
 
     flat = tuple(example["output_shapes"][0])  # the kernel's (B, H, L, D)
