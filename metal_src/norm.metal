@@ -345,13 +345,14 @@ for (uint c = tid * W; c < n; c += step) {
 // mean, then var = mean((x - mean)^2) from the registers (two-pass).
 // inputs:  x (rows, n) T; w (nh * n) T; b (nh * n) T (1-element dummies when absent);
 //          eps () float; params (3) int = [rows, n, nh]
-// outputs: y (rows, n) T.  template: T, HAS_W, HAS_B, N_READS, ONE_SIMD
+// outputs: y (rows, n) T.  template: T, HAS_W, HAS_B, N_READS, ONE_SIMD, FULL, NF, EPSB
+// FULL, NF, EPSB: as rms_norm's (rows of exactly tpr * N_READS = NF elements, one head,
+// whole 32-bit words per run: no bounds code, x held as words, eps from its bits, every
+// weight and bias run loaded before the first store; FULL = 2 always element accesses).
 constexpr int W = XK_RUN(T, N_READS);
 constexpr int NR = N_READS / W;
 const uint nrows = uint(params[0]);
-const uint n = uint(params[1]);
-const uint nh = uint(params[2]);
-const uint row = thread_position_in_grid.y;
+const uint row = ONE_SIMD ? thread_position_in_grid.y : threadgroup_position_in_grid.y;
 const uint tid = thread_position_in_threadgroup.x;
 const uint tpr = threads_per_threadgroup.x;
 const uint lane = thread_index_in_simdgroup;
@@ -360,7 +361,88 @@ const uint nsg = simdgroups_per_threadgroup;
 threadgroup float red_a[32];
 threadgroup float red_b[32];
 
-if (row < nrows) {  // uniform per row
+if (FULL != 0) {  // a compile-time branch; see rms_norm's FULL path
+  constexpr uint n = uint(NF);
+  constexpr uint tpf = uint(NF) / uint(N_READS);  // = tpr, as a constant
+  if (!ONE_SIMD || row < nrows) {
+    const device T* xr = x + size_t(row) * n;
+    device T* yr = y + size_t(row) * n;
+    const bool al = FULL == 1 && xk_run_aligned<W>(xr) && xk_run_aligned<W>(yr) &&
+                    (!HAS_W || xk_run_aligned<W>(w)) && (!HAS_B || xk_run_aligned<W>(b));
+    constexpr int E = xk_word<T>::N;
+    constexpr int WW = W / E > 0 ? W / E : 1;
+    uint u[N_READS / E > 0 ? N_READS / E : 1];
+    float s = 0.0f;
+    if (al) {
+      for (int j = 0; j < NR; j++) {
+        xk_load_w<WW>(reinterpret_cast<const device uint*>(xr + (tid + j * tpf) * W), u + j * WW);
+      }
+      for (int k = 0; k < N_READS; k++) {
+        s += xk_word<T>::at(u[k / E], k % E);
+      }
+    } else {
+      XK_NO_UNROLL
+      for (int j = 0; j < NR; j++) {
+        for (int k = 0; k < W; k++) {
+          s += float(xr[(tid + j * tpf) * W + k]);
+        }
+      }
+    }
+    const float e = as_type<float>(int(EPSB));
+    const float mean = xk_row_sum<ONE_SIMD>(s, red_a, lane, sg, nsg) / float(n);
+    float q = 0.0f;
+    if (al) {
+      for (int k = 0; k < N_READS; k++) {
+        const float d = xk_word<T>::at(u[k / E], k % E) - mean;
+        q += d * d;
+      }
+    } else {
+      XK_NO_UNROLL
+      for (int j = 0; j < NR; j++) {
+        for (int k = 0; k < W; k++) {
+          const float d = float(xr[(tid + j * tpf) * W + k]) - mean;
+          q += d * d;
+        }
+      }
+    }
+    q = xk_row_sum<ONE_SIMD>(q, red_b, lane, sg, nsg);
+    const float r = XK_ROW_RSQRT(q / float(n) + e);
+    if (al) {
+      // all weight and bias runs loaded before the first store (y may alias them for all
+      // the compiler knows: a load after a store would wait for it)
+      T wt[HAS_W ? N_READS : 1];
+      T bt[HAS_B ? N_READS : 1];
+      for (int j = 0; j < NR; j++) {
+        if (HAS_W) {
+          xk_load_w<W>(w + (tid + j * tpf) * W, wt + j * W);
+        }
+        if (HAS_B) {
+          xk_load_w<W>(b + (tid + j * tpf) * W, bt + j * W);
+        }
+      }
+      for (int j = 0; j < NR; j++) {
+        T o[W];
+        for (int k = 0; k < W; k++) {
+          const float c = (xk_word<T>::at(u[(j * W + k) / E], k % E) - mean) * r;
+          o[k] = xk_affine<T, HAS_W, HAS_B>(c, HAS_W ? float(wt[j * W + k]) : 0.0f,
+                                            HAS_B ? float(bt[j * W + k]) : 0.0f);
+        }
+        xk_store_w<W>(yr + (tid + j * tpf) * W, o);
+      }
+    } else {
+      XK_NO_UNROLL
+      for (int j = 0; j < NR; j++) {
+        for (int k = 0; k < W; k++) {
+          const uint i = (tid + j * tpf) * W + k;
+          yr[i] = xk_affine<T, HAS_W, HAS_B>((float(xr[i]) - mean) * r, HAS_W ? float(w[i]) : 0.0f,
+                                             HAS_B ? float(b[i]) : 0.0f);
+        }
+      }
+    }
+  }
+} else if (row < nrows) {  // uniform per row
+  const uint n = uint(params[1]);
+  const uint nh = uint(params[2]);
   const device T* xr = x + size_t(row) * n;
   device T* yr = y + size_t(row) * n;
   const uint woff = (HAS_W || HAS_B) ? (row % nh) * n : 0;

@@ -765,6 +765,43 @@ def test_rms_norm_full_rows(kernel_backend, dtype, n, has_w):
 
 @pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("n", [128, 512, 2048])
+@pytest.mark.parametrize("has_w,has_b", [(True, True), (False, True), (True, False), (False, False)])
+def test_layer_norm_full_rows(kernel_backend, dtype, n, has_w, has_b):
+    """LayerNorm rows of exactly tpr * n_reads elements (FULL = 1, as RMSNorm's): on aligned
+    and offset views (the element path on CUDA), FULL = 0 / 1 / 2 launched directly, every
+    thread order with bounds checked, against float64; multi-head rows stay general."""
+    from xlstm_kernels.emulate import check_schedules
+    from xlstm_kernels.runtime import launch
+
+    dt = DTYPES[dtype]
+    n = n * 4 // dt.size
+    rng = np.random.default_rng(seed_of("lnfull", dtype, n, has_w, has_b))
+    x, w, b = make(rng, (3, n), dt, has_w, has_b)
+    spec, kw = norm_mod._plan("ln", x, w, b, EPS)
+    t = dict(kw["template"])
+    assert t["FULL"] == 1 and t["NF"] == n and t["EPSB"] == norm_mod._float_bits(EPS), t
+    assert kw["threadgroup"][0] * t["N_READS"] == n
+    want = ln_ref64(x, w, b)
+    for off in (0, 1):
+        views = [None if a is None else offset_view(a, off) for a in (x, w, b)]
+        assert rel_err(layer_norm(*views, EPS), want) < tol(dt), off
+    assert rel_err(layer_norm(x, w, b, 0.25), ln_ref64(x, w, b, 0.25)) < tol(dt)
+    for full in (0, 1, 2):
+        forced = {"FULL": full, "NF": n if full else 0, "EPSB": norm_mod._float_bits(EPS) if full else 0}
+        kw2 = dict(kw, template=[(k, forced.get(k, v)) for k, v in kw["template"]])
+        assert rel_err(launch(spec, **kw2)[0], want) < tol(dt), full
+    if n <= 1024:  # every schedule (the emulator), the FULL path
+        (y,) = check_schedules(runtime.get_kernel(spec, "emulate"), **kw, check_bounds=True)
+        assert rel_err(y, want) < tol(dt)
+    _, kw3 = norm_mod._plan("ln", x[:, : n - 8], None, None, EPS)  # a row one run short
+    assert dict(kw3["template"])["FULL"] == 0
+    xm = mx.concatenate([x, x], axis=-1)
+    _, kw4 = norm_mod._plan("ln", xm, None if w is None else mx.concatenate([w, w]), None, EPS, 2)
+    assert dict(kw4["template"])["FULL"] == 0  # two heads: the general path
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("n", [128, 512, 2048])
 @pytest.mark.parametrize("has_w", [True, False])
 @pytest.mark.parametrize("cuda_plans", [False, True])
 def test_rms_norm_vjp_full_rows(kernel_backend, monkeypatch, fresh_norm_calls, dtype, n, has_w, cuda_plans):
