@@ -1,0 +1,73 @@
+"""Probe: LayerNorm's FULL path against its general path and MLX, kept chains interleaved
+(session 17).
+
+    python3 scripts/probe_ln_full.py [--out ln_full.json]      # on the GPU
+
+A kept chain (``timing.measure_chained(keep=True)``: every output stays referenced, as a
+residual stream) of 20 calls per repeat for each of: ``full`` (ops.norm.LN_FULL_ROWS on,
+the shipped plan), ``general`` (off), MLX's ``mx.fast.layer_norm``, the order rotating;
+rows: fastest quarter (q25) and median us per call and the share of the copy bandwidth
+PROBE_LN_COPY_GBPS (GB/s, default 2950: the H100's) those reach.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+import mlx.core as mx
+
+import xlstm_kernels as xk
+from xlstm_kernels.benchmarks.timing import _chain_once
+from xlstm_kernels.ops import norm as norm_ops
+
+CALLS = 20
+REPEATS = int(os.environ.get("PROBE_LN_REPEATS", "11"))
+COPY = float(os.environ.get("PROBE_LN_COPY_GBPS", "2950"))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    rows = []
+    t0 = time.perf_counter()
+    for dtype in (mx.bfloat16, mx.float32):
+        for shape in ((4096, 4096), (16384, 1024), (2048, 8192), (16384, 4096)):
+            x = mx.random.normal(shape).astype(dtype)
+            w = (1 + 0.1 * mx.random.normal((shape[1],))).astype(dtype)
+            b = (0.1 * mx.random.normal((shape[1],))).astype(dtype)
+            mx.eval(x, w, b)
+            ours = lambda a: xk.layer_norm(a, w, b, 1e-5)  # noqa: E731
+            mlx = lambda a: mx.fast.layer_norm(a, w, b, 1e-5)  # noqa: E731
+            variants = ("full", "general", "mlx")
+            times = {v: [] for v in variants}
+            for r in range(REPEATS):
+                for v in variants[r % 3:] + variants[: r % 3]:
+                    if v != "mlx":
+                        norm_ops.LN_FULL_ROWS = v == "full"
+                        norm_ops._CALLS.clear()
+                    f = mlx if v == "mlx" else ours
+                    mx.eval(f(x))
+                    mx.eval(f(f(x)))
+                    times[v].append(_chain_once(f, x, CALLS, True) * 1e6)
+            norm_ops.LN_FULL_ROWS = True
+            norm_ops._CALLS.clear()
+            moved = 2 * x.nbytes + w.nbytes + b.nbytes
+            tag = f"{shape[0]}x{shape[1]} {dtype}"
+            q = {v: sorted(times[v])[REPEATS // 4] for v in variants}
+            print(f"{tag:24s} " + "  ".join(
+                f"{v} {q[v]:7.1f} ({statistics.median(times[v]):7.1f}) {100 * moved / (q[v] * 1e3) / COPY:5.1f}%"
+                for v in variants) + f"  full/mlx {q['mlx'] / q['full']:.2f}", flush=True)
+            rows.append(dict(shape=list(shape), dtype=str(dtype), **{f"{v}_us": times[v] for v in variants}))
+    print(f"total {time.perf_counter() - t0:.1f} s")
+    if args.out:
+        with open(args.out, "w") as fh:
+            json.dump(rows, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()
