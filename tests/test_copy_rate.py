@@ -99,3 +99,42 @@ def test_annotate_rows_and_summary():
                                                        "multihead_layer_norm", "attention_prefill", "mlstm_step",
                                                        "gemm_av")] == [True, True, True, True, False, False, False]
     assert copy_rate.target_summary(rows, None) == []
+
+
+def test_same_bytes_copy_annotation():
+    """Each target row gets the share of the copy bandwidth a copy of its bytes reaches,
+    measured once per (size, kept) and timed as the row's steady state; the verdict stays
+    against the device's copy bandwidth; the summary prints the column."""
+    rows = [
+        # 100 MB moved (50 MB buffer), chained
+        {"op": "rope", "shape": "a", "dtype": "float16", "metric": "GB/s", "gbps": 2000.0, "ours_ms": 0.05,
+         "baseline_ms": 0.06, "extra": {"ours_chained_ms": 0.05, "mlx_chained_ms": 0.06}},
+        {"op": "rope_traditional", "shape": "a", "dtype": "float16", "metric": "GB/s", "gbps": 2000.0,
+         "ours_ms": 0.05, "baseline_ms": 0.06, "extra": {"ours_chained_ms": 0.04, "mlx_chained_ms": 0.06}},
+        # the same bytes, kept: measured apart
+        {"op": "rms_norm", "shape": "b", "dtype": "float16", "metric": "GB/s", "gbps": 2000.0, "ours_ms": 0.05,
+         "baseline_ms": 0.06, "extra": {"ours_kept_ms": 0.05, "mlx_kept_ms": 0.06}},
+        # not a target op: no column
+        {"op": "mlstm_step", "shape": "c", "dtype": "float16", "metric": "GB/s", "gbps": 10.0, "ours_ms": 1.0,
+         "baseline_ms": 2.0, "extra": {}},
+    ]
+    copy_rate.annotate_rows(rows, 4000.0)
+    calls = []
+
+    def fake(backend, nbytes, keep=False):
+        calls.append((backend, nbytes, keep))
+        return 3000.0 if keep else 2000.0
+
+    copy_rate.annotate_same_bytes(rows, 4000.0, "cuda", measure=fake)
+    assert calls == [("cuda", 50_000_000, False), ("cuda", 50_000_000, True)]
+    e = [r["extra"] for r in rows]
+    assert math.isclose(e[0]["copy_same_bytes_pct"], 50.0) and math.isclose(e[1]["copy_same_bytes_pct"], 50.0)
+    assert math.isclose(e[2]["copy_same_bytes_pct"], 75.0) and "copy_same_bytes_pct" not in e[3]
+    assert e[0]["meets_copy"] is False  # 50% of 4000 GB/s: the verdict is unchanged
+    lines = copy_rate.target_summary(rows, {"gbps": 4000.0, "kernel_gbps": 4000.0, "mlx_gbps": 3900.0,
+                                            "bytes": 1 << 30, "chain": 8})
+    assert any("copy@size" in line for line in lines)
+    assert "  75.0 " in lines[-1] and lines[-1].rstrip().endswith("not met: bandwidth")
+    copy_rate.annotate_same_bytes(rows, None, "cuda", measure=fake)  # no copy bandwidth: nothing measured
+    assert len(calls) == 2
+    assert copy_rate.measure_copy_at("emulate", 1 << 20) is None

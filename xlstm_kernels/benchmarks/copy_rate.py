@@ -30,8 +30,8 @@ from .. import runtime
 from ..runtime.kernels import KernelSpec, launch
 from .timing import measure_chained
 
-__all__ = ["COPY_SPEC", "COPY_TARGET_PCT", "TARGET_OPS", "annotate_rows", "copy_words", "measure_copy_rate",
-           "target_summary", "targeted"]
+__all__ = ["COPY_SPEC", "COPY_TARGET_PCT", "TARGET_OPS", "annotate_rows", "annotate_same_bytes", "copy_words",
+           "measure_copy_at", "measure_copy_rate", "target_summary", "targeted"]
 
 COPY_SPEC = KernelSpec("copy", "copy_words", ("src",), ("dst",))
 COPY_TARGET_PCT = 80.0  # issue 8: memory-bound ops >= 80% of the measured copy bandwidth
@@ -106,6 +106,48 @@ def measure_copy_rate(backend: str | None = None, nbytes: int | None = None, rep
             "bytes": nbytes, "chain": CHAIN}
 
 
+def measure_copy_at(backend: str | None, nbytes: int, keep: bool = False, calls: int = 20,
+                    repeats: int = 5) -> float | None:
+    """GB/s (read + write) of `calls` chained ``copy_words`` copies of an `nbytes` buffer,
+    timed as the bench's rows are (``keep``: every output stays referenced, as the
+    ``kept`` rows; else the ``chained`` rows' chain); None on backends without a GPU.
+
+    A small op's chained call costs a fixed few microseconds on top of its bytes (H100,
+    session 17: a chained copy of 16 MiB reaches ~60% of the 1 GiB copy's rate, 64 MiB
+    ~77%, 256 MiB ~91%), so this says how much of the copy bandwidth an op of that size
+    could reach at best."""
+    backend = backend or runtime.current_backend()
+    if backend not in ("cuda", "metal"):
+        return None
+    words = max(4, (int(nbytes) // 16) * 4)
+    x = mx.random.uniform(shape=(words,), dtype=mx.float32)
+    mx.eval(x)
+    seconds = measure_chained(lambda y: copy_words(y, backend), x, calls=calls, repeats=repeats, keep=keep)
+    return 2.0 * 4 * words / seconds / 1e9
+
+
+def annotate_same_bytes(rows: Sequence[dict], copy_gbps: float | None, backend: str | None,
+                        measure=measure_copy_at) -> None:
+    """Add ``copy_same_bytes_pct`` to the target rows (TARGET_OPS) annotate_rows gave a
+    ``pct_copy``: the share of the copy bandwidth that a copy of the row's bytes (half of
+    what it moves, read once and written once) reaches, timed as the row's steady state
+    (kept rows: kept chains; else chains). Information beside the verdict, which stays
+    against `copy_gbps`. Sizes are measured once each (`measure`: measure_copy_at)."""
+    if not copy_gbps:
+        return
+    seen: dict[tuple[int, bool], float | None] = {}
+    for row in rows:
+        extra = row.get("extra") or {}
+        moved = _bytes_moved(row)
+        if not targeted(row) or "pct_copy" not in extra or moved is None:
+            continue
+        key = (max(16, int(moved / 2) // 16 * 16), extra.get("steady") == "kept")
+        if key not in seen:
+            seen[key] = measure(backend, key[0], keep=key[1])
+        if seen[key]:
+            extra["copy_same_bytes_pct"] = 100.0 * seen[key] / copy_gbps
+
+
 def _bytes_moved(row: dict) -> float | None:
     """Bytes a row's op moves (its GB/s times its ms), or None."""
     gbps, ms = row.get("gbps"), row.get("ours_ms")
@@ -169,7 +211,10 @@ def target_summary(rows: Sequence[dict], copy: dict | None) -> list[str]:
              f"{copy['mlx_gbps']:,.0f}; {copy['bytes'] >> 20} MiB, {copy['chain']} chained copies)",
              "norm, RoPE and decode-attention rows at their steady state (kept, else chained, else pipelined, "
              f"else synchronised): target >= {COPY_TARGET_PCT:.0f}% of copy bandwidth and >= 1.0x MLX",
-             f"  {'op':<26} {'shape':<20} {'dtype':<9} {'timed':<12} {'%copy':>6} {'mlx %copy':>9} {'ratio':>6}  target"]
+             "(copy@size: a chained copy of the row's bytes, as a share of the copy bandwidth: the most an op of that "
+             "size reaches)",
+             f"  {'op':<26} {'shape':<20} {'dtype':<9} {'timed':<12} {'%copy':>6} {'mlx %copy':>9} {'copy@size':>9} "
+             f"{'ratio':>6}  target"]
     for r in rows:
         e = r.get("extra") or {}
         if "meets_copy" not in e:
@@ -180,5 +225,6 @@ def target_summary(rows: Sequence[dict], copy: dict | None) -> list[str]:
         ratio = e.get("ratio_steady")
         lines.append(f"  {str(r.get('op')):<26} {str(r.get('shape')):<20} {str(r.get('dtype')):<9} "
                      f"{e.get('steady', '-'):<12} {e['pct_copy']:6.1f} {e.get('mlx_pct_copy', float('nan')):9.1f} "
+                     f"{e.get('copy_same_bytes_pct', float('nan')):9.1f} "
                      f"{(ratio if ratio is not None else float('nan')):6.2f}  {why}")
     return lines

@@ -488,7 +488,7 @@ def run_bench(
             add(normalize_row(dict(raw), family, backend))
     if any(r.get("metric") == "GB/s" for r in result.rows):
         # the bar of the memory-bound rows: the copy bandwidth, measured in this run
-        from .copy_rate import annotate_rows, measure_copy_rate
+        from .copy_rate import annotate_rows, annotate_same_bytes, measure_copy_rate
 
         try:
             result.copy = measure_copy_rate(backend)
@@ -496,6 +496,11 @@ def run_bench(
             result.errors.append({"family": "copy", "error": f"copy bandwidth: {type(e).__name__}: {e}"})
             note(f"copy bandwidth: {type(e).__name__}: {e}")
         annotate_rows(result.rows, result.copy["gbps"] if result.copy else None)
+        try:
+            annotate_same_bytes(result.rows, result.copy["gbps"] if result.copy else None, backend)
+        except Exception as e:  # noqa: BLE001  information only: reported, the rows stand
+            result.errors.append({"family": "copy", "error": f"copy at the rows' sizes: {type(e).__name__}: {e}"})
+            note(f"copy at the rows' sizes: {type(e).__name__}: {e}")
     result.seconds = time.perf_counter() - t_start
     if out_dir is not None:
         from .report import save_results
