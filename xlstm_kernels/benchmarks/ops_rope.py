@@ -54,6 +54,9 @@ METAL_CASES = [
     ((1, 32, 2048, 128), 64, False, "int"),      # partial rotary (dims < D)
     ((4, 32, 1024, 64), 64, False, "int"),
     ((2, 32, 4096, 128), 128, False, "batch"),   # large: bandwidth-bound regime
+    # prefill of 4 x 8192 tokens, 256 MiB each way: where a chained copy reaches ~90% of
+    # the 1 GiB copy's rate (below ~64 MiB no op can reach 80%: copy_same_bytes_pct)
+    ((4, 32, 8192, 128), 128, False, "batch"),
     ((1, 32, 2048, 128), 128, False, "int", "blhd"),  # mlx-lm's layout: (B, L, H, D) transposed
 ]
 METAL_QUICK = [METAL_CASES[0], METAL_CASES[2], METAL_CASES[3]]
