@@ -30,7 +30,7 @@ import mlx.core as mx
 
 import xlstm_kernels as xk
 from xlstm_kernels.benchmarks.copy_rate import copy_words
-from xlstm_kernels.benchmarks.timing import _chain_once
+from xlstm_kernels.benchmarks.timing import measure_chained_variants
 from xlstm_kernels.ops._callcache import CallCache
 
 CALLS = 20
@@ -80,12 +80,8 @@ def copy_floor(rows: list) -> float:
         x = mx.random.uniform(shape=(nbytes // 4,))
         mx.eval(x)
         kinds = {"copy_words": lambda y: copy_words(y, "cuda"), "mlx x+0": lambda y: y + 0.0}
-        times = {k: [] for k in kinds}
-        for k, f in kinds.items():
-            mx.eval(f(x))
-        for r in range(REPEATS):
-            for k in (list(kinds) if r % 2 == 0 else list(kinds)[::-1]):
-                times[k].append(_chain_once(kinds[k], x, 8, False))
+        times = measure_chained_variants([(k, (lambda f=f: f)) for k, f in kinds.items()], x, calls=8,
+                                         repeats=REPEATS)
         for k in kinds:
             t = statistics.median(times[k])
             rates[(k, nbytes)] = 2 * nbytes / t / 1e9
@@ -153,16 +149,15 @@ def main() -> None:
     print(f"\nchained us per call ({CALLS} calls a chain, median of {REPEATS}; bare = ours without mx.custom_function)")
     print(f"  {'case':24s} {'ours':>8s} {'bare':>8s} {'mlx':>8s}  {'ours %copy':>10s} {'mlx %copy':>9s}")
     for name, (x0, ours, theirs, moved) in cases().items():
-        times = {v: [] for v in variants}
-        for r in range(REPEATS):
-            order = variants[r % 3:] + variants[: r % 3]
-            for v in order:
-                if v != "mlx":
-                    _use(v)
-                f = theirs if v == "mlx" else ours
-                mx.eval(f(x0))
-                mx.eval(f(f(x0)))  # records the replayed graph
-                times[v].append(_chain_once(f, x0, CALLS, False) * 1e6)
+        def prepare(v, ours=ours, theirs=theirs):
+            if v == "mlx":
+                return theirs
+            _use(v)
+            return ours
+
+        times = measure_chained_variants([(v, (lambda v=v: prepare(v))) for v in variants], x0, calls=CALLS,
+                                         repeats=REPEATS)
+        times = {v: [t * 1e6 for t in ts] for v, ts in times.items()}
         _use("ours")
         med = {v: statistics.median(times[v]) for v in variants}
         pct = {v: 100 * moved / (med[v] * 1e3) / top for v in variants}

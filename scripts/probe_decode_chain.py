@@ -25,7 +25,7 @@ import time
 import mlx.core as mx
 
 import xlstm_kernels as xk
-from xlstm_kernels.benchmarks.timing import _chain_once
+from xlstm_kernels.benchmarks.timing import fastest_quarter, measure_chained_variants
 from xlstm_kernels.ops import attention as att
 
 CALLS = 20
@@ -85,33 +85,31 @@ def main() -> None:
             variants = [("mlx", None, None)] + [(name, None, None) for name in RULES]
         else:
             variants = [("mlx", None, None)] + [(f"tg{g} st{s}", g, s) for g in GROUPS for s in STAGES]
-        times = {name: [] for name, _, _ in variants}
         errs = {}
         plans = {}
-        for r in range(REPEATS):
-            shift = r % len(variants)
-            for name, g, s in variants[shift:] + variants[:shift]:
-                if name == "mlx":
-                    f = mlx
-                else:
-                    _use(g, s, saved, RULES.get(name))
-                    f = ours
-                    if name not in errs:
-                        o = f(q).astype(mx.float32)
-                        errs[name] = (mx.abs(o - ref).max() / mx.abs(ref).max()).item()
-                        bs = att._auto_block_size_mma(q, k, v, "cuda")
-                        plans[name] = f"bs{bs} nb{-(-lk // bs)}"
-                mx.eval(f(q))
-                mx.eval(f(f(q)))
-                times[name].append(_chain_once(f, q, CALLS, False) * 1e6)
+
+        def prepare(name, g, s):
+            if name == "mlx":
+                return mlx
+            _use(g, s, saved, RULES.get(name))
+            if name not in errs:
+                o = ours(q).astype(mx.float32)
+                errs[name] = (mx.abs(o - ref).max() / mx.abs(ref).max()).item()
+                bs = att._auto_block_size_mma(q, k, v, "cuda")
+                plans[name] = f"bs{bs} nb{-(-lk // bs)}"
+            return ours
+
+        times = measure_chained_variants([(n, (lambda n=n, g=g, s=s: prepare(n, g, s))) for n, g, s in variants], q,
+                                         calls=CALLS, repeats=REPEATS)
+        times = {n: [t * 1e6 for t in ts] for n, ts in times.items()}
         _use(None, None, saved)
         m = statistics.median(times["mlx"])
         nbytes = k.nbytes + v.nbytes
         print(f"{b}x{hq}x{hkv}x{lk} D{d}: mlx {m:.1f} us")
         for name, g, s in variants[1:]:
             t = statistics.median(times[name])
-            print(f"  {name:12s} {plans[name]:12s} {t:7.1f} us  ratio {m / t:5.2f}  spread {min(times[name]):6.1f}-"
-                  f"{max(times[name]):6.1f}  err {errs[name]:.1e}", flush=True)
+            print(f"  {name:12s} {plans[name]:12s} {t:7.1f} us  ratio {m / t:5.2f}  q25 {fastest_quarter(times[name]):6.1f}"
+                  f"  spread {min(times[name]):6.1f}-{max(times[name]):6.1f}  err {errs[name]:.1e}", flush=True)
             rows.append(dict(shape=[b, hq, hkv, lk, d], variant=name, plan=plans[name], chain_us=t, mlx_chain_us=m,
                              ratio=m / t, err=errs[name], kv_bytes=nbytes, all_us=times[name]))
     print(f"total {time.perf_counter() - t0:.1f} s")

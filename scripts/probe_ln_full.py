@@ -21,7 +21,7 @@ import time
 import mlx.core as mx
 
 import xlstm_kernels as xk
-from xlstm_kernels.benchmarks.timing import _chain_once
+from xlstm_kernels.benchmarks.timing import fastest_quarter, measure_chained_variants
 from xlstm_kernels.ops import norm as norm_ops
 
 CALLS = 20
@@ -44,21 +44,20 @@ def main() -> None:
             ours = lambda a: xk.layer_norm(a, w, b, 1e-5)  # noqa: E731
             mlx = lambda a: mx.fast.layer_norm(a, w, b, 1e-5)  # noqa: E731
             variants = ("full", "general", "mlx")
-            times = {v: [] for v in variants}
-            for r in range(REPEATS):
-                for v in variants[r % 3:] + variants[: r % 3]:
-                    if v != "mlx":
-                        norm_ops.LN_FULL_ROWS = v == "full"
-                        norm_ops._CALLS.clear()
-                    f = mlx if v == "mlx" else ours
-                    mx.eval(f(x))
-                    mx.eval(f(f(x)))
-                    times[v].append(_chain_once(f, x, CALLS, True) * 1e6)
-            norm_ops.LN_FULL_ROWS = True
-            norm_ops._CALLS.clear()
+
+            def use(full: bool):
+                norm_ops.LN_FULL_ROWS = full
+                norm_ops._CALLS.clear()
+                return ours
+
+            times = measure_chained_variants(
+                [("full", lambda: use(True)), ("general", lambda: use(False)), ("mlx", lambda: mlx)], x,
+                calls=CALLS, repeats=REPEATS, keep=True)
+            times = {v: [t * 1e6 for t in ts] for v, ts in times.items()}
+            use(True)
             moved = 2 * x.nbytes + w.nbytes + b.nbytes
             tag = f"{shape[0]}x{shape[1]} {dtype}"
-            q = {v: sorted(times[v])[REPEATS // 4] for v in variants}
+            q = {v: fastest_quarter(times[v]) for v in variants}
             print(f"{tag:24s} " + "  ".join(
                 f"{v} {q[v]:7.1f} ({statistics.median(times[v]):7.1f}) {100 * moved / (q[v] * 1e3) / COPY:5.1f}%"
                 for v in variants) + f"  full/mlx {q['mlx'] / q['full']:.2f}", flush=True)

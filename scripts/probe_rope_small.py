@@ -21,7 +21,7 @@ import time
 import mlx.core as mx
 
 import xlstm_kernels as xk
-from xlstm_kernels.benchmarks.timing import _chain_once
+from xlstm_kernels.benchmarks.timing import fastest_quarter, measure_chained_variants
 from xlstm_kernels.ops import rope as rope_ops
 
 CALLS = 20
@@ -59,31 +59,29 @@ def main() -> None:
         ours = lambda a: xk.rope(a, d, traditional=trad, base=10000.0, offset=4095)  # noqa: E731
         mlx = lambda a: mx.fast.rope(a, d, traditional=trad, base=10000.0, scale=1.0, offset=4095)  # noqa: E731
         ref = mlx(x).astype(mx.float32)
-        times = {v[0]: [] for v in variants}
         errs = {}
-        for r in range(REPEATS):
-            shift = r % len(variants)
-            for name, n, p in variants[shift:] + variants[:shift]:
-                if name == "mlx":
-                    f = mlx
-                else:
-                    _use(n, p)
-                    f = ours
-                    if name not in errs:
-                        o = f(x).astype(mx.float32)
-                        errs[name] = (mx.abs(o - ref).max() / mx.abs(ref).max()).item()
-                mx.eval(f(x))
-                mx.eval(f(f(x)))
-                times[name].append(_chain_once(f, x, CALLS, False) * 1e6)
+
+        def prepare(name, n, p):
+            if name == "mlx":
+                return mlx
+            _use(n, p)
+            if name not in errs:
+                o = ours(x).astype(mx.float32)
+                errs[name] = (mx.abs(o - ref).max() / mx.abs(ref).max()).item()
+            return ours
+
+        times = measure_chained_variants([(v[0], (lambda v=v: prepare(*v))) for v in variants], x, calls=CALLS,
+                                         repeats=REPEATS)
+        times = {k: [t * 1e6 for t in ts] for k, ts in times.items()}
         _use(_rows, 1)
         rope_ops.pairs_per_thread = _ppt
         tag = "x".join(map(str, shape)) + f" {dtype}" + (" traditional" if trad else "")
-        m = sorted(times["mlx"])
-        print(f"{tag}: mlx q25 {m[len(m) // 4]:.1f} med {statistics.median(m):.1f} us")
+        m = fastest_quarter(times["mlx"])
+        print(f"{tag}: mlx q25 {m:.1f} med {statistics.median(times['mlx']):.1f} us")
         for name, n, p in variants[1:]:
-            a = sorted(times[name])
-            print(f"  {name:8s} q25 {a[len(a) // 4]:6.1f} med {statistics.median(a):6.1f}  ratio(q25) "
-                  f"{m[len(m) // 4] / a[len(a) // 4]:5.2f}  err {errs[name]:.1e}", flush=True)
+            a = fastest_quarter(times[name])
+            print(f"  {name:8s} q25 {a:6.1f} med {statistics.median(times[name]):6.1f}  ratio(q25) "
+                  f"{m / a:5.2f}  err {errs[name]:.1e}", flush=True)
             rows.append(dict(shape=list(shape), dtype=str(dtype), traditional=trad, variant=name, all_us=times[name], mlx_us=times["mlx"], err=errs[name]))
     print(f"total {time.perf_counter() - t0:.1f} s")
     if args.out:

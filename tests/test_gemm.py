@@ -1650,6 +1650,41 @@ def test_measure_chained_pair_interleaves_the_two_chains():
     assert [chained_repeats(r) for r in (1, 10, 14, 20)] == [5, 5, 7, 11]
 
 
+def test_measure_chained_variants_rotates_the_order():
+    """One chain of every variant per repeat, the order rotated by one place per repeat;
+    each variant's prepare() runs before its chain (then one untimed call and an untimed
+    two-call chain); fastest_quarter is the first quartile."""
+    from xlstm_kernels.benchmarks.timing import fastest_quarter, measure_chained_variants
+
+    x0 = mx.array(np.random.default_rng(7).standard_normal(16).astype(np.float32))
+    order, prepared = [], []
+
+    def variant(tag, a):
+        def prepare():
+            prepared.append(tag)
+
+            def step(x):
+                order.append(tag)
+                return x * a + 1.0
+            return step
+        return tag, prepare
+
+    times = measure_chained_variants([variant("a", 0.5), variant("b", 0.25), variant("c", 2.0)], x0, calls=2,
+                                     repeats=4)
+    assert sorted(times) == ["a", "b", "c"] and all(len(t) == 4 and min(t) > 0 for t in times.values())
+    assert "".join(prepared) == "abc" "bca" "cab" "abc"
+    # per chain: 1 warm-up call, a 2-call warm-up chain, then the 2 timed calls
+    assert "".join(order) == "".join(tag * 5 for tag in "abcbcacababc")
+    assert fastest_quarter([5.0, 1.0, 4.0, 2.0, 3.0, 9.0, 7.0, 8.0]) == 3.0
+    for bad in ({"calls": 0}, {"repeats": 0}):
+        with pytest.raises(ValueError, match="measure_chained_variants"):
+            measure_chained_variants([variant("a", 0.5)], x0, **bad)
+    with pytest.raises(ValueError, match="measure_chained_variants"):
+        measure_chained_variants([], x0)
+    with pytest.raises(ValueError, match="fastest_quarter"):
+        fastest_quarter([])
+
+
 def test_measure_chained_keep_holds_every_output():
     """keep=True: every output of a repeat is still referenced when the chain is evaluated
     (no buffer can be donated along it); the chain is the same."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import mlx.core as mx
 
@@ -183,6 +183,41 @@ def measure_chained_pair(ours: Callable[[Any], Any], theirs: Callable[[Any], Any
             b.append(_chain_once(theirs, x0, calls, keep))
             a.append(_chain_once(ours, x0, calls, keep))
     return statistics.median(a), statistics.median(b)
+
+
+def measure_chained_variants(variants: Sequence[tuple[str, Callable[[], Callable[[Any], Any]]]], x0: Any, *,
+                             calls: int = 20, repeats: int = 11, keep: bool = False) -> dict[str, list[float]]:
+    """Seconds per call of chains (as :func:`measure_chained` times them) of several
+    variants, interleaved: every repeat runs one chain of each variant, the order rotated
+    by one place per repeat, so that the machine's drift falls on all of them alike (the
+    probes' form of :func:`measure_chained_pair`).
+
+    `variants`: (name, prepare) pairs. ``prepare()`` sets its variant up (module constants,
+    cleared memos) and returns the step; it runs before each of the variant's chains,
+    followed by one call and a two-call chain that are not timed (they compile kernels and
+    record any replayed graph). Returns name -> the `repeats` times, in repeat order (a
+    caller picks the statistic: :func:`fastest_quarter` is the steadiest on a GPU)."""
+    if calls < 1 or repeats < 1 or not variants:
+        raise ValueError(f"measure_chained_variants: calls and repeats must be >= 1 and variants not empty, got "
+                         f"{calls}, {repeats}, {len(variants)}")
+    times: dict[str, list[float]] = {name: [] for name, _ in variants}
+    for r in range(repeats):
+        shift = r % len(variants)
+        for name, prepare in list(variants[shift:]) + list(variants[:shift]):
+            step = prepare()
+            mx.eval(step(x0))
+            mx.eval(step(step(x0)))
+            times[name].append(_chain_once(step, x0, calls, keep))
+    return times
+
+
+def fastest_quarter(times: Sequence[float]) -> float:
+    """The first quartile of `times` (the fastest quarter's upper end): on a GPU, repeats
+    of one plan agree within a few percent there while their medians move by up to 15%
+    (session 17)."""
+    if not times:
+        raise ValueError("fastest_quarter: no times")
+    return sorted(times)[len(times) // 4]
 
 
 def throughput(ours: Callable[[], Any], base: Callable[[], Any], *, repeats: int = 10, calls: int = 20) -> dict:
