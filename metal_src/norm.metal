@@ -788,9 +788,20 @@ if (!HAS_W && unit == 0 && tid == 0) {
 // inputs:  x (M*nh, n) T; w (nh*n) T (dummy if !HAS_W); g (M*nh, n) T; eps () float;
 //          params (5) int = [M, n, nh, rpg, units]
 // outputs: dx (M*nh, n) T; dwp, dbp (groups, nh*n) float ((1,), set to 0, when absent).
-// template: T, HAS_W, HAS_B, N_READS, ONE_SIMD
+// template: T, HAS_W, HAS_B, N_READS, ONE_SIMD, STAGED, NF, STRIDED
+// STAGED, NF, STRIDED: as rms_norm_vjp's (rows of exactly NF = tpr * N_READS elements, one
+// unit per threadgroup, the unit's next row of x and g copied into threadgroup memory
+// while this one is reduced; STRIDED: the unit takes every groups-th row). A staged row
+// takes three passes over the thread's own staged runs and two paired reductions:
+// (sum x, sum gw), then (sum (x - mean)^2, sum gw * (x - mean)), then dx, dw, db.
 constexpr int W = XK_RUN(T, N_READS);
 constexpr int NR = N_READS / W;
+constexpr int SW = STAGED ? (2 * NF * int(sizeof(T)) + 15) / 16 : 1;  // 16-byte words of one array's stages
+#ifdef XK_THREADGROUP_DYNAMIC
+threadgroup vec<float, 4>* stage_words = STAGED ? XK_THREADGROUP_DYNAMIC(2 * SW, vec<float, 4>) : nullptr;
+#else
+threadgroup vec<float, 4> stage_words[2 * SW];
+#endif
 const uint m_rows = uint(params[0]);
 const uint n = uint(params[1]);
 const uint nh = uint(params[2]);
@@ -805,6 +816,7 @@ const uint nsg = simdgroups_per_threadgroup;
 threadgroup float red_a[32];
 threadgroup float red_b[32];
 threadgroup float2 red_c[32];
+threadgroup float red2[2][64];  // the staged rows' xk_row_sum2 scratch, one per reduction of a row
 
 if (unit < nunits) {  // uniform per unit
   const uint head = unit % nh;
@@ -821,7 +833,86 @@ if (unit < nunits) {  // uniform per unit
     dwa[k] = 0.0f;
     dba[k] = 0.0f;
   }
-  for (uint bi = b0; bi < b1; bi++) {
+  if (STAGED) {
+    const bool al = xk_run_aligned<W>(x) && xk_run_aligned<W>(g) && xk_run_aligned<W>(dx);
+    threadgroup T* xs = reinterpret_cast<threadgroup T*>(stage_words);
+    threadgroup T* gs = reinterpret_cast<threadgroup T*>(stage_words + SW);
+    const uint rs = STRIDED ? nunits / nh : 1u;
+    const uint r0 = STRIDED ? grp : b0;
+    const uint r1 = STRIDED ? m_rows : b1;
+    if (r0 < r1) {
+      const size_t base = (size_t(r0) * nh + head) * n;
+      xk_stage_runs<W, NR>(xs, x + base, tid * W, tpr * W, al);
+      xk_stage_runs<W, NR>(gs, g + base, tid * W, tpr * W, al);
+      xk_async_commit();
+    }
+    uint t = 0;  // rows done
+    for (uint bi = r0; bi < r1; bi += rs, t++) {
+      const size_t base = (size_t(bi) * nh + head) * n;
+      const uint st = (t & 1u) * uint(NF);
+      if (bi + rs < r1) {  // the next row into the other stage (read back by this thread last row)
+        const size_t next = base + size_t(rs) * nh * n;
+        xk_stage_runs<W, NR>(xs + (uint(NF) - st), x + next, tid * W, tpr * W, al);
+        xk_stage_runs<W, NR>(gs + (uint(NF) - st), g + next, tid * W, tpr * W, al);
+      }
+      xk_async_commit();
+      xk_async_wait<1>();  // this thread's copies of row bi are done
+      float s = 0.0f;
+      float a = 0.0f;
+      for (int j = 0; j < NR; j++) {
+        T tx[W];
+        T tg[W];
+        xk_load_w_tg<W>(xs + st + tid * W + uint(j) * tpr * W, tx);
+        xk_load_w_tg<W>(gs + st + tid * W + uint(j) * tpr * W, tg);
+        for (int k = 0; k < W; k++) {
+          s += float(tx[k]);
+          a += float(tg[k]) * wv[j * W + k];
+        }
+      }
+      xk_row_sum2<ONE_SIMD>(s, a, red2[0], lane, sg, nsg);
+      const float mean = s * inv_n;
+      float q = 0.0f;
+      float b = 0.0f;
+      for (int j = 0; j < NR; j++) {
+        T tx[W];
+        T tg[W];
+        xk_load_w_tg<W>(xs + st + tid * W + uint(j) * tpr * W, tx);
+        xk_load_w_tg<W>(gs + st + tid * W + uint(j) * tpr * W, tg);
+        for (int k = 0; k < W; k++) {
+          const float d = float(tx[k]) - mean;
+          q += d * d;
+          b += float(tg[k]) * wv[j * W + k] * d;
+        }
+      }
+      xk_row_sum2<ONE_SIMD>(q, b, red2[1], lane, sg, nsg);
+      const float r = XK_ROW_RSQRT(q * inv_n + eps);
+      const float pm = a * inv_n;          // mean(gw)
+      const float pxh = r * b * inv_n;     // mean(gw * xhat)
+      for (int j = 0; j < NR; j++) {
+        const uint i = tid * W + uint(j) * tpr * W;
+        T tx[W];
+        T tg[W];
+        xk_load_w_tg<W>(xs + st + i, tx);
+        xk_load_w_tg<W>(gs + st + i, tg);
+        T o[W];
+        for (int k = 0; k < W; k++) {
+          const float xh = (float(tx[k]) - mean) * r;
+          const float gf = float(tg[k]);
+          o[k] = T(r * (gf * wv[j * W + k] - pm - xh * pxh));
+          dwa[j * W + k] += gf * xh;
+          dba[j * W + k] += gf;
+        }
+        if (al) {
+          xk_store_w<W>(dx + base + i, o);
+        } else {
+          for (int k = 0; k < W; k++) {
+            dx[base + i + k] = o[k];
+          }
+        }
+      }
+    }
+  }
+  for (uint bi = STAGED ? b1 : b0; bi < b1; bi++) {
     const size_t base = (size_t(bi) * nh + head) * n;
     float xv[N_READS];
     float gv[N_READS];

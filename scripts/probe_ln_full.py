@@ -27,6 +27,9 @@ from xlstm_kernels.ops import norm as norm_ops
 CALLS = 20
 REPEATS = int(os.environ.get("PROBE_LN_REPEATS", "11"))
 COPY = float(os.environ.get("PROBE_LN_COPY_GBPS", "2950"))
+# PROBE_LN_VJP=1: the backward instead (dx of a fixed cotangent, chained), "full" = the
+# staged backward (LN_VJP_STAGED_CUDA), "general" = the unstaged one; the %: x, g, dx.
+VJP = os.environ.get("PROBE_LN_VJP") == "1"
 
 
 def main() -> None:
@@ -43,10 +46,17 @@ def main() -> None:
             mx.eval(x, w, b)
             ours = lambda a: xk.layer_norm(a, w, b, 1e-5)  # noqa: E731
             mlx = lambda a: mx.fast.layer_norm(a, w, b, 1e-5)  # noqa: E731
+            flag = "LN_FULL_ROWS"
+            if VJP:  # the chain's next input is dx (a cotangent g fixed per shape)
+                g = mx.random.normal(shape).astype(dtype)
+                mx.eval(g)
+                ours = (lambda f: lambda a: mx.vjp(lambda t: f(t, w, b, 1e-5), [a], [g])[1][0])(xk.layer_norm)
+                mlx = (lambda f: lambda a: mx.vjp(lambda t: f(t, w, b, 1e-5), [a], [g])[1][0])(mx.fast.layer_norm)
+                flag = "LN_VJP_STAGED_CUDA"
             variants = ("full", "general", "mlx")
 
             def use(full: bool):
-                norm_ops.LN_FULL_ROWS = full
+                setattr(norm_ops, flag, full)
                 norm_ops._CALLS.clear()
                 return ours
 
@@ -55,7 +65,7 @@ def main() -> None:
                 calls=CALLS, repeats=REPEATS, keep=True)
             times = {v: [t * 1e6 for t in ts] for v, ts in times.items()}
             use(True)
-            moved = 2 * x.nbytes + w.nbytes + b.nbytes
+            moved = (3 if VJP else 2) * x.nbytes + w.nbytes + b.nbytes
             tag = f"{shape[0]}x{shape[1]} {dtype}"
             q = {v: fastest_quarter(times[v]) for v in variants}
             print(f"{tag:24s} " + "  ".join(

@@ -290,6 +290,10 @@ def test_rms_vjp_units_fill_one_wave_on_cuda(monkeypatch):
     groups, tpr = units("rms", 4096, mx.bfloat16, "emulate")
     assert tpr == norm_mod.VJP_THREADS
     assert groups == 16384 // -(-16384 // (norm_mod.VJP_TARGET_THREADS // tpr))
+    # LayerNorm stages on CUDA as RMSNorm does (LN_VJP_STAGED_CUDA); unstaged, the emulator's layout
+    staged_units = norm_mod.RMS_VJP_SMS_CUDA * norm_mod.RMS_VJP_STAGED_UNITS_PER_SM
+    assert units("ln", 4096, mx.bfloat16, "cuda") == (staged_units, norm_mod.RMS_VJP_STAGED_THREADS_CUDA)
+    monkeypatch.setattr(norm_mod, "LN_VJP_STAGED_CUDA", False)
     assert units("ln", 4096, mx.bfloat16, "cuda") == units("ln", 4096, mx.bfloat16, "emulate")
     assert units("rms", 16384, mx.float32, "cuda") == units("rms", 16384, mx.float32, "emulate")  # looped
 
@@ -316,6 +320,7 @@ def test_nvidia_preset_norm_layouts(kernel_backend, monkeypatch):
     for dt in (mx.float32, mx.bfloat16, mx.float16):
         assert plan("ln", 8192, dt) == ("layer_norm", 256, 32)
     assert plan("ln", 16384, mx.bfloat16) == ("layer_norm", 512, 32)
+    monkeypatch.setattr(norm_mod, "LN_VJP_STAGED_CUDA", False)  # the unstaged backward's widened layout
 
     def vjp_tpr(n, dtype, backend):
         monkeypatch.setattr(norm_mod, "current_backend", lambda: backend)
@@ -343,6 +348,7 @@ def test_ln_vjp_widened_threads_gradients(kernel_backend, monkeypatch):
     """The LayerNorm backward on the widened CUDA layout (16-bit rows of 8192: 512 threads
     per row), planned as on CUDA and run on the active backend: dx, dw, db against float64."""
     monkeypatch.setattr(norm_mod, "_plans_for_cuda", lambda: True)
+    monkeypatch.setattr(norm_mod, "LN_VJP_STAGED_CUDA", False)  # (staged: test_ln_vjp_staged)
     norm_mod._CALLS.clear()
     rng = np.random.default_rng(seed_of("ln-vjp-wide"))
     d = 8192
@@ -798,6 +804,79 @@ def test_layer_norm_full_rows(kernel_backend, dtype, n, has_w, has_b):
     xm = mx.concatenate([x, x], axis=-1)
     _, kw4 = norm_mod._plan("ln", xm, None if w is None else mx.concatenate([w, w]), None, EPS, 2)
     assert dict(kw4["template"])["FULL"] == 0  # two heads: the general path
+
+
+def _ln_grads64(x, w, b, g, nh=1):
+    """float64 dx, dw, db of LayerNorm (heads of the last axis) for cotangent g."""
+    x64, g64 = f64(x), f64(g)
+    shape = x64.shape
+    xh = x64.reshape(-1, nh, shape[-1] // nh)
+    gh = g64.reshape(-1, nh, shape[-1] // nh)
+    w64 = np.ones(shape[-1]) if w is None else f64(w)
+    wh = w64.reshape(nh, -1)
+    mu = xh.mean(-1, keepdims=True)
+    r = 1.0 / np.sqrt(((xh - mu) ** 2).mean(-1, keepdims=True) + EPS)
+    xhat = (xh - mu) * r
+    gw = gh * wh
+    dx = r * (gw - gw.mean(-1, keepdims=True) - xhat * (gw * xhat).mean(-1, keepdims=True))
+    return dx.reshape(shape), (gh * xhat).sum(0).reshape(-1), gh.sum(0).reshape(-1)
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("n", [512, 2048])  # float32 elements (16-bit: twice): 128 threads of whole runs
+@pytest.mark.parametrize("has_w,has_b,nh", [(True, True, 1), (False, True, 1), (True, False, 2), (False, False, 1)])
+def test_ln_vjp_staged(kernel_backend, monkeypatch, fresh_norm_calls, dtype, n, has_w, has_b, nh):
+    """The LayerNorm backward with CUDA's staged plan (LN_VJP_STAGED_CUDA: the next row of x
+    and g copied into threadgroup memory while this one is reduced, units taking every
+    groups-th row) on every backend: through the op on aligned and offset views (element
+    copies), launched directly with STAGED off, and (emulator) under every thread order
+    with bounds checked; dx, dw, db against float64."""
+    from xlstm_kernels.emulate import check_schedules
+    from xlstm_kernels.runtime import launch
+
+    monkeypatch.setattr(norm_mod, "_plans_for_cuda", lambda: True)
+    monkeypatch.setattr(norm_mod, "RMS_VJP_SMS_CUDA", 1)  # 3 units: each takes several of the 7 rows
+    dt = DTYPES[dtype]
+    n = n * 4 // dt.size
+    rng = np.random.default_rng(seed_of("lnstaged", dtype, n, has_w, has_b, nh))
+    x, w, b = make(rng, (7, nh * n), dt, has_w, has_b)
+    g = rand(rng, (7, nh * n), dt)
+    want = _ln_grads64(x, w, b, g, nh)
+    limit = 2e-5 if dt == mx.float32 else 1.5e-2
+    spec, kw, groups = norm_mod._vjp_plan("ln", x, w, has_b, g, EPS, nh)
+    t = dict(kw["template"])
+    assert spec.kernel == "layer_norm_vjp" and t["STAGED"] and t["NF"] == n and t["STRIDED"], t
+    assert kw["shared_memory"] >= 4 * n * dt.size and groups == (max(1, 3 // nh) if (has_w or has_b) else 7)
+
+    def check(outs, tag):
+        assert rel_err(outs[0].reshape(x.shape), want[0]) < limit, tag
+        if has_w:
+            assert rel_err(outs[1].sum(axis=0), want[1]) < limit, tag
+        if has_b:
+            assert rel_err(outs[2].sum(axis=0), want[2]) < limit, tag
+
+    for off in (0, 1):
+        xs, gs = offset_view(x, off), offset_view(g, off)
+        args = [xs] + ([w] if has_w else []) + ([b] if has_b else [])
+
+        def call(*a):
+            wa = a[1] if has_w else None
+            ba = a[1 + has_w] if has_b else None
+            return layer_norm(a[0], wa, ba, EPS) if nh == 1 else multihead_layer_norm(a[0], wa, ba, nh, EPS)
+
+        got = mx.vjp(call, args, [gs])[1]
+        assert rel_err(got[0], want[0]) < limit, off
+        if has_w:
+            assert rel_err(got[1], want[1]) < limit, off
+        if has_b:
+            assert rel_err(got[1 + has_w], want[2]) < limit, off
+    check(launch(spec, **kw), "staged")
+    unstaged = {"STAGED": False, "NF": 0, "STRIDED": False}
+    kw2 = {k: v for k, v in kw.items() if k != "shared_memory"}
+    kw2["template"] = [(k, unstaged.get(k, v)) for k, v in kw["template"]]
+    check(launch(spec, **kw2), "unstaged")
+    if n * dt.size <= 2048:
+        check(check_schedules(runtime.get_kernel(spec, "emulate"), **kw, check_bounds=True), "schedules")
 
 
 @pytest.mark.parametrize("dtype", list(DTYPES))

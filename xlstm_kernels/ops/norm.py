@@ -180,11 +180,15 @@ RMS_VJP_STAGED_STRIDED = True  # a unit takes every groups-th row (as MLX's), no
 RMS_VJP_STAGE_L1 = False
 RMS_VJP_SMEM_PER_SM_CUDA = 228 * 1024  # shared memory of an sm_90 SM (1 KiB of it reserved per block)
 RMS_VJP_RED_BYTES = 2 * 64 * 4  # rms_norm_vjp's reduction scratch (red)
+LN_VJP_RED_BYTES = 32 * 4 + 32 * 4 + 32 * 8 + 2 * 64 * 4  # layer_norm_vjp's (red_a, red_b, red_c, red2)
 # The LayerNorm backward on CUDA: rows that VJP_THREADS threads would loop over (more than
 # VJP_MAX_READS elements a thread) take twice the threads, up to this many, to stay cached
 # (H100, scripts/probe_norm_layout.py, session 11, 2048x8192 pipelined: bfloat16 0.54 ->
 # 1.06x MLX at 512 threads, float32 1.08 -> 1.09x).
 LN_VJP_MAX_THREADS_CUDA = 1024
+# ... and its units stage their next row as the RMSNorm backward's do (RMS_VJP_STAGED_*
+# layout and limits; session 17). False: the cached layout above.
+LN_VJP_STAGED_CUDA = True
 
 
 # ---------------------------------------------------------------------------------------
@@ -423,8 +427,10 @@ def _vjp_plan(
             threads *= 2
             lay = _layout(n, m * num_heads, itemsize=dtype.size, vjp=True, vjp_threads=threads)
     staged = False
-    stage_bytes = 4 * n * dtype.size + RMS_VJP_RED_BYTES  # the stages (2 x 2 x n elements) and the scratch
-    if rms_cuda and RMS_VJP_STAGED_CUDA and FULL_ROWS and 4 * n * dtype.size <= RMS_VJP_STAGE_BYTES:
+    # the stages (2 x 2 x n elements) and the kernel's reduction scratch
+    stage_bytes = 4 * n * dtype.size + (RMS_VJP_RED_BYTES if kind == "rms" else LN_VJP_RED_BYTES)
+    stage_ok = (RMS_VJP_STAGED_CUDA if kind == "rms" else LN_VJP_STAGED_CUDA) and cuda
+    if stage_ok and FULL_ROWS and 4 * n * dtype.size <= RMS_VJP_STAGE_BYTES:
         sthreads = max(RMS_VJP_STAGED_THREADS_CUDA, _pow2_at_least(-(-n // RMS_VJP_STAGED_MAX_READS)))
         slay = _layout(n, m * num_heads, itemsize=dtype.size, vjp=True, vjp_threads=sthreads,
                        max_reads=RMS_VJP_STAGED_MAX_READS)
@@ -459,14 +465,14 @@ def _vjp_plan(
         template.append(("ONE_SIMD", lay.one_simd))
         if kind == "rms":
             template.append(("FULL", int(full)))
-            template += [("STAGED", bool(staged)), ("NF", n if staged else 0),
-                         ("STRIDED", bool(staged and RMS_VJP_STAGED_STRIDED)),
-                         ("STAGE_L1", bool(staged and RMS_VJP_STAGE_L1))]
-            if full:
-                if staged and RMS_VJP_STAGED_REGISTERS > 0:
-                    template.append(("XK_MIN_BLOCKS", _staged_units_per_sm(lay.tpr, stage_bytes)))
-                else:
-                    template += _occupancy_hint(VJP_REGISTERS, lay.tpr * lay.rows_per_tg)
+        template += [("STAGED", bool(staged)), ("NF", n if staged else 0),
+                     ("STRIDED", bool(staged and RMS_VJP_STAGED_STRIDED))]
+        if kind == "rms":
+            template.append(("STAGE_L1", bool(staged and RMS_VJP_STAGE_L1)))
+        if staged and RMS_VJP_STAGED_REGISTERS > 0:
+            template.append(("XK_MIN_BLOCKS", _staged_units_per_sm(lay.tpr, stage_bytes)))
+        elif full:
+            template += _occupancy_hint(VJP_REGISTERS, lay.tpr * lay.rows_per_tg)
     r = lay.rows_per_tg
     kwargs = dict(
         inputs=[
