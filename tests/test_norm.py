@@ -782,15 +782,19 @@ def test_layer_norm_full_rows(kernel_backend, dtype, n, has_w, has_b):
     dt = DTYPES[dtype]
     n = n * 4 // dt.size
     rng = np.random.default_rng(seed_of("lnfull", dtype, n, has_w, has_b))
-    x, w, b = make(rng, (3, n), dt, has_w, has_b)
+    # 11 rows: the simdgroup-per-row layout (n = 128 float32) has threadgroups of 8 rows, so
+    # the second one runs past the last row (the kernel's row guard)
+    x, w, b = make(rng, (11, n), dt, has_w, has_b)
     spec, kw = norm_mod._plan("ln", x, w, b, EPS)
     t = dict(kw["template"])
     assert t["FULL"] == 1 and t["NF"] == n and t["EPSB"] == norm_mod._float_bits(EPS), t
     assert kw["threadgroup"][0] * t["N_READS"] == n
     want = ln_ref64(x, w, b)
-    for off in (0, 1):
-        views = [None if a is None else offset_view(a, off) for a in (x, w, b)]
-        assert rel_err(layer_norm(*views, EPS), want) < tol(dt), off
+    # all offset, and (x aligned) the weight alone or the bias alone: each must take the
+    # element path where it is misaligned (a wide access there faults on CUDA)
+    for offs in ((0, 0, 0), (1, 1, 1), (0, 1, 0), (0, 0, 1)):
+        views = [None if a is None else offset_view(a, o) for a, o in zip((x, w, b), offs)]
+        assert rel_err(layer_norm(*views, EPS), want) < tol(dt), offs
     assert rel_err(layer_norm(x, w, b, 0.25), ln_ref64(x, w, b, 0.25)) < tol(dt)
     for full in (0, 1, 2):
         forced = {"FULL": full, "NF": n if full else 0, "EPSB": norm_mod._float_bits(EPS) if full else 0}
@@ -855,8 +859,9 @@ def test_ln_vjp_staged(kernel_backend, monkeypatch, fresh_norm_calls, dtype, n, 
         if has_b:
             assert rel_err(outs[2].sum(axis=0), want[2]) < limit, tag
 
-    for off in (0, 1):
-        xs, gs = offset_view(x, off), offset_view(g, off)
+    for xo, go in ((0, 0), (1, 1), (0, 1), (1, 0)):  # x or g alone misaligned: element copies
+        xs, gs = offset_view(x, xo), offset_view(g, go)
+        off = (xo, go)
         args = [xs] + ([w] if has_w else []) + ([b] if has_b else [])
 
         def call(*a):
