@@ -321,6 +321,29 @@ def test_cuda_plan_runs_in_the_emulator(dtype, traditional, p):
     assert rel_err(y.reshape(shape), ref) < TOL[dtype]
 
 
+def test_rope_launches_with_the_backends_run_bytes(kernel_backend, monkeypatch):
+    """rope() itself plans with the active backend's RUN_BYTES (forward and VJP): 8-byte
+    runs given to this backend halve P, and the results still match float64."""
+    from launch_spies import spy_prepared_launches
+
+    from xlstm_kernels.ops import rope as rope_mod
+
+    seen = []
+    spy_prepared_launches(monkeypatch, rope_mod, lambda spec, kw: seen.append(dict(kw["template"])["P"]))
+    x = rand((2, 3, 5, 64), DTYPES["bfloat16"], seed=21)
+    cot = rand((2, 3, 5, 64), DTYPES["bfloat16"], seed=22)
+    for run_bytes, p in ((16, 8), (8, 4)):
+        monkeypatch.setattr(rope_mod, "RUN_BYTES", {kernel_backend: run_bytes})
+        rope_mod._CALLS.clear()
+        seen.clear()
+        out, vjp = mx.vjp(lambda a: rope(a, 64, offset=3), [x], [cot])
+        mx.eval(out, vjp)
+        assert seen == [p, p], (run_bytes, seen)
+        assert rel_err(out[0], np_rope(to_np(x), 64, offset=3)) < TOL["bfloat16"]
+        assert rel_err(vjp[0], np_rope(to_np(cot), 64, offset=3, scale=-1.0)) < TOL["bfloat16"]
+    rope_mod._CALLS.clear()
+
+
 def test_launch_geometry():
     assert _launch_geometry(64, 7, 2) == (64, 4, 1)
     assert _launch_geometry(64, 1, 8) == (64, 1, 4)
