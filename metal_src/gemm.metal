@@ -1001,8 +1001,7 @@ if (idx < total) {
 //   per iteration in flight. Sums: over a simdgroup's rows with xor shuffles, then over the
 //   ROWS simdgroups in threadgroup memory (ROWS x CB floats). grid (32, ROWS * ceil(N / CB), batch).
 // inputs: A, B, bias, residual, params.  outputs: C (batch, 1, N) T
-// template: T, ROWS, TRANS_B, HAS_BIAS, ACT, HAS_RES, COLS, U (TRANS_B with whole runs: runs of a
-// a lane loads before their products, U > 1 where all the simdgroup's columns are inside N)
+// template: T, ROWS, TRANS_B, HAS_BIAS, ACT, HAS_RES, COLS
 const long N = params[1], K = params[2];
 const uint lane = thread_index_in_simdgroup;
 const long batch = threadgroup_position_in_grid.z;
@@ -1095,31 +1094,7 @@ if (BLOCKS) {
     // TRANS_B (row j of B contiguous): lanes take 16-byte runs of a, each reused for the
     // simdgroup's CPS rows, where K is a multiple of the run and a, B are aligned
     if (TRANS_B && K % W == 0 && xk_run_aligned<W>(b) && xk_run_aligned<W>(a)) {
-      long p = long(lane) * W;
-      if (U > 1 && j0 + CPS <= N) {
-        // all CPS columns inside: U runs of a (and of each row) a lane loaded before any
-        // product, so that U * (CPS + 1) 16-byte loads a lane are in flight (the loop
-        // below waits for each run's loads before the next run's)
-        constexpr int UR = U > 1 ? U : 1;
-        for (; p + long(UR - 1) * 32 * W < K; p += long(UR) * 32 * W) {
-          T xu[UR][W];
-          T yu[UR][CPS][W];
-          for (int u = 0; u < UR; u++) {
-            xk_load_w<W>(a + p + u * 32 * W, xu[u]);
-            for (int c = 0; c < CPS; c++) {
-              xk_load_w<W>(b + (j0 + c) * K + p + u * 32 * W, yu[u][c]);
-            }
-          }
-          for (int u = 0; u < UR; u++) {
-            for (int c = 0; c < CPS; c++) {
-              for (int w = 0; w < W; w++) {
-                sum[c] += float(xu[u][w]) * float(yu[u][c][w]);
-              }
-            }
-          }
-        }
-      }
-      for (; p < K; p += 32 * W) {
+      for (long p = long(lane) * W; p < K; p += 32 * W) {
         T x0[W];
         xk_load_w<W>(a + p, x0);
         for (int c = 0; c < CPS; c++) {

@@ -1,10 +1,9 @@
-"""Probe: the M == 1 gemm_a_bt (B as (N, K) rows) against mx.matmul, by runs of A a lane
-keeps in flight (tiles.gemm.GEMV_ROW_RUNS; session 18).
+"""Probe: the M == 1 gemm_a_bt (B as (N, K) rows) against mx.matmul: device time against
+the time a decode loop pays per call (session 18).
 
     python3 scripts/probe_gemv.py [--out gemv.json]      # on the GPU
 
-Per shape, dtype and variant (``u1`` ... ``u8``: GEMV_ROW_RUNS, the memos cleared; ``mlx``:
-``a @ b.T``), microseconds per call, interleaved (every repeat times each variant once, the
+Per shape, dtype and variant (``ours``: xk.gemm_a_bt; ``mlx``: ``a @ b.T``), microseconds per call, interleaved (every repeat times each variant once, the
 order rotating); the fastest quarter (q25) of the repeats:
 
 * ``pipe``: ``timing.measure_pipelined`` (the next batch built while the last runs: a
@@ -15,6 +14,12 @@ order rotating); the fastest quarter (q25) of the repeats:
   H100's copy; B may stay in L2 between calls, so this can pass 100%).
 
 PROBE_GEMV_SHAPES ("1x4096x4096,1x4096x14336"), PROBE_GEMV_DTYPES, PROBE_GEMV_REPEATS.
+
+Session 18 (H100) also timed 1, 2, 4 and 8 runs of A a lane in flight before their
+products (the kernel waits for each run's loads before the next run's): as fast at
+1x4096x4096, slower at 1x14336x4096 (bf16 dev 27 -> 39 us) and float32 1x4096x14336
+(45 -> 57 us); dropped. At 1x4096x4096 16-bit ours took 8 us of device time against MLX's
+5.7, but 14.4 us a call pipelined against MLX's 6.9: the host's work per call decides there.
 """
 
 from __future__ import annotations
@@ -28,19 +33,10 @@ import mlx.core as mx
 
 import xlstm_kernels as xk
 from xlstm_kernels.benchmarks.timing import fastest_quarter, measure_pipelined
-from xlstm_kernels.ops import gemm as gemm_ops
-from xlstm_kernels.tiles import gemm as tiles_gemm
 
 REPEATS = int(os.environ.get("PROBE_GEMV_REPEATS", "7"))
 COPY = float(os.environ.get("PROBE_GEMV_COPY_GBPS", "2950"))
 FANOUT = 16
-_SHIPPED = tiles_gemm.GEMV_ROW_RUNS
-
-
-def _use(runs: int) -> None:
-    tiles_gemm.GEMV_ROW_RUNS = runs
-    gemm_ops._LAUNCHERS.clear()
-    gemm_ops._CALLS.clear()
 
 
 def main() -> None:
@@ -49,7 +45,7 @@ def main() -> None:
     args = ap.parse_args()
     shapes = os.environ.get("PROBE_GEMV_SHAPES", "1x4096x4096,1x4096x14336,1x14336x4096").split(",")
     dtypes = os.environ.get("PROBE_GEMV_DTYPES", "bfloat16,float16,float32").split(",")
-    variants = [("mlx", 0)] + [(f"u{u}", u) for u in (1, 2, 4, 8)]
+    variants = ["mlx", "ours"]
     rows = []
     t0 = time.perf_counter()
     for shape in shapes:
@@ -60,15 +56,14 @@ def main() -> None:
             a_rows = [mx.random.normal((1, k)).astype(dtype) for _ in range(FANOUT)]
             mx.eval(b, *a_rows)
             ref = (a_rows[0].astype(mx.float32) @ b.astype(mx.float32).T)
-            times: dict[str, dict[str, list[float]]] = {v: {"pipe": [], "dev": []} for v, _ in variants}
+            times: dict[str, dict[str, list[float]]] = {v: {"pipe": [], "dev": []} for v in variants}
             errs = {}
             for r in range(REPEATS):
                 shift = r % len(variants)
-                for name, runs in variants[shift:] + variants[:shift]:
+                for name in variants[shift:] + variants[:shift]:
                     if name == "mlx":
                         op = lambda a: a @ b.T  # noqa: E731
                     else:
-                        _use(runs)
                         op = lambda a: xk.gemm_a_bt(a, b)  # noqa: E731
                     fan = mx.compile(lambda *aa: [op(a) for a in aa])
                     out = op(a_rows[0])
@@ -80,7 +75,7 @@ def main() -> None:
             mlx_dev = fastest_quarter(times["mlx"]["dev"])
             mlx_pipe = fastest_quarter(times["mlx"]["pipe"])
             print(f"{shape} {dname}: B {n * k * dtype.size / 2**20:.0f} MiB")
-            for name, _ in variants:
+            for name in variants:
                 dev, pipe = fastest_quarter(times[name]["dev"]), fastest_quarter(times[name]["pipe"])
                 pct = n * k * dtype.size / dev / (COPY * 1e9) * 100
                 row = {"shape": shape, "dtype": dname, "variant": name, "dev_us": dev * 1e6, "pipe_us": pipe * 1e6,
@@ -92,7 +87,6 @@ def main() -> None:
             if args.out:
                 with open(args.out, "w") as fh:
                     json.dump({"rows": rows, "repeats": REPEATS}, fh, indent=1)
-    _use(_SHIPPED)
     print(f"total {time.perf_counter() - t0:.1f} s")
 
 

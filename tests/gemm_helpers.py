@@ -17,7 +17,6 @@ import numpy as np
 from launch_spies import spy_prepared_launches
 from xlstm_kernels.ops import gemm as gemm_mod
 from xlstm_kernels.tiles import GemmConfig
-from xlstm_kernels.tiles import gemm as tiles_gemm
 
 OPS = ("gemm_av", "gemm_at_b", "gemm_a_bt")
 DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
@@ -236,8 +235,7 @@ def raw_calls(op: str, a: mx.array, b: mx.array, cfg: GemmConfig, bias=None, act
         return [(gemm_mod.GEMV, dict(
             inputs=inputs, output_shapes=[(1, 1, n)], output_dtypes=[dtype],
             grid=(32, rows * -(-n // per_group), 1), threadgroup=(32, rows, 1),
-            template=[("T", dtype), ("ROWS", rows), ("TRANS_B", trans_b), *epilogue, ("COLS", cols),
-                      ("U", tiles_gemm.GEMV_ROW_RUNS if trans_b else 1)],
+            template=[("T", dtype), ("ROWS", rows), ("TRANS_B", trans_b), *epilogue, ("COLS", cols)],
         ))]
     if cfg.path == "simd":
         calls = [(gemm_mod.SIMD, dict(

@@ -24,7 +24,6 @@ from typing import Any, Hashable
 import mlx.core as mx
 
 from .. import tiles as tiles_mod
-from ..tiles import gemm as tiles_gemm
 from ..tiles.gemm import SIMD_AUTO_STAGES
 from ..runtime import KernelSpec, const_array, current_backend, prepare_launch
 from ._callcache import CallCache, placeholder, replayable
@@ -221,8 +220,7 @@ def _build_launcher(layout, a_shape, b_shape, dtype, has_bias, act, has_res, til
         main = prepare_launch(
             GEMV, inputs=example, output_shapes=[(nbatch, 1, n)], output_dtypes=[dtype],
             grid=cfg.grid(1, n, nbatch, dtype=dtype, trans_b=layout.trans_b), threadgroup=(32, rows, 1),
-            template=[("T", dtype), ("ROWS", rows), ("TRANS_B", layout.trans_b), *epilogue, ("COLS", cols),
-                      ("U", tiles_gemm.GEMV_ROW_RUNS if layout.trans_b else 1)],
+            template=[("T", dtype), ("ROWS", rows), ("TRANS_B", layout.trans_b), *epilogue, ("COLS", cols)],
             backend=backend,
         )
         reduce = None

@@ -60,10 +60,6 @@ GEMV_PART_BYTES = 16384
 # GEMV_ROW_TARGET_GROUPS threadgroups (one per SM) remain.
 GEMV_MAX_ROWS_SHARED = 4
 GEMV_ROW_TARGET_GROUPS = 132
-# ... and each lane of it loads GEMV_ROW_RUNS 16-byte runs of A (and of each of its rows)
-# before their products, so that that many runs' loads are in flight at once (1: one run
-# at a time, waiting for its loads before the next run's; session 18).
-GEMV_ROW_RUNS = 4
 
 
 def gemv_run(dtype: Any) -> int:
