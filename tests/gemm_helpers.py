@@ -233,14 +233,14 @@ def raw_calls(op: str, a: mx.array, b: mx.array, cfg: GemmConfig, bias=None, act
         cols = cfg.gemv_cols(n, dtype, trans_b)  # (N, K) rows: columns a simdgroup; else column blocks
         per_group = rows * cols if trans_b else cols * min(8, 16 // dtype.size)
         return [(gemm_mod.GEMV, dict(
-            inputs=inputs, output_shapes=[(1, 1, n)], output_dtypes=[dtype],
+            inputs=inputs, output_shapes=[(1, n)], output_dtypes=[dtype],
             grid=(32, rows * -(-n // per_group), 1), threadgroup=(32, rows, 1),
             template=[("T", dtype), ("ROWS", rows), ("TRANS_B", trans_b), *epilogue, ("COLS", cols)],
         ))]
     if cfg.path == "simd":
         calls = [(gemm_mod.SIMD, dict(
             inputs=inputs,
-            output_shapes=[(1, m, n) if split == 1 else (1,), (split, 1, m, n) if split > 1 else (1,)],
+            output_shapes=[(m, n) if split == 1 else (1,), (split, 1, m, n) if split > 1 else (1,)],
             output_dtypes=[dtype, mx.float32],
             grid=(32 * cfg.wn * -(-n // cfg.bn), cfg.wm * -(-m // cfg.bm), split),
             threadgroup=(32 * cfg.wn, cfg.wm, 1),
@@ -253,14 +253,14 @@ def raw_calls(op: str, a: mx.array, b: mx.array, cfg: GemmConfig, bias=None, act
         if split > 1:
             total = m * n
             calls.append((gemm_mod.SPLIT_REDUCE, dict(
-                inputs=[None, bias_in, res_in, params], output_shapes=[(1, m, n)], output_dtypes=[dtype],
+                inputs=[None, bias_in, res_in, params], output_shapes=[(m, n)], output_dtypes=[dtype],
                 grid=(total, 1, 1), threadgroup=(min(256, total), 1, 1),
                 template=[("T", dtype), *epilogue],
             )))
         return calls
     rt, ct = cfg.tm // cfg.rm, cfg.tn // cfg.rn
     return [(gemm_mod.SCALAR, dict(
-        inputs=inputs, output_shapes=[(1, m, n)], output_dtypes=[dtype],
+        inputs=inputs, output_shapes=[(m, n)], output_dtypes=[dtype],
         grid=(ct * -(-n // cfg.tn), rt * -(-m // cfg.tm), 1), threadgroup=(ct, rt, 1),
         template=[("T", dtype), ("TM", cfg.tm), ("TN", cfg.tn), ("TK", cfg.tk), ("RM", cfg.rm), ("RN", cfg.rn),
                   ("PAD", cfg.pad), ("DB", cfg.double_buffer), ("VEC4", cfg.vec4),

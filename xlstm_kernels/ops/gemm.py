@@ -174,10 +174,17 @@ def _launcher(layout, a_shape, b_shape, dtype, has_bias, act, has_res, tiles, ba
     return run
 
 
-def _build_launcher(layout, a_shape, b_shape, dtype, has_bias, act, has_res, tiles, backend):
+def _build_launcher(layout, a_shape, b_shape, dtype, has_bias, act, has_res, tiles, backend, c_shape=None):
+    """The launcher of _launcher's signature. `c_shape`: the shape C is made in (by default
+    the output's, (*batch, m, n)); a folded batch's inner launcher makes the caller's shape,
+    and takes A in the caller's shape too (any shape of its m x k elements). The kernels index
+    their operands and C as flat buffers, so neither needs a reshape (a graph node, which a
+    call's evaluation pays for on the host)."""
     m, n, k = _dims(layout, a_shape, b_shape)
     batch_shape = tuple(mx.broadcast_shapes(a_shape[:-2], b_shape[:-2])) if len(a_shape) > 2 or len(b_shape) > 2 else ()
     out_shape = (*batch_shape, m, n)
+    flat_a = c_shape is not None  # (the folded inner launcher: A is one (m, k) block in any shape)
+    c_shape = out_shape if c_shape is None else c_shape
 
     # A batched A times a shared 2-D B is one tall GEMM: fold the batch into M.
     # (Not when the folded M would exceed a 32-bit shape dimension: then B is broadcast per batch.)
@@ -186,18 +193,14 @@ def _build_launcher(layout, a_shape, b_shape, dtype, has_bias, act, has_res, til
         nbatch *= d
     foldable = batch_shape and len(b_shape) == 2 and not layout.trans_a and a_shape[:-2] == batch_shape
     if foldable and nbatch * m <= INT32_MAX:
-        inner = _launcher(layout, (nbatch * m, a_shape[-1]), b_shape, dtype, has_bias, act, has_res, tiles, backend)
-
-        def folded(a, b, bias, residual):
-            res = None if residual is None else residual.reshape(nbatch * m, n)
-            return inner(a.reshape(nbatch * m, a.shape[-1]), b, bias, res).reshape(out_shape)
-
-        return folded
+        # (A, the residual and C keep the caller's shapes: flat buffers to the kernels)
+        return _build_launcher(layout, (nbatch * m, a_shape[-1]), b_shape, dtype, has_bias, act, has_res, tiles,
+                               backend, c_shape=out_shape)
 
     a_rows, a_cols = (k, m) if layout.trans_a else (m, k)
     b_rows, b_cols = (n, k) if layout.trans_b else (k, n)
     if out_shape and 0 in out_shape:
-        return lambda a, b, bias, residual: mx.zeros(out_shape, dtype=dtype)
+        return lambda a, b, bias, residual: mx.zeros(c_shape, dtype=dtype)
     sa = 0 if len(a_shape) == 2 and batch_shape else a_rows * a_cols
     sb = 0 if len(b_shape) == 2 and batch_shape else b_rows * b_cols
 
@@ -218,7 +221,7 @@ def _build_launcher(layout, a_shape, b_shape, dtype, has_bias, act, has_res, til
         rows = max(1, cfg.gemv_threads // 32)
         cols = cfg.gemv_cols(n, dtype, layout.trans_b)  # (N, K) rows: columns a simdgroup; else column blocks
         main = prepare_launch(
-            GEMV, inputs=example, output_shapes=[(nbatch, 1, n)], output_dtypes=[dtype],
+            GEMV, inputs=example, output_shapes=[c_shape], output_dtypes=[dtype],
             grid=cfg.grid(1, n, nbatch, dtype=dtype, trans_b=layout.trans_b), threadgroup=(32, rows, 1),
             template=[("T", dtype), ("ROWS", rows), ("TRANS_B", layout.trans_b), *epilogue, ("COLS", cols)],
             backend=backend,
@@ -234,7 +237,7 @@ def _build_launcher(layout, a_shape, b_shape, dtype, has_bias, act, has_res, til
         ]
         partial_shape = (split, nbatch, m, n) if split > 1 else (1,)
         main = prepare_launch(
-            SIMD, inputs=example, output_shapes=[(nbatch, m, n) if split == 1 else (1,), partial_shape],
+            SIMD, inputs=example, output_shapes=[c_shape if split == 1 else (1,), partial_shape],
             output_dtypes=[dtype, mx.float32], grid=grid, threadgroup=(32 * cfg.wn, cfg.wm, 1),
             template=template, backend=backend,
             # (no init_value: the body sets the unused one of C / P itself)
@@ -245,7 +248,7 @@ def _build_launcher(layout, a_shape, b_shape, dtype, has_bias, act, has_res, til
         if split > 1:
             total = nbatch * m * n
             reduce = prepare_launch(
-                SPLIT_REDUCE, inputs=[absent, absent, absent, params], output_shapes=[(nbatch, m, n)],
+                SPLIT_REDUCE, inputs=[absent, absent, absent, params], output_shapes=[c_shape],
                 output_dtypes=[dtype], grid=(total, 1, 1), threadgroup=(min(256, total), 1, 1),
                 template=[("T", dtype), *epilogue], backend=backend,
             )
@@ -257,21 +260,21 @@ def _build_launcher(layout, a_shape, b_shape, dtype, has_bias, act, has_res, til
             ("TRANS_A", layout.trans_a), ("TRANS_B", layout.trans_b), *epilogue,
         ]
         main = prepare_launch(
-            SCALAR, inputs=example, output_shapes=[(nbatch, m, n)], output_dtypes=[dtype],
+            SCALAR, inputs=example, output_shapes=[c_shape], output_dtypes=[dtype],
             grid=(ct * -(-n // cfg.tn), rt * -(-m // cfg.tm), nbatch), threadgroup=(ct, rt, 1),
             template=template, backend=backend,
         )
         reduce = None
 
     def run(a, b, bias, residual):
-        a_data, _ = _batch_operand(a, batch_shape, a_rows, a_cols)
+        a_data = a if flat_a else _batch_operand(a, batch_shape, a_rows, a_cols)[0]
         b_data, _ = _batch_operand(b, batch_shape, b_rows, b_cols)
         bias_in = bias.astype(dtype) if bias is not None else absent
         res_in = residual.astype(dtype) if residual is not None else absent
         outs = main([a_data, b_data, bias_in, res_in, params])
         if reduce is not None:
             outs = reduce([outs[1], bias_in, res_in, params])
-        return outs[0].reshape(out_shape)
+        return outs[0]  # made in c_shape
 
     return run
 
@@ -414,12 +417,19 @@ def _build_call(op, a, b, bias, activation, residual, tiles, replay: bool = Fals
         if act:
             pre = _kernel_gemm(layout, a, b, bias_p if has_bias else None, 0, None, tiles, backend)
             dz = (dz.astype(mx.float32) * _act_grad(pre, activation)).astype(dtype)
+        # A batched A times a 2-D B (a layer's weight): B's gradient sums over the batch, so
+        # it is one GEMM over all the batch's rows (not a product per batch, then a sum)
+        fold = b.ndim == 2 and a.ndim > 2
         if op == "gemm_av":  # C = A V: dA = dC V^T, dV = A^T dC
-            da, db = _run("gemm_a_bt", dz, b), _run("gemm_at_b", a, dz)
+            da = _run("gemm_a_bt", dz, b)
+            db = (_run("gemm_at_b", a.reshape(-1, a.shape[-1]), dz.reshape(-1, dz.shape[-1])) if fold
+                  else _run("gemm_at_b", a, dz))
         elif op == "gemm_at_b":  # Z = A^T B: dA = B dZ^T, dB = A dZ
             da, db = _run("gemm_a_bt", b, dz), _run("gemm_av", a, dz)
         else:  # C = A B^T: dA = dC B, dB = dC^T A
-            da, db = _run("gemm_av", dz, b), _run("gemm_at_b", dz, a)
+            da = _run("gemm_av", dz, b)
+            db = (_run("gemm_at_b", dz.reshape(-1, dz.shape[-1]), a.reshape(-1, a.shape[-1])) if fold
+                  else _run("gemm_at_b", dz, a))
         dbias = dz.reshape(-1, n).astype(mx.float32).sum(axis=0).astype(dtype) if has_bias else mx.zeros_like(bias_p)
         dres = cotangent if has_res else mx.zeros_like(residual_p)
         return _sum_to_shape(da, tuple(a.shape)), _sum_to_shape(db, tuple(b.shape)), dbias, dres
@@ -476,11 +486,7 @@ def linear(
             f"linear: x (..., in_features) of shape {tuple(x.shape)} has in_features={x.shape[-1]} "
             f"but weight (out_features, in_features) has shape {tuple(weight.shape)}"
         )
-    lead = tuple(x.shape[:-1])
-    rows = 1
-    for d in lead:
-        rows *= d
-    out_shape = (*lead, weight.shape[0])
+    out_shape = (*x.shape[:-1], weight.shape[0])
     if residual is not None:
         check_array(residual, "residual")
         try:
@@ -489,9 +495,10 @@ def linear(
             raise ValueError(
                 f"linear: residual of shape {tuple(residual.shape)} does not broadcast to the output {out_shape}"
             ) from None
-    if rows > INT32_MAX:  # x cannot be flattened into one 32-bit dimension: run batched over its leading axes
+    if x.ndim >= 2:
+        # x as it is: its leading axes fold into M inside the op (one GEMM over all rows, no
+        # reshape nodes), or run batched where they cannot (more than 2^31 - 1 rows)
         return _run("gemm_a_bt", x, weight, bias, activation, residual, tiles)
-    x2 = x.reshape(rows, x.shape[-1])
-    res2 = None if residual is None else residual.reshape(rows, weight.shape[0])
-    y = _run("gemm_a_bt", x2, weight, bias, activation, res2, tiles)
-    return y.reshape(*lead, weight.shape[0])
+    y = _run("gemm_a_bt", x.reshape(1, x.shape[-1]), weight, bias, activation,
+             None if residual is None else residual.reshape(1, weight.shape[0]), tiles)
+    return y.reshape(out_shape)
