@@ -174,15 +174,28 @@ inline T xk_affine(float nrm, float w, float b) {
 // y[r, i] = w[h*n + i] * T(x[r, i] * rsqrt(mean(x[r, :]^2) + eps)), h = r % nh.
 // inputs:  x (rows, n) T; w (nh * n) T (a 1-element dummy if !HAS_W); eps () float;
 //          params (3) int = [rows, n, nh]
-// outputs: y (rows, n) T.  template: T, HAS_W, N_READS, ONE_SIMD, FULL, NF, EPSB
+// outputs: y (rows, n) T.  template: T, HAS_W, N_READS, ONE_SIMD, FULL, NF, EPSB, STAGED
 // FULL: 0 any n; 1 n == tpr * N_READS, nh == 1 and whole 32-bit words per run (no bounds
 // code: wide runs when x, y, w are aligned, else element accesses); 2 as 1 but always
 // element accesses (tests).
 // EPSB: eps's float bits when FULL != 0 (else 0; the FULL path reads no eps buffer).
 // NF: the row length n when FULL != 0 (else 0), so that the row's addresses need no
 // load of params: its x loads are issued first (params and eps are read after them).
+// STAGED (FULL = 1 rows, threadgroup per row layout; the CUDA plan): persistent
+// threadgroups, unit u of U = threadgroups_per_grid.y taking rows u, u + U, ...; while one
+// row is reduced and written, the unit's next row of x is copied into threadgroup memory
+// (xk_stage_runs: cp.async on CUDA where aligned, else plain copies; two stages of NF
+// elements, passed as shared_memory on CUDA). Each thread copies and reads back only its
+// own runs, so no barrier guards the stages. The weight runs are loaded once per unit into
+// registers. Same arithmetic, in the same order, as the FULL path: the same bits.
 constexpr int W = XK_RUN(T, N_READS);  // elements per run
 constexpr int NR = N_READS / W;        // runs per thread
+constexpr int SWF = STAGED ? (2 * NF * int(sizeof(T)) + 15) / 16 : 1;  // 16-byte words of the two stages
+#ifdef XK_THREADGROUP_DYNAMIC
+threadgroup vec<float, 4>* stage_words = STAGED ? XK_THREADGROUP_DYNAMIC(SWF, vec<float, 4>) : nullptr;
+#else
+threadgroup vec<float, 4> stage_words[SWF];
+#endif
 // one row per threadgroup unless ONE_SIMD: the row index from the threadgroup's position
 // is uniform (CUDA keeps it and the row addresses in uniform registers)
 const uint row = ONE_SIMD ? thread_position_in_grid.y : threadgroup_position_in_grid.y;
@@ -192,8 +205,77 @@ const uint lane = thread_index_in_simdgroup;
 const uint sg = simdgroup_index_in_threadgroup;
 const uint nsg = simdgroups_per_threadgroup;
 threadgroup float red_a[32];
+threadgroup float red_b[32];  // STAGED: odd rows' reductions (consecutive ones alternate scratch)
 
-if (FULL != 0) {  // rows of exactly tpr * N_READS = NF elements (a compile-time branch)
+if (STAGED) {  // FULL = 1 rows, one head, persistent units (a compile-time branch)
+  constexpr uint n = uint(NF);
+  constexpr uint tpf = uint(NF) / uint(N_READS);  // = tpr, as a constant
+  const uint rows = uint(params[0]);
+  const uint units = threadgroups_per_grid.y;
+  const uint unit = threadgroup_position_in_grid.y;  // uniform
+  // every row starts at a multiple of n * sizeof(T) bytes (a multiple of 128): aligned iff x is
+  const bool al = xk_run_aligned<W>(x) && xk_run_aligned<W>(y) && (!HAS_W || xk_run_aligned<W>(w));
+  threadgroup T* xs = reinterpret_cast<threadgroup T*>(stage_words);
+  if (unit < rows) {
+    xk_stage_runs<W, NR>(xs, x + size_t(unit) * n, tid * W, tpf * W, al);
+  }
+  xk_async_commit();
+  T wt[HAS_W ? N_READS : 1];
+  if (HAS_W) {
+    if (al) {
+      for (int j = 0; j < NR; j++) {
+        xk_load_w<W>(w + (tid + j * tpf) * W, wt + j * W);
+      }
+    } else {  // (unrolled: a rolled loop would index wt at run time, placing it in local memory)
+      for (int j = 0; j < NR; j++) {
+        for (int k = 0; k < W; k++) {
+          wt[j * W + k] = w[(tid + j * tpf) * W + k];
+        }
+      }
+    }
+  }
+  const float e = as_type<float>(int(EPSB));
+  uint t = 0;  // rows done
+  for (uint r = unit; r < rows; r += units, t++) {
+    const uint st = (t & 1u) * n;
+    if (r + units < rows) {  // the next row into the other stage (read back by this thread last row)
+      xk_stage_runs<W, NR>(xs + (n - st), x + size_t(r + units) * n, tid * W, tpf * W, al);
+    }
+    xk_async_commit();
+    xk_async_wait<1>();  // this thread's copies of row r are done
+    float acc = 0.0f;
+    for (int j = 0; j < NR; j++) {
+      T tx[W];
+      xk_load_w_tg<W>(xs + st + (tid + j * tpf) * W, tx);
+      for (int k = 0; k < W; k++) {
+        const float v = float(tx[k]);
+        acc += v * v;
+      }
+    }
+    acc = xk_row_sum<false>(acc, (t & 1u) ? red_b : red_a, lane, sg, nsg);
+    const float rr = XK_ROW_RSQRT(acc / float(n) + e);
+    device T* yr = y + size_t(r) * n;
+    for (int j = 0; j < NR; j++) {
+      const uint i = (tid + j * tpf) * W;
+      T tx[W];
+      xk_load_w_tg<W>(xs + st + i, tx);
+      T o[W];
+      for (int k = 0; k < W; k++) {
+        o[k] = T(float(tx[k]) * rr);
+        if (HAS_W) {
+          o[k] = wt[j * W + k] * o[k];
+        }
+      }
+      if (al) {
+        xk_store_w<W>(yr + i, o);
+      } else {
+        for (int k = 0; k < W; k++) {
+          yr[i + k] = o[k];
+        }
+      }
+    }
+  }
+} else if (FULL != 0) {  // rows of exactly tpr * N_READS = NF elements (a compile-time branch)
   // No bounds code. Aligned rows (al, uniform; checked once): every run one wide access,
   // x kept in registers as T (16-bit: packed). Otherwise (an offset slice on CUDA, or
   // FULL == 2): element accesses, x read twice (sum of squares, then the write) so that

@@ -17,6 +17,9 @@ settings of ops.norm (the call memo is cleared between them):
               to 56 registers: 18 rows resident per SM against 12 at 128 threads)
   t256        about 256 threads per row
   default     what the op does as shipped (FULL for the dtypes in FULL_FORWARD_DTYPES)
+  staged      session 19: FULL rows staged (RMS_FWD_STAGED_CUDA: persistent units, the next
+              row copied into shared memory with cp.async while this one is reduced);
+              staged_uK: at most K units per SM; unstaged: the switch off
 and of the backward (dx and dw of mx.vjp, against mx.vjp of mx.fast.rms_norm):
   vjp_512     512 threads x 8 elements (every dtype)
   vjp_256     256 threads per row for every dtype (16-bit rows before session 7)
@@ -63,6 +66,8 @@ from xlstm_kernels.ops import norm as norm_mod
 SHIPPED = norm_mod.FULL_FORWARD_DTYPES
 SHIPPED_BASE_REGISTERS = norm_mod.FORWARD_BASE_REGISTERS
 SHIPPED_THREADS = norm_mod.CACHED_THREADS
+SHIPPED_FWD_STAGED = norm_mod.RMS_FWD_STAGED_CUDA
+SHIPPED_FWD_UNITS = norm_mod.RMS_FWD_STAGED_UNITS_PER_SM
 _VJP_KNOBS = ("VJP_THREADS", "VJP_MAX_READS", "VJP_REGISTERS", "RMS_VJP_TARGET_THREADS_CUDA",
               "RMS_VJP_THREADS_CUDA_16BIT", "RMS_VJP_THREADS_CUDA_32BIT", "RMS_VJP_STAGED_CUDA",
               "RMS_VJP_STAGE_BYTES", "RMS_VJP_STAGED_THREADS_CUDA", "RMS_VJP_STAGED_MAX_READS",
@@ -106,6 +111,14 @@ def configure(name: str) -> None:
     norm_mod.FULL_FORWARD_DTYPES = SHIPPED if name == "default" else every
     norm_mod.FORWARD_BASE_REGISTERS = 0 if name == "full_nohint" else SHIPPED_BASE_REGISTERS
     norm_mod.CACHED_THREADS = {"t32": 32, "t64": 64, "t256": 256, "t512": 512, "t1024": 1024}.get(name, SHIPPED_THREADS)
+    # session 19: the staged forward ("staged": as the switch ships; "staged_uK": at most K units per SM;
+    # "unstaged": the switch off)
+    if name.startswith("staged") or name == "unstaged":
+        norm_mod.RMS_FWD_STAGED_CUDA = name != "unstaged"
+        norm_mod.RMS_FWD_STAGED_UNITS_PER_SM = int(name[8:]) if name.startswith("staged_u") else SHIPPED_FWD_UNITS
+    else:
+        norm_mod.RMS_FWD_STAGED_CUDA = SHIPPED_FWD_STAGED
+        norm_mod.RMS_FWD_STAGED_UNITS_PER_SM = SHIPPED_FWD_UNITS
     norm_mod._CALLS.clear()
 
 

@@ -73,7 +73,7 @@ def test_strip_comments_keeps_code_and_string_literals():
 
 
 def test_header_parts_follow_what_the_kernel_uses():
-    norm = _kernel("norm", "rms_norm", ["x", "w", "eps", "params"], ["y"]).cuda_header(256)
+    norm = _kernel("norm", "layer_norm", ["x", "w", "b", "eps", "params"], ["y"]).cuda_header(256)
     gemm = _kernel("gemm", "gemm_simd", ["A", "B", "bias", "residual", "params"], ["C", "P"]).cuda_header(256)
     atomic = ck.CudaKernel("acc", ["x"], ["y"], "y[0] += x[0];", atomic_outputs=True).cuda_header(32)
     names = lambda h: {n for n, _ in ck.HEADER_PARTS if ck.header_part_text(n) in h}  # noqa: E731
@@ -326,7 +326,7 @@ def test_grids_past_cudas_limits_launch_as_linear_blocks(recorder):
     x = mx.zeros((4, 64))
     inputs = [x, x[0], mx.array(1e-5), mx.array([4, 64, 1], dtype=mx.int32)]
     tmpl = [("T", mx.float32), ("HAS_W", True), ("N_READS", 4), ("ONE_SIMD", False), ("FULL", 0), ("NF", 0),
-            ("EPSB", 0)]
+            ("EPSB", 0), ("STAGED", False)]
     grid, tg = (128, 2 * 257, 65536), (128, 2, 1)  # 257 x 65536 threadgroups: z past 65535
     k(inputs=inputs, output_shapes=[(4, 64)], output_dtypes=[mx.float32], grid=grid, threadgroup=tg, template=tmpl)
     launched = recorder.launches[-1]

@@ -450,6 +450,88 @@ def test_rms_vjp_staged_schedules(monkeypatch):
     check_schedules(runtime.get_kernel(spec, "emulate"), seeds=(1, 2), check_bounds=True, **kw)
 
 
+def _staged_forward_plan(monkeypatch, sms=2):
+    """The RMSNorm forward planned as on CUDA with its staged rows on, `sms` SMs of one unit."""
+    monkeypatch.setattr(norm_mod, "_plans_for_cuda", lambda: True)
+    monkeypatch.setattr(norm_mod, "RMS_FWD_STAGED_CUDA", True)
+    monkeypatch.setattr(norm_mod, "RMS_VJP_SMS_CUDA", sms)
+    monkeypatch.setattr(norm_mod, "RMS_FWD_STAGED_UNITS_PER_SM", 1)
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("has_w", [True, False])
+@pytest.mark.parametrize("n", [512, 4096])  # float32 elements (16-bit: twice): 128 threads x 4 / x 32
+def test_rms_norm_staged_rows(kernel_backend, monkeypatch, fresh_norm_calls, dtype, n, has_w):
+    """The RMSNorm forward whose persistent units stage their next row in threadgroup memory
+    (STAGED, planned as on CUDA): two units over 7 rows (4 + 3: both stages, the last row
+    copying nothing), aligned and offset views (plain copies and element stores), against
+    float64, and bit-identical to the unstaged FULL kernel launched directly."""
+    from xlstm_kernels.runtime import launch
+
+    _staged_forward_plan(monkeypatch)
+    dt = DTYPES[dtype]
+    n = n * 4 // dt.size
+    rng = np.random.default_rng(seed_of("fwd-staged", dtype, n, has_w))
+    x, w, _ = make(rng, (7, n), dt, has_w, False)
+    spec, kw = norm_mod._plan("rms", x, w, None, EPS)
+    t = dict(kw["template"])
+    assert t["STAGED"] and t["FULL"] == 1 and t["NF"] == n and t["XK_MIN_BLOCKS"] == 1, t
+    assert kw["grid"] == (kw["threadgroup"][0], 2, 1) and kw["threadgroup"][1] == 1
+    assert kw["shared_memory"] == 2 * n * dt.size + norm_mod.RMS_FWD_RED_BYTES
+    want = rms_ref64(x, w)
+    for off in (0, 1):
+        wv = None if w is None else offset_view(w, off)
+        assert rel_err(rms_norm(offset_view(x, off), wv, EPS), want) < tol(dt), off
+    (staged,) = launch(spec, **kw)
+    plain = dict(kw, grid=(kw["grid"][0], 7, 1), template=[(k, False if k == "STAGED" else v) for k, v in t.items()
+                                                          if k != "XK_MIN_BLOCKS"])
+    del plain["shared_memory"]
+    (unstaged,) = launch(spec, **plain)
+    assert rel_err(staged, want) < tol(dt)
+    assert np.array_equal(np.array(staged.astype(mx.float32)), np.array(unstaged.astype(mx.float32)))
+
+
+def test_rms_norm_staged_plan(monkeypatch):
+    """Which forward rows stage on the CUDA plan, and how many units: SMs x the units that
+    fit one (shared memory, 2048 threads, RMS_FWD_STAGED_UNITS_PER_SM), at most one per row;
+    off the CUDA plan, with the switch off, a simdgroup per row or past RMS_FWD_STAGE_BYTES:
+    unstaged, one threadgroup per row."""
+    def plan(shape, dtype=mx.float32):
+        x = mx.zeros(shape, dtype=dtype)
+        kw = norm_mod._plan("rms", x, x[0], None, EPS)[1]
+        return dict(kw["template"]).get("STAGED"), kw["grid"][1]
+
+    assert plan((4096, 4096)) == (False, 4096)  # not the CUDA plan
+    monkeypatch.setattr(norm_mod, "_plans_for_cuda", lambda: True)
+    monkeypatch.setattr(norm_mod, "RMS_FWD_STAGED_CUDA", False)
+    assert plan((4096, 4096)) == (False, 4096)
+    monkeypatch.setattr(norm_mod, "RMS_FWD_STAGED_CUDA", True)
+    sms = norm_mod.RMS_VJP_SMS_CUDA
+    # float32 4096: 32 KiB of stages, 6 units fit an SM's shared memory
+    assert plan((4096, 4096)) == (True, sms * (norm_mod.RMS_VJP_SMEM_PER_SM_CUDA // (32768 + 256 + 1024)))
+    assert plan((16384, 1024)) == (True, sms * norm_mod.RMS_FWD_STAGED_UNITS_PER_SM)
+    assert plan((100, 1024)) == (True, 100)  # at most one unit per row
+    assert plan((64, 128)) == (False, 64 // norm_mod.SIMD_ROWS * norm_mod.SIMD_ROWS)  # a simdgroup per row
+    monkeypatch.setattr(norm_mod, "RMS_FWD_STAGE_BYTES", 16384)
+    assert plan((4096, 4096)) == (False, 4096)
+    assert plan((64, 4100))[0] is None  # looped: no STAGED template
+
+
+@pytest.mark.emulator_only
+def test_rms_norm_staged_schedules(monkeypatch, fresh_norm_calls):
+    """The staged forward under every thread order: bit-identical, in bounds, no races on the
+    stages (each thread reads back only its own copies)."""
+    from xlstm_kernels.emulate import check_schedules
+
+    _staged_forward_plan(monkeypatch)
+    rng = np.random.default_rng(10)
+    x, w, _ = make(rng, (5, 512), mx.bfloat16, True, False)
+    spec, kw = norm_mod._plan("rms", x, w, None, EPS)
+    assert dict(kw["template"])["STAGED"] and kw["threadgroup"][0] == 64
+    (y,) = check_schedules(runtime.get_kernel(spec, "emulate"), seeds=(1, 2), check_bounds=True, **kw)
+    assert rel_err(y, rms_ref64(x, w)) < tol(mx.bfloat16)
+
+
 def test_forward_looped_short_rows(kernel_backend, monkeypatch):
     """The looped kernels with several chunks per thread and a ragged tail."""
     monkeypatch.setattr(norm_mod, "CACHED_MAX", 64)

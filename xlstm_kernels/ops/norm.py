@@ -137,6 +137,16 @@ def _forward_registers(row_bytes: int) -> int:
     return -(-(FORWARD_BASE_REGISTERS + row_bytes // 4) // 8) * 8
 
 
+# The RMSNorm forward's FULL rows on CUDA, staged (the kernel's STAGED): persistent units of
+# the cached layout, RMS_FWD_STAGED_UNITS_PER_SM per SM at most (fewer where their two
+# stages of a row, 2 * n elements, or their threads do not fit an SM), each taking every
+# units-th row and copying its next row into threadgroup memory (cp.async) while it reduces
+# and writes this one. Rows whose two stages pass RMS_FWD_STAGE_BYTES stay unstaged.
+RMS_FWD_STAGED_CUDA = False
+RMS_FWD_STAGE_BYTES = 65536
+RMS_FWD_STAGED_UNITS_PER_SM = 8
+RMS_FWD_RED_BYTES = 2 * 32 * 4  # rms_norm's reduction scratch (red_a, red_b)
+
 VJP_REGISTERS = 0
 # Backward: enough (group, head) units to fill the GPU (about this many threads in
 # all); each unit sums dw/db over rows_per_group rows, so the float32 partials stay
@@ -364,19 +374,49 @@ def _plan(
         full = (FULL_ROWS and dtype in FULL_FORWARD_DTYPES and lay.tpr * lay.n_reads == n and num_heads == 1
                 and lay.n_reads * dtype.size % 4 == 0 and (kind == "rms" or LN_FULL_ROWS))
         template += [("FULL", int(full)), ("NF", n if full else 0), ("EPSB", _float_bits(eps) if full else 0)]
-        if full and kind == "rms":
-            template += _occupancy_hint(_forward_registers(lay.n_reads * dtype.size), lay.tpr * lay.rows_per_tg)
+        if kind == "rms":
+            stage_units, per_sm = _forward_stage_units(n, lay, dtype.size, rows) if full else (0, 0)
+            template.append(("STAGED", stage_units > 0))
+            if stage_units:
+                template += _occupancy_hint_blocks(per_sm)
+            elif full:
+                template += _occupancy_hint(_forward_registers(lay.n_reads * dtype.size), lay.tpr * lay.rows_per_tg)
     inputs += [_eps(float(eps)), _ints(rows, n, num_heads)]
     r = lay.rows_per_tg
+    groups = r * -(-rows // r)
+    extra: dict[str, Any] = {}
+    if kind == "rms" and not lay.looped and dict(template)["STAGED"]:
+        groups = _forward_stage_units(n, lay, dtype.size, rows)[0]
+        extra["shared_memory"] = 2 * n * dtype.size + RMS_FWD_RED_BYTES
     kwargs = dict(
         inputs=inputs,
         output_shapes=[(rows, n)],
         output_dtypes=[dtype],
-        grid=(lay.tpr, r * -(-rows // r), 1),
+        grid=(lay.tpr, groups, 1),
         threadgroup=(lay.tpr, r, 1),
         template=template,
+        **extra,
     )
     return _SPECS[(kind, lay.looped, False)], kwargs
+
+
+def _forward_stage_units(n: int, lay: _Layout, itemsize: int, rows: int) -> tuple[int, int]:
+    """(units, units per SM) of the staged RMSNorm forward for FULL rows of n elements
+    ((0, 0): not staged): RMS_FWD_STAGED_CUDA on the CUDA plan, a threadgroup-per-row layout,
+    both stages within RMS_FWD_STAGE_BYTES; RMS_VJP_SMS_CUDA SMs x the units that fit one
+    (shared memory, 2048 threads, RMS_FWD_STAGED_UNITS_PER_SM), at most one per row."""
+    stage = 2 * n * itemsize
+    if not (RMS_FWD_STAGED_CUDA and _plans_for_cuda()) or lay.one_simd or stage > RMS_FWD_STAGE_BYTES:
+        return 0, 0
+    per = max(1, min(RMS_FWD_STAGED_UNITS_PER_SM,
+                     RMS_VJP_SMEM_PER_SM_CUDA // (stage + RMS_FWD_RED_BYTES + 1024), 2048 // lay.tpr))
+    return max(1, min(rows, RMS_VJP_SMS_CUDA * per)), per
+
+
+def _occupancy_hint_blocks(blocks: int) -> list[tuple[str, Any]]:
+    """The XK_MIN_BLOCKS template entry asking CUDA for `blocks` resident blocks per SM
+    (none for 0)."""
+    return [("XK_MIN_BLOCKS", max(1, min(32, blocks)))] if blocks > 0 else []
 
 
 def _occupancy_hint(registers: int, threads: int) -> list[tuple[str, Any]]:
