@@ -37,7 +37,8 @@ tried the prefetch again on the session 6/7 layouts, the next row held as loaded
 0.97-1.01x of the shipped kernel, bfloat16 0.67-0.78x (96 registers against 64) -- dropped
 again.
 PROBE_RMS_VARIANTS / PROBE_RMS_VJP_VARIANTS / PROBE_RMS_SHAPES / PROBE_RMS_DTYPES pick.
-PROBE_RMS_CHAIN=1 (session 15): the forward's Q calls are chained (each normalises the last
+PROBE_RMS_KEEP=1 with it (session 19): the chain's outputs all stay referenced (the bench's
+"kept"). PROBE_RMS_CHAIN=1 (session 15): the forward's Q calls are chained (each normalises the last
 one's output, as a layer stack does: no two kernels overlap on the GPU), where by default
 they are independent (a CUDA graph may run them concurrently).
 Tried and dropped (H100, session 5): x read again for the output instead of kept in
@@ -164,6 +165,7 @@ def main() -> None:
             vjp_names = [v for v in os.environ.get("PROBE_RMS_VJP_VARIANTS", ",".join(VJP_VARIANTS)).split(",") if v]
             for kind, names in (("fwd", variants), ("vjp", vjp_names)):
                 chain = kind == "fwd" and os.environ.get("PROBE_RMS_CHAIN") == "1"
+                keep = chain and os.environ.get("PROBE_RMS_KEEP") == "1"
                 if kind == "fwd":
                     mlx_fn = lambda a=x: mx.fast.rms_norm(a, w, eps)  # noqa: E731
                     ours_fn = lambda a=x: xk.rms_norm(a, w, eps)  # noqa: E731
@@ -191,7 +193,9 @@ def main() -> None:
                         if chain:
                             outs = [x]
                             for _ in range(q):
-                                outs = [fn(outs[0])]
+                                # PROBE_RMS_KEEP=1 (session 19): every output stays referenced, as
+                                # the bench's "kept" (MLX's op cannot write into its input then)
+                                outs = [fn(outs[-1])] if not keep else outs + [fn(outs[-1])]
                         else:
                             outs = [fn() for _ in range(q)]
                         t1 = time.perf_counter()

@@ -456,6 +456,7 @@ def _staged_forward_plan(monkeypatch, sms=2):
     monkeypatch.setattr(norm_mod, "RMS_FWD_STAGED_CUDA", True)
     monkeypatch.setattr(norm_mod, "RMS_VJP_SMS_CUDA", sms)
     monkeypatch.setattr(norm_mod, "RMS_FWD_STAGED_UNITS_PER_SM", 1)
+    monkeypatch.setattr(norm_mod, "RMS_FWD_STAGED_MIN_WAVES", 0.0)  # a few rows: well under a wave
 
 
 @pytest.mark.parametrize("dtype", list(DTYPES))
@@ -501,20 +502,25 @@ def test_rms_norm_staged_plan(monkeypatch):
         kw = norm_mod._plan("rms", x, x[0], None, EPS)[1]
         return dict(kw["template"]).get("STAGED"), kw["grid"][1]
 
-    assert plan((4096, 4096)) == (False, 4096)  # not the CUDA plan
+    assert plan((2048, 4096)) == (False, 2048)  # not the CUDA plan
     monkeypatch.setattr(norm_mod, "_plans_for_cuda", lambda: True)
     monkeypatch.setattr(norm_mod, "RMS_FWD_STAGED_CUDA", False)
-    assert plan((4096, 4096)) == (False, 4096)
+    assert plan((2048, 4096)) == (False, 2048)
     monkeypatch.setattr(norm_mod, "RMS_FWD_STAGED_CUDA", True)
     sms = norm_mod.RMS_VJP_SMS_CUDA
-    # float32 4096: 32 KiB of stages, 6 units fit an SM's shared memory
-    assert plan((4096, 4096)) == (True, sms * (norm_mod.RMS_VJP_SMEM_PER_SM_CUDA // (32768 + 256 + 1024)))
-    assert plan((16384, 1024)) == (True, sms * norm_mod.RMS_FWD_STAGED_UNITS_PER_SM)
+    # float32 4096: 128 threads x 32 elements, 56 registers at the hint: 9 rows resident per SM;
+    # 32 KiB of stages, 6 units fit an SM's shared memory
+    resident = sms * 9
+    assert plan((resident + 1, 4096)) == (True, sms * (norm_mod.RMS_VJP_SMEM_PER_SM_CUDA // (32768 + 256 + 1024)))
+    assert plan((2 * resident, 4096))[0] and not plan((2 * resident + 1, 4096))[0]  # past two waves
+    assert plan((resident, 4096)) == (False, resident)  # one wave
+    # float32 1024: 128 x 8, 32 registers: 16 rows per SM; 8 KiB of stages: 8 units per SM
+    assert plan((sms * 16 * 2, 1024)) == (True, sms * norm_mod.RMS_FWD_STAGED_UNITS_PER_SM)
+    monkeypatch.setattr(norm_mod, "RMS_FWD_STAGED_MIN_WAVES", 0.0)
     assert plan((100, 1024)) == (True, 100)  # at most one unit per row
     assert plan((64, 128)) == (False, 64 // norm_mod.SIMD_ROWS * norm_mod.SIMD_ROWS)  # a simdgroup per row
     monkeypatch.setattr(norm_mod, "RMS_FWD_STAGE_BYTES", 16384)
-    assert plan((4096, 4096)) == (False, 4096)
-    assert plan((64, 4100))[0] is None  # looped: no STAGED template
+    assert plan((2048, 4096)) == (False, 2048)
 
 
 @pytest.mark.emulator_only

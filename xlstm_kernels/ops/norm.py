@@ -141,10 +141,20 @@ def _forward_registers(row_bytes: int) -> int:
 # the cached layout, RMS_FWD_STAGED_UNITS_PER_SM per SM at most (fewer where their two
 # stages of a row, 2 * n elements, or their threads do not fit an SM), each taking every
 # units-th row and copying its next row into threadgroup memory (cp.async) while it reduces
-# and writes this one. Rows whose two stages pass RMS_FWD_STAGE_BYTES stay unstaged.
-RMS_FWD_STAGED_CUDA = False
+# and writes this one. Only where the unstaged kernel's rows make more than
+# RMS_FWD_STAGED_MIN_WAVES and at most RMS_FWD_STAGED_MAX_WAVES waves of resident threadgroups
+# (its second, partial wave leaves SMs idle; the units share the rows evenly). Rows whose
+# two stages pass RMS_FWD_STAGE_BYTES stay unstaged. H100, scripts/probe_rms.py (session 19,
+# outputs kept, ratio to mx.fast.rms_norm unstaged -> staged): float32 1536x4096 (1.3 waves)
+# 0.93 -> 1.13, 2048x4096 (1.7) 1.02 -> 1.24, 2048x2048 (1.3) 0.85 -> 0.92, bfloat16
+# 2048x8192 (1.7) 0.98-1.03 -> 1.05-1.15, 2048x4096 (1.3) 1.00 -> 1.01; outside the window
+# staging lost: bfloat16 1024x8192 (0.9 waves) 1.01 -> 0.91, 3072x4096 (1.9... 2.6 at 16-bit
+# registers) 1.08 -> 0.96, float32 4096x4096 (3.4) 0.98 -> 0.93-0.97, 16384x4096 1.00 -> 0.95.
+RMS_FWD_STAGED_CUDA = True
 RMS_FWD_STAGE_BYTES = 65536
 RMS_FWD_STAGED_UNITS_PER_SM = 8
+RMS_FWD_STAGED_MIN_WAVES = 1.0
+RMS_FWD_STAGED_MAX_WAVES = 2.0
 RMS_FWD_RED_BYTES = 2 * 32 * 4  # rms_norm's reduction scratch (red_a, red_b)
 
 VJP_REGISTERS = 0
@@ -403,10 +413,16 @@ def _plan(
 def _forward_stage_units(n: int, lay: _Layout, itemsize: int, rows: int) -> tuple[int, int]:
     """(units, units per SM) of the staged RMSNorm forward for FULL rows of n elements
     ((0, 0): not staged): RMS_FWD_STAGED_CUDA on the CUDA plan, a threadgroup-per-row layout,
-    both stages within RMS_FWD_STAGE_BYTES; RMS_VJP_SMS_CUDA SMs x the units that fit one
-    (shared memory, 2048 threads, RMS_FWD_STAGED_UNITS_PER_SM), at most one per row."""
+    both stages within RMS_FWD_STAGE_BYTES, rows for more than RMS_FWD_STAGED_MIN_WAVES and at
+    most RMS_FWD_STAGED_MAX_WAVES waves of the unstaged kernel's resident threadgroups (at its
+    occupancy hint); RMS_VJP_SMS_CUDA SMs x the units that fit one (shared memory, 2048
+    threads, RMS_FWD_STAGED_UNITS_PER_SM), at most one per row."""
     stage = 2 * n * itemsize
     if not (RMS_FWD_STAGED_CUDA and _plans_for_cuda()) or lay.one_simd or stage > RMS_FWD_STAGE_BYTES:
+        return 0, 0
+    regs = _forward_registers(lay.n_reads * itemsize)  # the unstaged kernel's hint (0: none)
+    resident = min(32, 2048 // lay.tpr, 65536 // (regs * lay.tpr) if regs else 32)
+    if not RMS_FWD_STAGED_MIN_WAVES < rows / (RMS_VJP_SMS_CUDA * max(1, resident)) <= RMS_FWD_STAGED_MAX_WAVES:
         return 0, 0
     per = max(1, min(RMS_FWD_STAGED_UNITS_PER_SM,
                      RMS_VJP_SMEM_PER_SM_CUDA // (stage + RMS_FWD_RED_BYTES + 1024), 2048 // lay.tpr))
