@@ -428,9 +428,10 @@ for (uint c = tid * W; c < n; c += step) {
 // inputs:  x (rows, n) T; w (nh * n) T; b (nh * n) T (1-element dummies when absent);
 //          eps () float; params (3) int = [rows, n, nh]
 // outputs: y (rows, n) T.  template: T, HAS_W, HAS_B, N_READS, ONE_SIMD, FULL, NF, EPSB
-// FULL, NF, EPSB: as rms_norm's (rows of exactly tpr * N_READS = NF elements, one head,
-// whole 32-bit words per run: no bounds code, x held as words, eps from its bits, every
-// weight and bias run loaded before the first store; FULL = 2 always element accesses).
+// FULL, NF, EPSB: as rms_norm's (rows of exactly tpr * N_READS = NF elements, whole 32-bit
+// words per run: no bounds code, x held as words, eps from its bits, every weight and bias
+// run loaded before the first store; FULL = 2 always element accesses), any number of heads
+// (row h's weight and bias slices start at h * NF: a multiple of 128 bytes, aligned iff w, b are).
 constexpr int W = XK_RUN(T, N_READS);
 constexpr int NR = N_READS / W;
 const uint nrows = uint(params[0]);
@@ -471,6 +472,10 @@ if (FULL != 0) {  // a compile-time branch; see rms_norm's FULL path
       }
     }
     const float e = as_type<float>(int(EPSB));
+    // this row's head's weight and bias slices (params read after the x loads are issued)
+    const uint woff = (HAS_W || HAS_B) ? (row % uint(params[2])) * n : 0;
+    const device T* wr = w + (HAS_W ? woff : 0);
+    const device T* br = b + (HAS_B ? woff : 0);
     const float mean = xk_row_sum<ONE_SIMD>(s, red_a, lane, sg, nsg) / float(n);
     float q = 0.0f;
     if (al) {
@@ -496,10 +501,10 @@ if (FULL != 0) {  // a compile-time branch; see rms_norm's FULL path
       T bt[HAS_B ? N_READS : 1];
       for (int j = 0; j < NR; j++) {
         if (HAS_W) {
-          xk_load_w<W>(w + (tid + j * tpf) * W, wt + j * W);
+          xk_load_w<W>(wr + (tid + j * tpf) * W, wt + j * W);
         }
         if (HAS_B) {
-          xk_load_w<W>(b + (tid + j * tpf) * W, bt + j * W);
+          xk_load_w<W>(br + (tid + j * tpf) * W, bt + j * W);
         }
       }
       for (int j = 0; j < NR; j++) {
@@ -516,8 +521,8 @@ if (FULL != 0) {  // a compile-time branch; see rms_norm's FULL path
       for (int j = 0; j < NR; j++) {
         for (int k = 0; k < W; k++) {
           const uint i = (tid + j * tpf) * W + k;
-          yr[i] = xk_affine<T, HAS_W, HAS_B>((float(xr[i]) - mean) * r, HAS_W ? float(w[i]) : 0.0f,
-                                             HAS_B ? float(b[i]) : 0.0f);
+          yr[i] = xk_affine<T, HAS_W, HAS_B>((float(xr[i]) - mean) * r, HAS_W ? float(wr[i]) : 0.0f,
+                                             HAS_B ? float(br[i]) : 0.0f);
         }
       }
     }

@@ -502,6 +502,7 @@ def test_rms_norm_staged_plan(monkeypatch):
         kw = norm_mod._plan("rms", x, x[0], None, EPS)[1]
         return dict(kw["template"]).get("STAGED"), kw["grid"][1]
 
+    monkeypatch.setattr(norm_mod, "_plans_for_cuda", lambda: False)
     assert plan((2048, 4096)) == (False, 2048)  # not the CUDA plan
     monkeypatch.setattr(norm_mod, "_plans_for_cuda", lambda: True)
     monkeypatch.setattr(norm_mod, "RMS_FWD_STAGED_CUDA", False)
@@ -863,7 +864,7 @@ def test_rms_norm_full_rows(kernel_backend, dtype, n, has_w):
 def test_layer_norm_full_rows(kernel_backend, dtype, n, has_w, has_b):
     """LayerNorm rows of exactly tpr * n_reads elements (FULL = 1, as RMSNorm's): on aligned
     and offset views (the element path on CUDA), FULL = 0 / 1 / 2 launched directly, every
-    thread order with bounds checked, against float64; multi-head rows stay general."""
+    thread order with bounds checked, against float64; multi-head rows (FULL too) likewise."""
     from xlstm_kernels.emulate import check_schedules
     from xlstm_kernels.runtime import launch
 
@@ -893,9 +894,18 @@ def test_layer_norm_full_rows(kernel_backend, dtype, n, has_w, has_b):
         assert rel_err(y, want) < tol(dt)
     _, kw3 = norm_mod._plan("ln", x[:, : n - 8], None, None, EPS)  # a row one run short
     assert dict(kw3["template"])["FULL"] == 0
-    xm = mx.concatenate([x, x], axis=-1)
-    _, kw4 = norm_mod._plan("ln", xm, None if w is None else mx.concatenate([w, w]), None, EPS, 2)
-    assert dict(kw4["template"])["FULL"] == 0  # two heads: the general path
+    # two heads (multi-head LayerNorm): FULL rows too, each head's own weight and bias slices
+    xm = mx.concatenate([x, rand(rng, x.shape, dt)], axis=-1)
+    wm, bm = [None if a is None else mx.concatenate([a, rand(rng, a.shape, dt)]) for a in (w, b)]
+    spec4, kw4 = norm_mod._plan("ln", xm, wm, bm, EPS, 2)
+    assert dict(kw4["template"])["FULL"] == 1
+    want4 = ln_ref64(xm, wm, bm, num_heads=2)
+    for full in (0, 1, 2):
+        forced = {"FULL": full, "NF": n if full else 0, "EPSB": norm_mod._float_bits(EPS) if full else 0}
+        kw5 = dict(kw4, template=[(k, forced.get(k, v)) for k, v in kw4["template"]])
+        assert rel_err(launch(spec4, **kw5)[0].reshape(xm.shape), want4) < tol(dt), ("heads", full)
+    views = [None if a is None else offset_view(a, 1) for a in (xm, wm, bm)]
+    assert rel_err(multihead_layer_norm(views[0], views[1], views[2], 2, EPS), want4) < tol(dt)
 
 
 def _ln_grads64(x, w, b, g, nh=1):

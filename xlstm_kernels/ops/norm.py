@@ -109,8 +109,10 @@ FULL_ROWS = True
 # reductions, the hardware rsqrt on CUDA, the uniform row index) FULL is the faster one for
 # float32 too (scripts/probe_rms.py "full" vs "default": 0.98-0.99x vs 0.92-0.96x MLX).
 FULL_FORWARD_DTYPES = (mx.float32, mx.float16, mx.bfloat16)
-# LayerNorm's forward takes the FULL path as well (session 17; False: its general path).
+# LayerNorm's forward takes the FULL path as well (session 17; False: its general path),
+# multi-head LayerNorm's too (session 19; False: heads take the general path).
 LN_FULL_ROWS = True
+LN_FULL_HEADS = True
 # Backward (automatic layout): about VJP_THREADS threads per row, at most VJP_MAX_READS
 # elements per thread (the unit keeps x, g, w and the dw/db sums of its columns in
 # registers), longer rows the looped backward kernels.
@@ -380,8 +382,10 @@ def _plan(
     template.append(("N_READS", lay.n_reads))
     if not lay.looped:
         template.append(("ONE_SIMD", lay.one_simd))
-        # FULL rows: one head, whole 32-bit words per run (16-bit rows: n_reads even)
-        full = (FULL_ROWS and dtype in FULL_FORWARD_DTYPES and lay.tpr * lay.n_reads == n and num_heads == 1
+        # FULL rows: whole 32-bit words per run (16-bit rows: n_reads even); RMSNorm one head,
+        # LayerNorm any (session 19: multi-head LayerNorm too)
+        full = (FULL_ROWS and dtype in FULL_FORWARD_DTYPES and lay.tpr * lay.n_reads == n
+                and (num_heads == 1 or (kind == "ln" and LN_FULL_HEADS))
                 and lay.n_reads * dtype.size % 4 == 0 and (kind == "rms" or LN_FULL_ROWS))
         template += [("FULL", int(full)), ("NF", n if full else 0), ("EPSB", _float_bits(eps) if full else 0)]
         if kind == "rms":
