@@ -147,16 +147,17 @@ def _forward_registers(row_bytes: int) -> int:
 # RMS_FWD_STAGED_MIN_WAVES and at most RMS_FWD_STAGED_MAX_WAVES waves of resident threadgroups
 # (its second, partial wave leaves SMs idle; the units share the rows evenly). Rows whose
 # two stages pass RMS_FWD_STAGE_BYTES stay unstaged. H100, scripts/probe_rms.py (session 19,
-# outputs kept, ratio to mx.fast.rms_norm unstaged -> staged): float32 1536x4096 (1.3 waves)
-# 0.93 -> 1.13, 2048x4096 (1.7) 1.02 -> 1.24, 2048x2048 (1.3) 0.85 -> 0.92, bfloat16
-# 2048x8192 (1.7) 0.98-1.03 -> 1.05-1.15, 2048x4096 (1.3) 1.00 -> 1.01; outside the window
-# staging lost: bfloat16 1024x8192 (0.9 waves) 1.01 -> 0.91, 3072x4096 (1.9... 2.6 at 16-bit
-# registers) 1.08 -> 0.96, float32 4096x4096 (3.4) 0.98 -> 0.93-0.97, 16384x4096 1.00 -> 0.95.
+# outputs kept, ratio to mx.fast.rms_norm unstaged -> staged; docs/CUDA.md): float32
+# 1536x4096 (1.3 waves) 0.92-0.93 -> 1.04-1.13, 2048x4096 (1.7) 1.01-1.02 -> 1.22-1.24,
+# 2048x2048 (1.3) 0.85 -> 0.92, bfloat16 2048x8192 (1.7) 1.02-1.03 -> 1.05-1.15, 2048x4096
+# (1.3) 1.00-1.03 -> 1.01-1.02; staging lost within one wave (bfloat16 1024x8192, 0.9: 1.01 ->
+# 0.91), at 1.9 (bfloat16 3072x4096: 1.08 -> 0.96) and past two (float32 4096x4096, 3.4:
+# 0.98 -> 0.93-0.97; 16384x4096: 1.00 -> 0.95).
 RMS_FWD_STAGED_CUDA = True
 RMS_FWD_STAGE_BYTES = 65536
 RMS_FWD_STAGED_UNITS_PER_SM = 8
 RMS_FWD_STAGED_MIN_WAVES = 1.0
-RMS_FWD_STAGED_MAX_WAVES = 2.0
+RMS_FWD_STAGED_MAX_WAVES = 1.75
 RMS_FWD_RED_BYTES = 2 * 32 * 4  # rms_norm's reduction scratch (red_a, red_b)
 
 VJP_REGISTERS = 0
