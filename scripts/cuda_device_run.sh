@@ -116,7 +116,7 @@ EOF
 
 run_tests() {
   export MLX_ENABLE_TF32="${MLX_ENABLE_TF32:-0}"  # references that use mx.matmul: full fp32
-  local budget="${TEST_TIMEOUT:-280}" jobs="${TEST_JOBS:-16}"
+  local budget="${TEST_TIMEOUT:-570}" jobs="${TEST_JOBS:-16}"
   timeout -k 10 "$budget" python3 -m pytest "${TEST_FILES[@]}" --backend cuda -q -n "$jobs" -p no:cacheprovider \
     --timeout 200 -o junit_family=xunit1 --junitxml="$OUT/junit.xml" -rfE 2>&1 | tee "$OUT/tests.log" | tail -150
   echo "tests exit: ${PIPESTATUS[0]}"
