@@ -374,6 +374,32 @@ def test_memoised_ops_replay_their_launches_on_cuda(fake_cuda, replay_on):
         assert len(fake_cuda) == 8  # no replay: every call launches from Python
 
 
+def test_plain_products_take_one_memo_entry_and_cast_only_where_needed(fake_cuda, replay_on):
+    """gemm_av / gemm_at_b / gemm_a_bt without tiles (and linear without bias, activation or
+    residual) look their memo entry up by a flat key of the operands' shapes and dtypes; the
+    stored call casts only where the operands' dtypes differ from the result's."""
+    import mlx.core as mx
+
+    import xlstm_kernels as xk
+    from xlstm_kernels.ops import gemm as gemm_mod
+
+    a, b = mx.random.normal((5, 24)).astype(mx.float16), mx.random.normal((33, 24)).astype(mx.float16)
+    with runtime.use_backend("cuda"):
+        for _ in range(3):
+            y = xk.gemm_a_bt(a, b)
+            assert y.shape == (5, 33) and y.dtype == mx.float16
+            mx.eval(y)
+        assert len(fake_cuda) == 1 and len(gemm_mod._CALLS) == 1
+        mx.eval(xk.linear(a, b))  # the same product through linear: the same entry, replayed
+        assert len(fake_cuda) == 1 and len(gemm_mod._CALLS) == 1
+        mixed = xk.gemm_a_bt(a, b.astype(mx.float32))  # promoted: a's cast is part of the call
+        assert mixed.dtype == mx.float32 and mixed.shape == (5, 33)
+        mx.eval(mixed)
+        assert len(gemm_mod._CALLS) == 2
+        key = ("gemm_a_bt", a.shape, a.dtype, b.shape, mx.float32)
+        assert gemm_mod._CALLS.get(key) is not None
+
+
 def test_replay_records_once_per_stream(replay_on):
     """A recorded graph runs on the stream it was recorded on (MLX's GPU streams belong to
     their thread): another default stream records its own."""

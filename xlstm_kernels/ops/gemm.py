@@ -319,7 +319,11 @@ def _run(
 ) -> mx.array:
     """The differentiable op: validated and built once per signature (shapes, dtypes,
     activation, tiles) and configuration, then reused (see ops/_callcache.py)."""
-    key = _call_key(op, a, b, bias, activation, residual, tiles)
+    if bias is None and residual is None and activation is None and tiles is None \
+            and a.__class__ is _ARRAY and b.__class__ is _ARRAY:
+        key = (op, a.shape, a.dtype, b.shape, b.dtype)  # the plain product: a flat key
+    else:
+        key = _call_key(op, a, b, bias, activation, residual, tiles)
     fn = _CALLS.get(key) if key is not None else None
     if fn is None:
         fn = _build_call(op, a, b, bias, activation, residual, tiles, replay=key is not None)
@@ -329,6 +333,7 @@ def _run(
 
 
 _CALLS = CallCache("gemm")
+_ARRAY = mx.array
 
 
 def _tiles_key(tiles: Any) -> Hashable:
@@ -438,6 +443,9 @@ def _build_call(op, a, b, bias, activation, residual, tiles, replay: bool = Fals
         f = replayable(f, backend)
 
     absent = placeholder(dtype)
+    if not has_bias and not has_res and a.dtype == dtype and b.dtype == dtype:
+        # the memo key holds the operands' dtypes: nothing to cast or broadcast per call
+        return lambda a, b, bias, residual: f(a, b, absent, absent)
 
     def call(a, b, bias, residual):
         a, b, residual = prepare(a, b, residual)
@@ -448,16 +456,28 @@ def _build_call(op, a, b, bias, activation, residual, tiles, replay: bool = Fals
 
 def gemm_av(a: mx.array, v: mx.array, *, tiles: Any = None) -> mx.array:
     """C = A · V.  a (..., m, n), v (..., n, k) -> (..., m, k)."""
+    if tiles is None and a.__class__ is _ARRAY and v.__class__ is _ARRAY:  # a memoised plain product
+        fn = _CALLS.get(("gemm_av", a.shape, a.dtype, v.shape, v.dtype))
+        if fn is not None:
+            return fn(a, v, None, None)
     return _run("gemm_av", a, v, tiles=tiles)
 
 
 def gemm_at_b(a: mx.array, b: mx.array, *, tiles: Any = None) -> mx.array:
     """Z = Aᵀ · B.  a (..., m, n), b (..., m, k) -> (..., n, k)."""
+    if tiles is None and a.__class__ is _ARRAY and b.__class__ is _ARRAY:  # a memoised plain product
+        fn = _CALLS.get(("gemm_at_b", a.shape, a.dtype, b.shape, b.dtype))
+        if fn is not None:
+            return fn(a, b, None, None)
     return _run("gemm_at_b", a, b, tiles=tiles)
 
 
 def gemm_a_bt(a: mx.array, b: mx.array, *, tiles: Any = None) -> mx.array:
     """A · Bᵀ.  a (..., m, k), b (..., n, k) -> (..., m, n) (the nn.Linear layout)."""
+    if tiles is None and a.__class__ is _ARRAY and b.__class__ is _ARRAY:  # a memoised plain product
+        fn = _CALLS.get(("gemm_a_bt", a.shape, a.dtype, b.shape, b.dtype))
+        if fn is not None:
+            return fn(a, b, None, None)
     return _run("gemm_a_bt", a, b, tiles=tiles)
 
 
