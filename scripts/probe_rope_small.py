@@ -28,10 +28,12 @@ CALLS = 20
 REPEATS = int(os.environ.get("PROBE_RS_REPEATS", "11"))
 _ppt = rope_ops.pairs_per_thread
 _rows = rope_ops.ROWS_PER_THREAD
+_tmax = rope_ops._MAX_THREADS
 
 
-def _use(n: int, p_div: int) -> None:
+def _use(n: int, p_div: int, tmax: int = _tmax) -> None:
     rope_ops.ROWS_PER_THREAD = n
+    rope_ops._MAX_THREADS = tmax
     rope_ops.pairs_per_thread = lambda dtype, trad, half, run_bytes=16: max(1, _ppt(dtype, trad, half) // p_div)
     rope_ops._CALLS.clear()
 
@@ -43,7 +45,9 @@ def main() -> None:
     shapes = [(32, 32, 1, 128), (1, 32, 1, 128), (8, 32, 1, 128), (4, 32, 1, 64), (1, 32, 2048, 128)]
     if os.environ.get("PROBE_RS_SHAPES"):  # "B,H,L,D[,dtype[,t]] ...": t = traditional
         shapes = [tuple(s.split(",")) for s in os.environ["PROBE_RS_SHAPES"].split()]
-    variants = [("mlx", 0, 0)] + [(f"n{n} p/{p}", n, p) for n in (1, 2, 4) for p in (1, 2, 4)]
+    variants = [("mlx", 0, 0, 0)] + [(f"n{n} p/{p}", n, p, _tmax) for n in (1, 2, 4) for p in (1, 2, 4)]
+    # session 20: threadgroups of at most t threads (more of them, on more SMs, at decode sizes)
+    variants += [(f"n{n} p/2 t{t}", n, 2, t) for n in (1, 4) for t in (32, 64, 128)]
     if os.environ.get("PROBE_RS_VARIANTS"):  # "n4 p/1|n4 p/2"
         pick = os.environ["PROBE_RS_VARIANTS"].split("|")
         variants = [v for v in variants if v[0] == "mlx" or v[0] in pick]
@@ -61,10 +65,10 @@ def main() -> None:
         ref = mlx(x).astype(mx.float32)
         errs = {}
 
-        def prepare(name, n, p):
+        def prepare(name, n, p, t):
             if name == "mlx":
                 return mlx
-            _use(n, p)
+            _use(n, p, t)
             if name not in errs:
                 o = ours(x).astype(mx.float32)
                 errs[name] = (mx.abs(o - ref).max() / mx.abs(ref).max()).item()
@@ -78,7 +82,7 @@ def main() -> None:
         tag = "x".join(map(str, shape)) + f" {dtype}" + (" traditional" if trad else "")
         m = fastest_quarter(times["mlx"])
         print(f"{tag}: mlx q25 {m:.1f} med {statistics.median(times['mlx']):.1f} us")
-        for name, n, p in variants[1:]:
+        for name, n, p, t in variants[1:]:
             a = fastest_quarter(times[name])
             print(f"  {name:8s} q25 {a:6.1f} med {statistics.median(times[name]):6.1f}  ratio(q25) "
                   f"{m / a:5.2f}  err {errs[name]:.1e}", flush=True)
