@@ -1157,3 +1157,60 @@ if (unit == 0 && tid == 0) {
     dbp[0] = 0.0f;
   }
 }
+
+// @kernel norm_partials_sum
+// The backward's last step: dw[c] = T(sum over groups g of dwp[g, c]) and db likewise from
+// dbp, in one launch (instead of a float sum over axis 0, then a cast to T).
+// Threadgroup = a strip of 32 columns x S simdgroups: simdgroup s adds rows g = s, s + S, ...
+// of its lane's column in order, then simdgroup 0 adds the S slices in order, so every run
+// gives the same bits. Lanes past the last column load nothing and write nothing (every
+// thread reaches the barrier).
+// inputs:  dwp (G, C) float ((1,) if !HAS_W); dbp (G, C) float ((1,) if !HAS_B);
+//          params (2) int = [G, C]
+// outputs: dw (C) T ((1,) if !HAS_W: set to 0); db (C) T ((1,) if !HAS_B: set to 0)
+// grid (32 * ceil(C / 32), S, 1), threadgroup (32, S, 1), S <= 32.
+// template: T, HAS_W, HAS_B
+const uint g_rows = uint(params[0]);
+const uint cols = uint(params[1]);
+const uint lane = thread_position_in_threadgroup.x;
+const uint s = thread_position_in_threadgroup.y;
+const uint ns = threads_per_threadgroup.y;
+const uint col = thread_position_in_grid.x;
+threadgroup float red_w[32][32];
+threadgroup float red_b[32][32];
+float aw = 0.0f;
+float ab = 0.0f;
+if (col < cols) {
+  for (uint g = s; g < g_rows; g += ns) {
+    const size_t i = size_t(g) * cols + col;
+    if (HAS_W) {
+      aw += dwp[i];
+    }
+    if (HAS_B) {
+      ab += dbp[i];
+    }
+  }
+}
+red_w[s][lane] = aw;
+red_b[s][lane] = ab;
+threadgroup_barrier(mem_flags::mem_threadgroup);
+if (s == 0 && col < cols) {
+  float tw = 0.0f;
+  float tb = 0.0f;
+  for (uint k = 0; k < ns; k++) {
+    tw += red_w[k][lane];
+    tb += red_b[k][lane];
+  }
+  if (HAS_W) {
+    dw[col] = T(tw);
+  }
+  if (HAS_B) {
+    db[col] = T(tb);
+  }
+}
+if (!HAS_W && col == 0 && s == 0) {
+  dw[0] = T(0.0f);
+}
+if (!HAS_B && col == 0 && s == 0) {
+  db[0] = T(0.0f);
+}

@@ -1017,3 +1017,52 @@ def test_rms_norm_vjp_full_rows(kernel_backend, monkeypatch, fresh_norm_calls, d
         assert rel_err(outs[0], want[0]) < limit, full
         if has_w:
             assert rel_err(outs[1].sum(axis=0), want[1]) < limit, full
+
+
+# the backward's partial sums (norm_partials_sum) -----------------------------------------
+
+
+@pytest.mark.parametrize("groups,cols", [(1, 1), (3, 31), (9, 33), (33, 100), (264, 64), (5, 4096)])
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("has_w,has_b", [(True, False), (False, True), (True, True)])
+def test_partials_sum_kernel(kernel_backend, groups, cols, dtype, has_w, has_b):
+    """dw / db = the float partials summed over groups, rounded once to the dtype: columns
+    spanning several 32-column strips and ragged ones, fewer groups than simdgroups."""
+    dt = DTYPES[dtype]
+    rng = np.random.default_rng(seed_of("partials", groups, cols, dtype, has_w, has_b))
+    dwp, dbp = rand(rng, (groups, cols)), rand(rng, (groups, cols), shift=0.3)
+    kw = norm_mod._partials_sum_plan(groups, cols, dt, has_w, has_b)
+    kw["inputs"] = [dwp if has_w else kw["inputs"][0], dbp if has_b else kw["inputs"][1], kw["inputs"][2]]
+    dw, db = runtime.launch(norm_mod.PARTIALS_SUM, **kw)
+    for has, got, parts in ((has_w, dw, dwp), (has_b, db, dbp)):
+        if has:
+            assert got.dtype == dt and got.shape == (cols,)
+            assert rel_err(got, f64(parts).sum(axis=0)) < tol(dt)
+        else:
+            assert got.shape == (1,) and float(got[0].item()) == 0.0
+
+
+@pytest.mark.emulator_only
+def test_partials_sum_schedules():
+    """Every thread order: the same bits (a fixed order of additions), in bounds."""
+    from xlstm_kernels.emulate import check_schedules
+
+    rng = np.random.default_rng(11)
+    groups, cols = 21, 45
+    dwp, dbp = rand(rng, (groups, cols)), rand(rng, (groups, cols))
+    kw = norm_mod._partials_sum_plan(groups, cols, mx.bfloat16, True, True)
+    kw["inputs"] = [dwp, dbp, kw["inputs"][2]]
+    dw, db = check_schedules(runtime.get_kernel(norm_mod.PARTIALS_SUM, "emulate"), seeds=(1, 2),
+                             check_bounds=True, **kw)
+    assert rel_err(dw, f64(dwp).sum(axis=0)) < tol(mx.bfloat16)
+    assert rel_err(db, f64(dbp).sum(axis=0)) < tol(mx.bfloat16)
+
+
+def test_partials_sum_plan_covers_every_column():
+    """Grid in threads: 32 lanes per strip of columns, at most PARTIALS_SIMDGROUPS (and at most
+    `groups`) simdgroups a threadgroup."""
+    for groups, cols in ((1, 5), (3, 64), (400, 4097)):
+        kw = norm_mod._partials_sum_plan(groups, cols, mx.float32, True, False)
+        assert kw["grid"][0] >= cols and kw["grid"][0] % 32 == 0
+        assert kw["threadgroup"] == (32, min(groups, norm_mod.PARTIALS_SIMDGROUPS), 1)
+        assert kw["grid"][1] == kw["threadgroup"][1]

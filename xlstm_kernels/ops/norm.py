@@ -71,6 +71,7 @@ LAYER_NORM_LOOPED = KernelSpec("norm", "layer_norm_looped", ("x", "w", "b", "eps
 RMS_NORM_VJP = KernelSpec("norm", "rms_norm_vjp", ("x", "w", "g", "eps", "params"), ("dx", "dwp"))
 RMS_NORM_VJP_LOOPED = KernelSpec("norm", "rms_norm_vjp_looped", ("x", "w", "g", "eps", "params"), ("dx", "dwp"))
 LAYER_NORM_VJP = KernelSpec("norm", "layer_norm_vjp", ("x", "w", "g", "eps", "params"), ("dx", "dwp", "dbp"))
+PARTIALS_SUM = KernelSpec("norm", "norm_partials_sum", ("dwp", "dbp", "params"), ("dw", "db"))
 LAYER_NORM_VJP_LOOPED = KernelSpec(
     "norm", "layer_norm_vjp_looped", ("x", "w", "g", "eps", "params"), ("dx", "dwp", "dbp")
 )
@@ -554,6 +555,27 @@ def _vjp_plan(
     return _SPECS[(kind, lay.looped, True)], kwargs, groups
 
 
+#: Simdgroups of a norm_partials_sum threadgroup (each adds every PARTIALS_SIMDGROUPS-th
+#: group of partials of the threadgroup's 32 columns).
+PARTIALS_SIMDGROUPS = 8
+
+
+def _partials_sum_plan(groups: int, cols: int, dtype: mx.Dtype, has_w: bool, has_b: bool) -> dict[str, Any]:
+    """Launch keywords of norm_partials_sum: the backward's (groups, cols) float partials of dw
+    (and db) summed over groups into (cols,) arrays of `dtype`; inputs [dwp, dbp, params]
+    (a (1,) float stand-in for an absent one)."""
+    sg = max(1, min(PARTIALS_SIMDGROUPS, groups))
+    dummy = _dummy(mx.float32)
+    return dict(
+        inputs=[dummy, dummy, _ints(groups, cols)],
+        output_shapes=[(cols,) if has_w else (1,), (cols,) if has_b else (1,)],
+        output_dtypes=[dtype, dtype],
+        grid=(32 * -(-cols // 32), sg, 1),
+        threadgroup=(32, sg, 1),
+        template=[("T", dtype), ("HAS_W", bool(has_w)), ("HAS_B", bool(has_b))],
+    )
+
+
 # ---------------------------------------------------------------------------------------
 # Validation and the differentiable wrapper
 # ---------------------------------------------------------------------------------------
@@ -644,18 +666,25 @@ def _differentiable_fn(kind: str, x, weight, bias, eps: float, num_heads: int, b
     def backward(xa, wa, cot):
         plan = plans.get(cot.dtype)
         if plan is None:
-            bspec, bkw, _ = _vjp_plan(kind, xa, wa, has_b, cot, eps, num_heads)
-            plan = plans[cot.dtype] = (prepare_launch(bspec, **bkw, backend=backend), bkw["inputs"][3:])
-        brun, consts = plan
+            bspec, bkw, groups = _vjp_plan(kind, xa, wa, has_b, cot, eps, num_heads)
+            sums = None
+            if has_w or has_b:  # the partials summed over groups and cast in one launch
+                skw = _partials_sum_plan(groups, num_heads * n, xa.dtype, has_w, has_b)
+                sums = (prepare_launch(PARTIALS_SUM, **skw, backend=backend), skw["inputs"])
+            plan = plans[cot.dtype] = (prepare_launch(bspec, **bkw, backend=backend), bkw["inputs"][3:], sums)
+        brun, consts, sums = plan
         shape = xa.shape
         c2 = cot if cot.dtype == xa.dtype else cot.astype(xa.dtype)
         outs = brun([xa if shape == flat else xa.reshape(flat), wa if has_w else dummy,
                      c2 if shape == flat else c2.reshape(flat), *consts])
         grads = [outs[0] if shape == flat else outs[0].reshape(shape)]
-        if has_w:
-            grads.append(outs[1].sum(axis=0).astype(xa.dtype))
-        if has_b:
-            grads.append(outs[2].sum(axis=0).astype(xa.dtype))
+        if sums is not None:
+            srun, (absent_w, absent_b, sizes) = sums
+            dw, db = srun([outs[1] if has_w else absent_w, outs[2] if has_b else absent_b, sizes])
+            if has_w:
+                grads.append(dw)
+            if has_b:
+                grads.append(db)
         return grads
 
     @f.vjp
