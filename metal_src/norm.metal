@@ -1162,8 +1162,8 @@ if (unit == 0 && tid == 0) {
 // The backward's last step: dw[c] = T(sum over groups g of dwp[g, c]) and db likewise from
 // dbp, in one launch (instead of a float sum over axis 0, then a cast to T).
 // Threadgroup = a strip of 32 columns x S simdgroups: simdgroup s adds rows g = s, s + S, ...
-// of its lane's column in order, then simdgroup 0 adds the S slices in order, so every run
-// gives the same bits. Lanes past the last column load nothing and write nothing (every
+// of its lane's column in order (loading four of them before adding), then simdgroup 0 adds
+// the S slices in order, so every run gives the same bits. Lanes past the last column load nothing and write nothing (every
 // thread reaches the barrier).
 // inputs:  dwp (G, C) float ((1,) if !HAS_W); dbp (G, C) float ((1,) if !HAS_B);
 //          params (2) int = [G, C]
@@ -1181,7 +1181,22 @@ threadgroup float red_b[32][32];
 float aw = 0.0f;
 float ab = 0.0f;
 if (col < cols) {
-  for (uint g = s; g < g_rows; g += ns) {
+  // four rows' loads issued before their adds (the adds in row order all the same)
+  uint g = s;
+  for (; g + 3 * ns < g_rows; g += 4 * ns) {
+    float vw[4];
+    float vb[4];
+    for (int k = 0; k < 4; k++) {
+      const size_t i = size_t(g + uint(k) * ns) * cols + col;
+      vw[k] = HAS_W ? dwp[i] : 0.0f;
+      vb[k] = HAS_B ? dbp[i] : 0.0f;
+    }
+    for (int k = 0; k < 4; k++) {
+      aw += vw[k];
+      ab += vb[k];
+    }
+  }
+  for (; g < g_rows; g += ns) {
     const size_t i = size_t(g) * cols + col;
     if (HAS_W) {
       aw += dwp[i];

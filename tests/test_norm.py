@@ -1048,7 +1048,7 @@ def test_partials_sum_schedules():
     from xlstm_kernels.emulate import check_schedules
 
     rng = np.random.default_rng(11)
-    groups, cols = 21, 45
+    groups, cols = 45, 45  # 45 groups: four-row steps, then single rows, per simdgroup
     dwp, dbp = rand(rng, (groups, cols)), rand(rng, (groups, cols))
     kw = norm_mod._partials_sum_plan(groups, cols, mx.bfloat16, True, True)
     kw["inputs"] = [dwp, dbp, kw["inputs"][2]]
