@@ -1602,6 +1602,28 @@ def test_measure_pipelined_counts_every_call_and_checks_its_arguments():
             measure_pipelined(fn, **bad)
 
 
+def test_measure_pipelined_pair_interleaves_the_two_sides():
+    """One run of each side per repeat, the side that goes first alternating; each run is
+    measure_pipelined's (a warm-up batch, then the batches)."""
+    from xlstm_kernels.benchmarks.timing import measure_pipelined_pair
+
+    order = []
+    x = mx.array(np.random.default_rng(4).standard_normal(64).astype(np.float32))
+
+    def side(name):
+        def fn():
+            order.append(name)
+            return x * 2.0 + 1.0
+        return fn
+
+    a, b = measure_pipelined_pair(side("a"), side("b"), calls=2, batches=3, repeats=3)
+    assert a > 0 and b > 0
+    runs = [order[i] for i in range(0, len(order), 2 * 4)]  # one run = (1 + 3 batches) x 2 calls
+    assert runs == ["a", "b", "b", "a", "a", "b"] and len(order) == 3 * 2 * 4 * 2
+    with pytest.raises(ValueError, match="measure_pipelined_pair"):
+        measure_pipelined_pair(side("a"), side("b"), repeats=0)
+
+
 def test_measure_chained_feeds_each_call_the_last_output():
     """Every call of a repeat takes the previous call's output (the first takes x0); the
     time is per call."""

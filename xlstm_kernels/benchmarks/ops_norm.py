@@ -49,7 +49,7 @@ import numpy as np
 
 from xlstm_kernels.benchmarks.kind import bench_kind
 from xlstm_kernels import runtime, tiles
-from xlstm_kernels.benchmarks.timing import chained_repeats, measure_chained_pair, measure_pipelined, throughput
+from xlstm_kernels.benchmarks.timing import chained_repeats, measure_chained_pair, measure_pipelined_pair, throughput
 from xlstm_kernels.ops import norm as norm_ops
 
 EPS = 1e-5
@@ -186,8 +186,8 @@ def _bench_case(op, rows, d, nh, dtype, emulated, repeats, roof, rng) -> list[di
             step = ""
             if name.endswith("_vjp"):  # and inside a compiled training step, pipelined
                 n = max(3, repeats // 4)
-                s_ours = measure_pipelined(_vjp_step_fn(_ours, op, x, w, b, nh, cot), calls=20, repeats=n)
-                s_mlx = measure_pipelined(_vjp_step_fn(_mlx, op, x, w, b, nh, cot), calls=20, repeats=n)
+                s_ours, s_mlx = measure_pipelined_pair(_vjp_step_fn(_ours, op, x, w, b, nh, cot),
+                                                       _vjp_step_fn(_mlx, op, x, w, b, nh, cot), calls=20, repeats=n)
                 tp.update({"ours_step_ms": s_ours * 1e3, "mlx_step_ms": s_mlx * 1e3, "ratio_step": s_mlx / s_ours})
                 step = f"  step x{s_mlx / s_ours:5.2f}"
             else:  # chained: each call normalises the last one's output (a layer stack's shape)
