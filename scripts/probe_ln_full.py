@@ -30,6 +30,13 @@ COPY = float(os.environ.get("PROBE_LN_COPY_GBPS", "2950"))
 # PROBE_LN_VJP=1: the backward instead (dx of a fixed cotangent, chained), "full" = the
 # staged backward (LN_VJP_STAGED_CUDA), "general" = the unstaged one; the %: x, g, dx.
 VJP = os.environ.get("PROBE_LN_VJP") == "1"
+# PROBE_LN_SETS="name:ATTR=v,ATTR=v|name2:..." (session 20): instead of full / general, one
+# variant per set of ops.norm module constants (ints; the others at their shipped values),
+# e.g. "t256:RMS_VJP_STAGED_MAX_READS=16,RMS_VJP_STAGED_REGISTERS=80".
+SETS = [(part.split(":", 1)[0], dict(kv.split("=") for kv in part.split(":", 1)[1].split(",") if kv))
+        for part in os.environ.get("PROBE_LN_SETS", "").split("|") if part]
+PROBE_SHAPES = [tuple(int(v) for v in s.split("x")) for s in
+                os.environ.get("PROBE_LN_SHAPES", "4096x4096,16384x1024,2048x8192,16384x4096").split(",")]
 
 
 def main() -> None:
@@ -39,7 +46,7 @@ def main() -> None:
     rows = []
     t0 = time.perf_counter()
     for dtype in (mx.bfloat16, mx.float32):
-        for shape in ((4096, 4096), (16384, 1024), (2048, 8192), (16384, 4096)):
+        for shape in PROBE_SHAPES:
             x = mx.random.normal(shape).astype(dtype)
             w = (1 + 0.1 * mx.random.normal((shape[1],))).astype(dtype)
             b = (0.1 * mx.random.normal((shape[1],))).astype(dtype)
@@ -53,16 +60,21 @@ def main() -> None:
                 ours = (lambda f: lambda a: mx.vjp(lambda t: f(t, w, b, 1e-5), [a], [g])[1][0])(xk.layer_norm)
                 mlx = (lambda f: lambda a: mx.vjp(lambda t: f(t, w, b, 1e-5), [a], [g])[1][0])(mx.fast.layer_norm)
                 flag = "LN_VJP_STAGED_CUDA"
-            variants = ("full", "general", "mlx")
+            shipped = {k: getattr(norm_ops, k) for _, kv in SETS for k in kv}
 
-            def use(full: bool):
+            def use(full: bool, consts: dict | None = None):
                 setattr(norm_ops, flag, full)
+                for k, v in shipped.items():
+                    setattr(norm_ops, k, int((consts or {}).get(k, v)))
                 norm_ops._CALLS.clear()
                 return ours
 
-            times = measure_chained_variants(
-                [("full", lambda: use(True)), ("general", lambda: use(False)), ("mlx", lambda: mlx)], x,
-                calls=CALLS, repeats=REPEATS, keep=True)
+            if SETS:
+                plan = [(name, (lambda kv=kv: use(True, kv))) for name, kv in SETS] + [("mlx", lambda: mlx)]
+            else:
+                plan = [("full", lambda: use(True)), ("general", lambda: use(False)), ("mlx", lambda: mlx)]
+            variants = tuple(name for name, _ in plan)
+            times = measure_chained_variants(plan, x, calls=CALLS, repeats=REPEATS, keep=True)
             times = {v: [t * 1e6 for t in ts] for v, ts in times.items()}
             use(True)
             moved = (3 if VJP else 2) * x.nbytes + w.nbytes + b.nbytes
@@ -70,7 +82,7 @@ def main() -> None:
             q = {v: fastest_quarter(times[v]) for v in variants}
             print(f"{tag:24s} " + "  ".join(
                 f"{v} {q[v]:7.1f} ({statistics.median(times[v]):7.1f}) {100 * moved / (q[v] * 1e3) / COPY:5.1f}%"
-                for v in variants) + f"  full/mlx {q['mlx'] / q['full']:.2f}", flush=True)
+                for v in variants) + f"  {variants[0]}/mlx {q['mlx'] / q[variants[0]]:.2f}", flush=True)
             rows.append(dict(shape=list(shape), dtype=str(dtype), **{f"{v}_us": times[v] for v in variants}))
     print(f"total {time.perf_counter() - t0:.1f} s")
     if args.out:
