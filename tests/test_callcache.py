@@ -375,9 +375,10 @@ def test_memoised_ops_replay_their_launches_on_cuda(fake_cuda, replay_on):
 
 
 def test_plain_products_take_one_memo_entry_and_cast_only_where_needed(fake_cuda, replay_on):
-    """gemm_av / gemm_at_b / gemm_a_bt without tiles (and linear without bias, activation or
-    residual) look their memo entry up by a flat key of the operands' shapes and dtypes; the
-    stored call casts only where the operands' dtypes differ from the result's."""
+    """gemm_av / gemm_at_b / gemm_a_bt without tiles, and linear without residual or tiles,
+    look their memo entry up by a flat key of the operands' shapes and dtypes (and linear's
+    activation), before any check; the stored call casts only where the operands' dtypes
+    differ from the result's."""
     import mlx.core as mx
 
     import xlstm_kernels as xk
@@ -390,14 +391,30 @@ def test_plain_products_take_one_memo_entry_and_cast_only_where_needed(fake_cuda
             assert y.shape == (5, 33) and y.dtype == mx.float16
             mx.eval(y)
         assert len(fake_cuda) == 1 and len(gemm_mod._CALLS) == 1
-        mx.eval(xk.linear(a, b))  # the same product through linear: the same entry, replayed
-        assert len(fake_cuda) == 1 and len(gemm_mod._CALLS) == 1
+        for _ in range(2):  # the same product through linear: the same function (a second,
+            mx.eval(xk.linear(a, b))  # flat key of linear's own), replayed
+        assert len(fake_cuda) == 1 and len(gemm_mod._CALLS) == 2
+        assert gemm_mod._CALLS.get(("linear", a.shape, a.dtype, b.shape, b.dtype, None, None)) is \
+            gemm_mod._CALLS.get(("gemm_a_bt", a.shape, a.dtype, b.shape, b.dtype))
         mixed = xk.gemm_a_bt(a, b.astype(mx.float32))  # promoted: a's cast is part of the call
         assert mixed.dtype == mx.float32 and mixed.shape == (5, 33)
         mx.eval(mixed)
-        assert len(gemm_mod._CALLS) == 2
+        assert len(gemm_mod._CALLS) == 3
         key = ("gemm_a_bt", a.shape, a.dtype, b.shape, mx.float32)
         assert gemm_mod._CALLS.get(key) is not None
+        bias = mx.random.normal((33,)).astype(mx.float16)
+        launches = len(fake_cuda)
+        for _ in range(3):  # linear with a bias: memoised under its own flat key, replayed
+            y = xk.linear(a, b, bias, activation="gelu")
+            assert y.shape == (5, 33) and y.dtype == mx.float16
+            mx.eval(y)
+        assert len(fake_cuda) == launches + 1
+        assert gemm_mod._CALLS.get(("linear", a.shape, a.dtype, b.shape, b.dtype, (bias.shape, bias.dtype),
+                                    "gelu")) is not None
+        with pytest.raises(ValueError, match="in_features"):  # another signature: checked again
+            xk.linear(a[:, :7], b, bias)
+        with pytest.raises(ValueError, match="activation"):
+            xk.linear(a, b, bias, activation="swish")
 
 
 def test_replay_records_once_per_stream(replay_on):

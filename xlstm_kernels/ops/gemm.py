@@ -319,6 +319,12 @@ def _run(
 ) -> mx.array:
     """The differentiable op: validated and built once per signature (shapes, dtypes,
     activation, tiles) and configuration, then reused (see ops/_callcache.py)."""
+    return _memoised(op, a, b, bias, activation, residual, tiles)(a, b, bias, residual)
+
+
+def _memoised(op, a, b, bias, activation, residual, tiles):
+    """fn(a, b, bias, residual) of this call's signature: from the memo, else validated and
+    built (and stored where the signature is hashable)."""
     if bias is None and residual is None and activation is None and tiles is None \
             and a.__class__ is _ARRAY and b.__class__ is _ARRAY:
         key = (op, a.shape, a.dtype, b.shape, b.dtype)  # the plain product: a flat key
@@ -329,7 +335,7 @@ def _run(
         fn = _build_call(op, a, b, bias, activation, residual, tiles, replay=key is not None)
         if key is not None:
             _CALLS.put(key, fn)
-    return fn(a, b, bias, residual)
+    return fn
 
 
 _CALLS = CallCache("gemm")
@@ -443,8 +449,11 @@ def _build_call(op, a, b, bias, activation, residual, tiles, replay: bool = Fals
         f = replayable(f, backend)
 
     absent = placeholder(dtype)
-    if not has_bias and not has_res and a.dtype == dtype and b.dtype == dtype:
+    if not has_res and a.dtype == dtype and b.dtype == dtype and \
+            (not has_bias or (bias.__class__ is _ARRAY and bias.dtype == dtype)):
         # the memo key holds the operands' dtypes: nothing to cast or broadcast per call
+        if has_bias:
+            return lambda a, b, bias, residual: f(a, b, bias, absent)
         return lambda a, b, bias, residual: f(a, b, absent, absent)
 
     def call(a, b, bias, residual):
@@ -499,6 +508,15 @@ def linear(
         activation: None, "relu", "gelu", "gelu_approx" or "silu".
         residual: broadcastable to (..., out_features), or None.
     """
+    key = None
+    if residual is None and tiles is None and x.__class__ is _ARRAY and weight.__class__ is _ARRAY \
+            and (bias is None or bias.__class__ is _ARRAY) and x.ndim >= 2:
+        # a memoised layer call: its key holds every shape and dtype the checks below read
+        key = ("linear", x.shape, x.dtype, weight.shape, weight.dtype,
+               None if bias is None else (bias.shape, bias.dtype), activation)
+        fn = _CALLS.get(key)
+        if fn is not None:
+            return fn(x, weight, bias, None)
     check_array(x, "x", min_ndim=1)
     check_array(weight, "weight", ndim=2)
     if x.shape[-1] != weight.shape[1]:
@@ -518,7 +536,10 @@ def linear(
     if x.ndim >= 2:
         # x as it is: its leading axes fold into M inside the op (one GEMM over all rows, no
         # reshape nodes), or run batched where they cannot (more than 2^31 - 1 rows)
-        return _run("gemm_a_bt", x, weight, bias, activation, residual, tiles)
+        fn = _memoised("gemm_a_bt", x, weight, bias, activation, residual, tiles)
+        if key is not None:
+            _CALLS.put(key, fn)
+        return fn(x, weight, bias, residual)
     y = _run("gemm_a_bt", x.reshape(1, x.shape[-1]), weight, bias, activation,
              None if residual is None else residual.reshape(1, weight.shape[0]), tiles)
     return y.reshape(out_shape)
