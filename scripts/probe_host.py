@@ -60,7 +60,8 @@ def main() -> None:
     b = mx.random.normal((256, 128)).astype(d)
     a1 = mx.random.normal((1, 4096)).astype(d)  # a decode step's GEMV: B as (N, K) rows
     bn = mx.random.normal((64 if args.tiny else 4096, 4096)).astype(d)
-    mx.eval(x, w, g, q, kv, a, b, a1, bn)
+    bias = mx.random.normal((bn.shape[0],)).astype(d)
+    mx.eval(x, w, g, q, kv, a, b, a1, bn, bias)
     cases = {
         "rms_norm": (lambda: xk.rms_norm(x, w, 1e-5), lambda: mx.fast.rms_norm(x, w, 1e-5)),
         "rms_norm_vjp": (lambda: mx.vjp(lambda u, v: xk.rms_norm(u, v, 1e-5), [x, w], [g])[1],
@@ -72,6 +73,7 @@ def main() -> None:
                              lambda: mx.fast.scaled_dot_product_attention(q, kv, kv, scale=0.088)),
         "gemm_av": (lambda: xk.gemm_av(a, b), lambda: a @ b),
         "gemm_a_bt_gemv": (lambda: xk.gemm_a_bt(a1, bn), lambda: a1 @ bn.T),
+        "linear_gemv_bias": (lambda: xk.linear(a1, bn, bias), lambda: mx.addmm(bias, a1, bn.T)),
     }
     rows = []
     backend = current_backend()
