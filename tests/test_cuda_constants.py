@@ -69,3 +69,46 @@ def test_const_array_only_goes_to_device_memory_on_cuda():
     assert c is runtime.const_array([7, 8], mx.int32, backend="cuda")
     for x in (a, c):
         np.testing.assert_array_equal(np.array(x), [7, 8])
+
+
+def test_lazy_device_array_values_and_cache():
+    lazy = constants.device_array([4095], mx.int32, lazy=True)
+    assert constants.device_array([4095], mx.int32, lazy=True) is lazy
+    assert constants.device_array([4096], mx.int32, lazy=True) is not lazy
+    assert constants.device_array([4095], mx.int32) is not lazy  # the scheduled copy is its own entry
+    assert lazy.dtype == mx.int32 and tuple(lazy.shape) == (1,)
+    np.testing.assert_array_equal(np.array(lazy), [4095])
+
+
+@pytest.mark.parametrize("transform", ["compile", "grad", "vmap"])
+def test_lazy_device_array_made_inside_a_transform_is_reusable_outside(transform):
+    """A lazy copy first made while a transform traces (a user's mx.compile'd decode step)
+    is cached and must still be a plain array outside it."""
+    value = {"compile": 17, "grad": 3.5, "vmap": -9}[transform]
+    dtype = mx.float32 if transform == "grad" else mx.int32
+
+    def add(x):
+        return x + constants.device_array([value], dtype, lazy=True)
+
+    x = mx.array([1, 2], dtype=dtype)
+    if transform == "compile":
+        got = mx.compile(add)(x)
+        np.testing.assert_array_equal(np.array(mx.compile(add)(x + 1)), [value + 2, value + 3])
+    elif transform == "grad":
+        got = mx.grad(lambda a: (add(a) * add(a)).sum())(x)
+        np.testing.assert_allclose(np.array(got), 2 * (np.array([1, 2]) + value))
+        got = add(x)
+    else:
+        got = mx.vmap(add)(x)
+    np.testing.assert_array_equal(np.array(got).reshape(-1), np.array([1, 2]) + value)
+    again = constants.device_array([value], dtype, lazy=True)
+    np.testing.assert_array_equal(np.array(again + 0), [value])
+
+
+def test_const_array_lazy_only_on_cuda():
+    a = runtime.const_array([11], mx.int32, backend="emulate", lazy=True)
+    c = runtime.const_array([11], mx.int32, backend="cuda", lazy=True)
+    assert c is runtime.const_array([11], mx.int32, backend="cuda", lazy=True)
+    assert c is not runtime.const_array([11], mx.int32, backend="cuda")
+    for x in (a, c):
+        np.testing.assert_array_equal(np.array(x), [11])

@@ -135,6 +135,37 @@ def test_offset_forms_agree(kernel_backend):
     assert mx.array_equal(a, b).item() and mx.array_equal(a, c).item()
 
 
+def test_decode_loop_offsets(kernel_backend):
+    """A decode loop: the int offset changes every step, the same offset serves two calls
+    (q and k); on cuda each new offset is a lazily copied device value (ops.rope's
+    _offset_array), here also made first inside a compiled step."""
+    q = rand((2, 4, 1, 32), mx.bfloat16, seed=21)
+    k = rand((2, 2, 1, 32), mx.bfloat16, seed=22)
+    for off in (7, 8, 9, 4095, 8):
+        if off == 9 and kernel_backend != "emulate":  # the emulator evaluates its inputs: no compile
+            got_q, got_k = mx.compile(lambda a, b: (rope(a, 32, offset=9), rope(b, 32, offset=9)))(q, k)
+        else:
+            got_q, got_k = rope(q, 32, offset=off), rope(k, 32, offset=off)
+        assert rel_err(got_q, np_rope(to_np(q), 32, offset=off)) < TOL["bfloat16"]
+        assert rel_err(got_k, np_rope(to_np(k), 32, offset=off)) < TOL["bfloat16"]
+
+
+def test_offset_array_per_backend():
+    from xlstm_kernels.cuda import constants
+    from xlstm_kernels.ops.rope import _offset_array
+
+    constants.clear()
+    try:
+        dev = _offset_array(4095, "cuda")
+        assert _offset_array(4095, "cuda") is dev and _offset_array(4096, "cuda") is not dev
+        host = _offset_array(4095, "emulate")
+        assert _offset_array(4095, "emulate") is host and host is not dev
+        for a in (dev, host):
+            assert a.dtype == mx.int32 and tuple(a.shape) == (1,) and np.array(a).tolist() == [4095]
+    finally:
+        constants.clear()
+
+
 def test_non_contiguous_input(kernel_backend):
     """(B, L, H, D) data seen as (B, H, L, D) through swapaxes, the usual attention layout."""
     blhd = rand((2, 9, 3, 32), mx.float32, seed=6)

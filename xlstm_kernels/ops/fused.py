@@ -54,13 +54,13 @@ import mlx.core as mx
 import numpy as np
 
 from .. import tiles as tiles_mod
-from ..runtime import KernelSpec, current_backend, launch
+from ..runtime import KernelSpec, const_array, current_backend, launch
 from ..tiles.gemm import MAX_THREADGROUP_BYTES
 from ._callcache import placeholder
 from ._validate import check_array
 from .gemm import linear
 from .norm import rms_norm, rms_norm_reference
-from .rope import _base_freqs
+from .rope import _base_freqs, _offset_array
 from .rope import _reference as _rope_reference
 from .rope import rope
 
@@ -88,27 +88,33 @@ MAX_TG_BYTES = MAX_THREADGROUP_BYTES
 # ---------------------------------------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=256)
 def _params(*values: int) -> mx.array:
+    """The kernels' int64 shape parameters (runtime.const_array: device memory on cuda)."""
+    if current_backend() == "cuda":
+        return const_array(list(values), mx.int64, "cuda")
+    return _host_params(*values)
+
+
+def _f32(value: float) -> mx.array:
+    """A float32 scalar input (eps, scale), as _params."""
+    if current_backend() == "cuda":
+        return const_array(value, mx.float32, "cuda")
+    return _host_f32(value)
+
+
+@functools.lru_cache(maxsize=256)
+def _host_params(*values: int) -> mx.array:
     return mx.array(list(values), dtype=mx.int64)
 
 
 @functools.lru_cache(maxsize=64)
-def _f32(value: float) -> mx.array:
+def _host_f32(value: float) -> mx.array:
     return mx.array(value, dtype=mx.float32)
 
 
 @functools.lru_cache(maxsize=8)
 def _dummy(dtype: mx.Dtype) -> mx.array:
     return placeholder(dtype)
-
-
-@functools.lru_cache(maxsize=4096)
-def _offset_array(offset: int) -> mx.array:
-    """A call's int offset as the kernel's input: a host array (not runtime.const_array),
-    since a decode loop's offset changes every step and a new device copy costs a GPU
-    copy and ~20 us of host time."""
-    return mx.array([offset], dtype=mx.int32)
 
 
 # ---------------------------------------------------------------------------------------
@@ -526,7 +532,7 @@ def fused_norm_qkv_rope(
     if backend == "reference" or bsz * seq == 0 or e == 0:
         return fused_norm_qkv_rope_reference(x, norm_weight, w_qkv, n_heads, n_kv_heads, **rope_kw)
     freqs32 = _base_freqs(d // 2, base)
-    offsets = offset.reshape(-1) if isinstance(offset, mx.array) else _offset_array(offset)  # (1,) or (B,)
+    offsets = offset.reshape(-1) if isinstance(offset, mx.array) else _offset_array(offset, backend)  # (1,) or (B,)
 
     @mx.custom_function
     def f(xa, nwa, wa):

@@ -239,7 +239,7 @@ def _launch_kwargs(x: mx.array, dims: int, traditional: bool, scale: float, offs
     if isinstance(offset, mx.array):
         offsets = offset
     else:
-        offsets = _offset_array(offset)
+        offsets = _offset_array(offset, backend)
     per_batch = offsets.size > 1  # else one offset for every row
     b4, h4, seq_len, d = kernel_shape(tuple(x.shape), per_batch)
     half = dims // 2
@@ -323,11 +323,22 @@ def _call_key(x, dims, traditional, base, scale, offset, freqs) -> tuple | None:
     return (x.shape, x.dtype, dims, traditional, base, base is DEFAULT_BASE, scale, off, fr)
 
 
+def _offset_array(offset: int, backend: str | None = None) -> mx.array:
+    """A call's int offset as the kernel's (1,) int32 input, one array per value.
+
+    On cuda a device-memory copy left in the graph (runtime.const_array, lazy: a decode
+    loop's offset changes every step; its first call runs one small copy kernel, the
+    step's other calls share it). A host array lives in MLX's managed memory, and the
+    kernel's read of it cost up to ~2 us a call, depending on where the page last was
+    (session 21, scripts/probe_rope_consts.py: raw vs raw_devoff). Elsewhere the host
+    array."""
+    if backend == "cuda":
+        return const_array([offset], mx.int32, backend, lazy=True)
+    return _host_offset_array(offset)
+
+
 @functools.lru_cache(maxsize=4096)
-def _offset_array(offset: int) -> mx.array:
-    """A call's int offset as the kernel's input: a host array (not runtime.const_array),
-    since a decode loop's offset changes every step and a new device copy costs a GPU
-    copy and ~20 us of host time."""
+def _host_offset_array(offset: int) -> mx.array:
     return mx.array([offset], dtype=mx.int32)
 
 
@@ -387,14 +398,14 @@ def _build_call(x, dims, traditional, base, scale, offset, freqs, replay: bool =
         def call_int(x, offset, freqs):
             if not -(2**31) <= offset < 2**31:
                 raise ValueError(f"offset must fit in int32, got {offset}")
-            return f(x, _offset_array(offset), freqs32)
+            return f(x, _offset_array(offset, backend), freqs32)
 
         return call_int
 
     def call(x, offset, freqs):
         offs, fr = inputs(offset, freqs)
         if not isinstance(offs, mx.array):
-            offs = _offset_array(offs)
+            offs = _offset_array(offs, backend)
         return f(x, offs, fr)
 
     return call

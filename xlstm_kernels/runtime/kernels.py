@@ -170,16 +170,18 @@ def prepare_launch(
     return run
 
 
-def const_array(values: Any, dtype: mx.Dtype, backend: str | None = None) -> mx.array:
+def const_array(values: Any, dtype: mx.Dtype, backend: str | None = None, *, lazy: bool = False) -> mx.array:
     """A small constant kernel input (shape parameters, eps, scale): ``mx.array(values,
     dtype=dtype)`` (`values`: a number or a flat list), on the cuda backend a view of a
     device-memory copy made once per value (:mod:`xlstm_kernels.cuda.constants`: MLX keeps
-    arrays made from host data in managed memory, which kernels may wait for)."""
+    arrays made from host data in managed memory, which kernels may wait for). `lazy`: the
+    copy stays in the graph, not scheduled at once (for per-step values such as a decode
+    position offset, passed as a call's input; see ``device_array``)."""
     if (backend or current_backend()) == "cuda":
         global _device_array
         if _device_array is None:
             from ..cuda.constants import device_array as _device_array
-        return _device_array(values, dtype)
+        return _device_array(values, dtype, lazy=lazy)
     return mx.array(values, dtype=dtype)
 
 
