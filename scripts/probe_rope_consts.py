@@ -19,9 +19,20 @@ interleaved with MLX's op (timing.measure_chained_variants, us per call):
   of the host array in MLX's managed memory;
 * ``cf`` / ``cc`` / ``ccf``: ``raw`` inside an ``mx.custom_function``, inside
   ``mx.compile``, and both (what ``op`` replays);
+* ``mlx_loop`` / ``op_loop``: MLX's op and ours with the offset advanced every second call
+  (a decode loop's q and k share a step's offset): a new offset array every other call
+  (ours: a lazily copied device value, one copy kernel per new offset);
+* ``ccfv``: ``ccf`` with a VJP registered on the custom function (as ``op`` has);
+* ``op_norep``: the op's stored call built without graph replay;
+* ``raw_hostoff``: ``raw`` with the offset a host array (MLX's managed memory), as
+  before session 21; ``raw_loop_dev`` / ``raw_loop_host``: ``raw`` with a new offset every
+  second call, a lazily copied device value / a new host array;
 * ``copy5``: a copy of x to y with the same five inputs bound, one element per thread:
   the floor of a custom-kernel launch of these bytes.
 
+Each timed chain follows an untimed chain of the same variant (``PROBE_RC_SELF=0``: the
+variants interleaved as timing.measure_chained_variants runs them, each chain after
+another variant's, which costs 1.3-2.2 us a call: scripts/probe_chain_switch.py).
 ``PROBE_RC_ORDER=reverse`` runs the variants in reverse order after MLX's (each variant's
 predecessor in the rotation changes). Shapes: ``PROBE_RC_SHAPES="B,H,L,D[,dtype] ..."`` (default the decode rows).
 """
@@ -30,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 import math
 import os
@@ -40,7 +52,7 @@ import time
 import mlx.core as mx
 
 import xlstm_kernels as xk
-from xlstm_kernels.benchmarks.timing import fastest_quarter, measure_chained_variants
+from xlstm_kernels.benchmarks.timing import _chain_once, fastest_quarter, measure_chained_variants
 from xlstm_kernels.ops import rope as rope_ops
 from xlstm_kernels.runtime import KernelSpec, const_array, current_backend, prepare_launch
 
@@ -79,6 +91,23 @@ def _copy_body(n: int) -> str:
 
 def _spec(name: str, text: str) -> TextSpec:
     return TextSpec("rope", name, rope_ops.ROPE.input_names, ("y",), ensure_row_contiguous=False, text=text)
+
+
+def _chains_after_self(order, x) -> dict[str, list[float]]:
+    """Seconds per call of each variant's chain, each timed right after an untimed chain of
+    the same variant (scripts/probe_chain_switch.py: a chain right after another op's
+    costs 1.3-2.2 us a call more at these sizes, MLX's as well as ours, since the two
+    share a CUDA graph key); the order rotates by one place per repeat."""
+    times: dict[str, list[float]] = {k: [] for k, _ in order}
+    for _, step in order:
+        mx.eval(step(x))
+        mx.eval(step(step(x)))
+    for r in range(REPEATS):
+        shift = r % len(order)
+        for name, step in order[shift:] + order[:shift]:
+            _chain_once(step, x, CALLS, False)
+            times[name].append(_chain_once(step, x, CALLS, False))
+    return times
 
 
 def main() -> None:
@@ -122,26 +151,48 @@ def main() -> None:
         mlx = lambda a: mx.fast.rope(a, d, traditional=False, base=BASE, scale=1.0, offset=OFFSET)  # noqa: E731
         ours = lambda a: xk.rope(a, d, base=BASE, offset=OFFSET)  # noqa: E731
         steps = {"mlx": mlx, "op": ours, **{k: step_of(r) for k, r in runs.items()}}
-        dev_off = const_array([OFFSET], mx.int32)
         raw = runs["raw"]
+        counter = itertools.count(2 * OFFSET)
+        steps["mlx_loop"] = lambda a: mx.fast.rope(a, d, traditional=False, base=BASE, scale=1.0,
+                                                   offset=next(counter) // 2)
+        steps["op_loop"] = lambda a: xk.rope(a, d, base=BASE, offset=next(counter) // 2)
+        host_off = rope_ops._host_offset_array(OFFSET)
+        steps["raw_hostoff"] = lambda a: raw([a.reshape(flat), host_off, *ins[2:]])[0].reshape(shape)
+        steps["raw_loop_dev"] = lambda a: raw([a.reshape(flat), rope_ops._offset_array(next(counter) // 2, backend),
+                                              *ins[2:]])[0].reshape(shape)
+        steps["raw_loop_host"] = lambda a: raw([a.reshape(flat), mx.array([next(counter) // 2], dtype=mx.int32),
+                                               *ins[2:]])[0].reshape(shape)
+        dev_off = const_array([OFFSET], mx.int32)
         steps["raw_devoff"] = lambda a: raw([a.reshape(flat), dev_off, *ins[2:]])[0].reshape(shape)
         bare = lambda a, o, f: raw([a, o, f, *ins[3:]])[0]  # noqa: E731
         cf = mx.custom_function(bare)
         cc, ccf = mx.compile(bare), mx.compile(cf)
+        cfv = mx.custom_function(bare)
+
+        @cfv.vjp
+        def _cfv_vjp(primals, cotangent, output):
+            return cotangent, mx.zeros_like(primals[1]), mx.zeros_like(primals[2])
+
         offs = ins[1]
-        for name, fn in (("cf", cf), ("cc", cc), ("ccf", ccf)) if backend != "emulate" else (("cf", cf),):
+        built = rope_ops._build_call(x, d, False, BASE, 1.0, OFFSET, None, replay=False)
+        steps["op_norep"] = lambda a: built(a, OFFSET, None)
+        for name, fn in ((("cf", cf), ("cc", cc), ("ccf", ccf), ("ccfv", mx.compile(cfv)))
+                         if backend != "emulate" else (("cf", cf),)):
             steps[name] = lambda a, fn=fn: fn(a, offs, freqs32)
         ref = mlx(x).astype(mx.float32)
         errs = {}
         for name, step in steps.items():
-            if name != "copy5":
+            if name not in ("copy5",) and "loop" not in name:
                 o = step(x).astype(mx.float32)
                 errs[name] = (mx.abs(o - ref).max() / mx.abs(ref).max()).item()
         order = list(steps.items())
         if os.environ.get("PROBE_RC_ORDER") == "reverse":  # MLX first, then the variants in reverse
             order = order[:1] + order[:0:-1]
-        times = measure_chained_variants([(k, (lambda s=s: s)) for k, s in order], x, calls=CALLS,
-                                         repeats=REPEATS)
+        if os.environ.get("PROBE_RC_SELF", "1") == "1":
+            times = _chains_after_self(order, x)
+        else:
+            times = measure_chained_variants([(k, (lambda s=s: s)) for k, s in order], x, calls=CALLS,
+                                             repeats=REPEATS)
         times = {k: [t * 1e6 for t in ts] for k, ts in times.items()}
         tag = "x".join(map(str, shape)) + f" {dtype}"
         m = fastest_quarter(times["mlx"])

@@ -84,11 +84,11 @@ def test_lazy_device_array_values_and_cache():
 def test_lazy_device_array_made_inside_a_transform_is_reusable_outside(transform):
     """A lazy copy first made while a transform traces (a user's mx.compile'd decode step)
     is cached and must still be a plain array outside it."""
-    value = {"compile": 17, "grad": 3.5, "vmap": -9}[transform]
+    value = {"compile": 17, "grad": 3, "vmap": -9}[transform]
     dtype = mx.float32 if transform == "grad" else mx.int32
 
     def add(x):
-        return x + constants.device_array([value], dtype, lazy=True)
+        return x + constants.device_array([value], mx.int32, lazy=True).astype(dtype)
 
     x = mx.array([1, 2], dtype=dtype)
     if transform == "compile":
@@ -101,7 +101,7 @@ def test_lazy_device_array_made_inside_a_transform_is_reusable_outside(transform
     else:
         got = mx.vmap(add)(x)
     np.testing.assert_array_equal(np.array(got).reshape(-1), np.array([1, 2]) + value)
-    again = constants.device_array([value], dtype, lazy=True)
+    again = constants.device_array([value], mx.int32, lazy=True)
     np.testing.assert_array_equal(np.array(again + 0), [value])
 
 
@@ -112,3 +112,29 @@ def test_const_array_lazy_only_on_cuda():
     assert c is not runtime.const_array([11], mx.int32, backend="cuda")
     for x in (a, c):
         np.testing.assert_array_equal(np.array(x), [11])
+
+
+def test_lazy_device_arrays_keep_only_the_newest(monkeypatch):
+    monkeypatch.setattr(constants, "MAX_LAZY_ENTRIES", 3)
+    first = [constants.device_array([v], mx.int32, lazy=True) for v in range(3)]
+    assert constants.device_array([0], mx.int32, lazy=True) is first[0]
+    newest = constants.device_array([3], mx.int32, lazy=True)  # drops value 0, the oldest
+    assert constants.device_array([0], mx.int32, lazy=True) is not first[0]  # (drops value 1)
+    assert constants.device_array([2], mx.int32, lazy=True) is first[2]
+    assert constants.device_array([3], mx.int32, lazy=True) is newest
+    for v in range(4):
+        np.testing.assert_array_equal(np.array(constants.device_array([v], mx.int32, lazy=True)), [v])
+
+
+@pytest.mark.parametrize("value", [0, 4095, -5, 2**31 - 1, -(2**31)])
+def test_lazy_device_array_holds_any_int32(value):
+    for given in ([value], value):
+        got = constants.device_array(given, mx.int32, lazy=True)
+        assert got.dtype == mx.int32 and tuple(got.shape) == ((1,) if isinstance(given, list) else ())
+        assert np.array(got).tolist() == given
+
+
+def test_lazy_device_array_takes_one_int32_only():
+    for values, dtype in (([1, 2], mx.int32), ([1.5], mx.float32), ([3], mx.int64)):
+        with pytest.raises(ValueError, match="one int32 value"):
+            constants.device_array(values, dtype, lazy=True)

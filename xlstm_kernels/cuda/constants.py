@@ -32,6 +32,10 @@ ENV_VAR = "XLSTM_KERNELS_CUDA_DEVICE_CONSTS"
 MAX_BYTES = 1024
 #: Device copies kept per thread and stream (all dropped when full).
 MAX_ENTRIES = 4096
+#: Lazy copies (per-step values) kept per thread and stream, the oldest dropped first: a
+#: decode loop needs only the current step's, and dropped copies free their buffers for
+#: MLX to reuse.
+MAX_LAZY_ENTRIES = 64
 
 _local = threading.local()  # per thread: [(stream, {key: array})], streams compared by value
 
@@ -91,12 +95,14 @@ def device_array(values: Any, dtype: mx.Dtype, *, lazy: bool = False) -> mx.arra
     equal arguments on the same thread and stream. The host array where it is off, where
     the constant is large, or where the copy cannot be scheduled.
 
-    `lazy`: the copy is left in the graph instead of scheduled (no ``mx.async_eval``, ~20
-    us of host time less): for values that change from step to step (a decode loop's
+    `lazy` (one int32 value only): the copy is left in the graph instead of scheduled (no
+    ``mx.async_eval``, ~20 us of host time less; one copy kernel): for values that change from step to step (a decode loop's
     position offset), passed to a kernel as an input of the call (never captured by a
     replayed graph as a constant, where an unevaluated copy would run again on every
     replay). The first evaluation that needs it runs the copy (one small kernel); later
     calls with the same value share it."""
+    if lazy and (dtype != mx.int32 or (isinstance(values, list) and len(values) != 1)):
+        raise ValueError(f"device_array(lazy=True) holds one int32 value, got {values!r} as {dtype}")
     if not enabled():
         return mx.array(values, dtype=dtype)
     key = (dtype, tuple(values) if isinstance(values, list) else values, lazy)
@@ -112,18 +118,43 @@ def device_array(values: Any, dtype: mx.Dtype, *, lazy: bool = False) -> mx.arra
         return host
     try:
         flat = host.reshape(-1)
-        pad = max(1, -(-32 // host.itemsize) - flat.size)  # > 8 bytes: not MLX's managed scalar pool
-        padded = mx.concatenate([flat, mx.zeros((pad,), dtype=dtype)])
-        view = padded[: flat.size].reshape(host.shape)
-        if not lazy:
+        if lazy:
+            view = _lazy_copy(values, host.shape)
+        else:  # padded past 8 bytes (not MLX's managed scalar pool) by a concatenation
+            pad = max(1, -(-32 // host.itemsize) - flat.size)
+            padded = mx.concatenate([flat, mx.zeros((pad,), dtype=dtype)])
+            view = padded[: flat.size].reshape(host.shape)
             mx.async_eval(view)
     except Exception:  # noqa: BLE001  (no GPU stream here, or a transform refuses it: the host array)
         return host
     if cache is not None:
-        if len(cache) >= MAX_ENTRIES:
+        if lazy:
+            lazy_keys = cache.setdefault(_LAZY_KEYS, [])
+            if len(lazy_keys) >= MAX_LAZY_ENTRIES:
+                cache.pop(lazy_keys.pop(0), None)
+            lazy_keys.append(key)
+        elif len(cache) >= MAX_ENTRIES:
             cache.clear()
         cache[key] = view
     return view
+
+
+def _lazy_copy(values: Any, shape: tuple) -> mx.array:
+    """One int32 value (`values`: an int or a one-element list) in device memory, made by
+    a single copy kernel left in the graph: the value and two zeros from the host, widened
+    to int64 (24 bytes, allocated on the stream in device memory; a widening copy cannot
+    reuse the host buffer), seen as int32 again: the low word of the first element is the
+    value (little-endian; two's complement: also for negative values).
+
+    Session 21: a padded concatenation costs three kernels per new value (~10 us of a
+    chained decode step), ``mx.tile``'s copy is allocated in managed memory (read as
+    slowly as a host array)."""
+    flat = list(values) if isinstance(values, list) else [values]
+    wide = mx.array(flat + [0, 0], dtype=mx.int32).astype(mx.int64)
+    return wide.view(mx.int32)[:1].reshape(shape)
+
+
+_LAZY_KEYS = object()  # a stream cache's entry: the keys of its lazy copies, oldest first
 
 
 def clear() -> None:
