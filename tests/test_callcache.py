@@ -465,3 +465,118 @@ def test_replay_only_on_the_main_thread(replay_on):
     assert not errors and calls["forward"] == 4
     mx.eval(g(x, w))
     assert calls["forward"] == 4  # the main thread still replays
+
+
+def test_traced_tells_transforms_from_plain_calls():
+    """ops._callcache.traced: True for the arrays a transform traces (grad, vjp, jvp,
+    vmap, a caller's compile), False for plain ones, also at a new signature."""
+    import mlx.core as mx
+
+    from xlstm_kernels.ops._callcache import traced
+
+    x, w = mx.ones((3,)), mx.ones((3,))
+    seen = {}
+
+    def f(a, b=None, tag=""):
+        seen[tag] = traced([a] if b is None else [a, b])
+        return (a * 2).sum()
+
+    f(x, tag="plain")
+    f(mx.ones((4, 2)), tag="plain, new shape")
+    f(mx.ones((4, 2), dtype=mx.float16), tag="plain, new dtype")
+    mx.grad(lambda a: f(a, tag="grad"))(x)
+    mx.grad(lambda b: f(x, b, tag="grad of the second"))(w)
+    mx.vjp(lambda a: f(a, tag="vjp"), [x], [mx.array(1.0)])
+    mx.jvp(lambda a: f(a, tag="jvp"), [x], [x])
+    mx.vmap(lambda a: f(a, tag="vmap"))(mx.ones((2, 3)))
+    mx.compile(lambda a: f(a, tag="compile"))(x)
+    mx.checkpoint(lambda a: f(a, tag="checkpoint"))(x)
+    mx.grad(mx.checkpoint(lambda a: f(a, tag="grad of checkpoint")))(x)
+    assert seen == {"plain": False, "plain, new shape": False, "plain, new dtype": False, "grad": True,
+                    "grad of the second": True, "vjp": True, "jvp": True, "vmap": True, "compile": True,
+                    "checkpoint": False, "grad of checkpoint": True}
+
+
+def _graph_text(tmp_path, out) -> str:
+    import mlx.core as mx
+
+    path = tmp_path / "graph.dot"
+    mx.export_to_dot(str(path), out)
+    return path.read_text()
+
+
+@pytest.mark.parametrize("order", ["plain first", "grad first"])
+def test_replay_records_the_bare_forward_and_differentiates_through_the_custom_vjp(replay_on, tmp_path, order):
+    """replayable(..., bare=): plain calls replay the forward without the custom function's
+    StopGradient / CustomTransforms nodes; gradients still take the custom VJP (made
+    recognisable here: it returns 7 * the true one), whichever kind of call comes first."""
+    import mlx.core as mx
+    import numpy as np
+
+    from xlstm_kernels.ops._callcache import replayable
+
+    f, calls = _counted_custom_function()
+    bare_calls = []
+
+    def bare(x, w):
+        bare_calls.append(1)
+        return x * w
+
+    @mx.custom_function
+    def g(x, w):
+        return f(x, w)
+
+    @g.vjp
+    def g_vjp(primals, cotangent, output):
+        x, w = primals
+        return 7 * cotangent * w, 7 * (cotangent * x).sum(axis=0)
+
+    r = replayable(g, "cuda", bare=bare)
+    rng = np.random.default_rng(3)
+    w = mx.array(rng.standard_normal(5).astype(np.float32))
+    x = mx.array(rng.standard_normal((3, 5)).astype(np.float32))
+
+    def grads():
+        dx, dw = mx.grad(lambda a, b: r(a, b).sum(), argnums=(0, 1))(x, w)
+        np.testing.assert_allclose(np.array(dx), 7 * np.broadcast_to(np.array(w), (3, 5)), rtol=1e-6)
+        np.testing.assert_allclose(np.array(dw), 7 * np.array(x).sum(axis=0), rtol=1e-6)
+
+    if order == "grad first":
+        grads()
+        assert bare_calls == []
+    for i in range(3):
+        xn = mx.array(rng.standard_normal((3, 5)).astype(np.float32))
+        y = r(xn, w)
+        np.testing.assert_allclose(np.array(y), np.array(xn) * np.array(w), rtol=1e-6)
+        text = _graph_text(tmp_path, r(xn, w))
+        assert "CustomTransforms" not in text and "StopGradient" not in text
+    assert len(bare_calls) == 1  # recorded once, then replayed
+    grads()
+    vm = mx.vmap(lambda a: r(a, w))(mx.ones((2, 3, 5)))
+    np.testing.assert_allclose(np.array(vm), np.broadcast_to(np.array(w), (2, 3, 5)), rtol=1e-6)
+    assert "CustomTransforms" in _graph_text(tmp_path, g(x, w))
+
+
+def test_replay_of_a_signature_only_ever_differentiated_records_the_custom_function(replay_on, monkeypatch,
+                                                                                    tmp_path):
+    import mlx.core as mx
+    import numpy as np
+
+    from xlstm_kernels.ops import _callcache
+    from xlstm_kernels.ops._callcache import replayable
+
+    monkeypatch.setattr(_callcache, "MAX_TRACED_TRIES", 3)
+    f, calls = _counted_custom_function()
+    bare_calls = []
+    r = replayable(f, "cuda", bare=lambda x, w: (bare_calls.append(1), x * w)[1])
+    x, w = mx.ones((2, 4)), mx.arange(4, dtype=mx.float32)
+    probes = []
+    real = _callcache.traced
+    monkeypatch.setattr(_callcache, "traced", lambda arrays: (probes.append(1), real(arrays))[1])
+    for _ in range(5):
+        dx = mx.grad(lambda a: r(a, w).sum())(x)
+        np.testing.assert_allclose(np.array(dx), np.broadcast_to(np.array(w), (2, 4)))
+    assert len(probes) == 3  # no more checks after MAX_TRACED_TRIES
+    y = r(x, w)
+    np.testing.assert_allclose(np.array(y), np.array(x) * np.array(w))
+    assert bare_calls == [] and "CustomTransforms" in _graph_text(tmp_path, r(x, w))

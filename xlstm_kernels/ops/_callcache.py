@@ -127,14 +127,55 @@ def replay_enabled() -> bool:
     raise ValueError(f"{REPLAY_ENV_VAR}={text!r}: expected 1 or 0 (on / off)")
 
 
-def replayable(fn: Callable, backend: str) -> Callable:
+#: Calls of one signature that may still check whether their arrays are traced before it
+#: stops trying to record the bare forward (a loop that only ever differentiates).
+MAX_TRACED_TRIES = 16
+
+_probe_calls = [0]
+
+
+def _probe_mark(*arrays):
+    _probe_calls[0] += 1
+    return arrays[0]
+
+
+_probe = mx.compile(_probe_mark)
+
+
+def traced(arrays) -> bool:
+    """Whether `arrays` (a non-empty sequence) holds a tracer: the call is being
+    differentiated (``mx.grad``, ``mx.vjp``, ``mx.jvp``), vmapped or compiled by the caller.
+
+    MLX does not show a tracer to Python, but ``mx.compile`` does: a compiled function runs
+    its Python on every call whose inputs include a tracer, and on no call after the first
+    otherwise. So a compiled identity is called twice: Python ran both times iff traced
+    (the first run may be the trace of a new input signature)."""
+    _probe_calls[0] = 0
+    _probe(*arrays)
+    if not _probe_calls[0]:
+        return False
+    _probe_calls[0] = 0
+    _probe(*arrays)
+    return _probe_calls[0] > 0
+
+
+def replayable(fn: Callable, backend: str, bare: Callable | None = None) -> Callable:
     """`fn` through ``mx.compile`` when `backend` launches MLX primitives, else `fn`.
 
     `fn` must be the array core of one memoised call signature: it takes only arrays
     whose values may change between calls, and everything else it uses (launch plans,
     constant arrays the op made, scalars) is fixed by the memo key. Its first call per
     input shapes / dtypes records the graph (our Python runs once); later calls replay
-    it. Gradients and vmap go through the compiled function as through `fn`."""
+    it. Gradients and vmap go through the compiled function as through `fn`.
+
+    `bare`: `fn`'s forward without its ``mx.custom_function`` (the same launches). A custom
+    function with a VJP adds two graph nodes per output (MLX's ``StopGradient`` and
+    ``CustomTransforms``), ~0.5 us of every evaluated call on an H100 (session 21,
+    scripts/probe_rope_consts.py: ccf against ccfv). With `bare` the recorded graph is
+    the bare forward, recorded at the first call whose arrays are not traced
+    (:func:`traced`); calls with traced arrays (gradients, vmap, a caller's compile) run
+    `fn`, the custom function, as before. After MAX_TRACED_TRIES traced calls without a
+    plain one, the signature records `fn` itself (no more checks)."""
     if backend not in REPLAY_BACKENDS or not replay_enabled():
         return fn
     # Only the main thread replays: MLX's GPU streams belong to their thread, and compiled
@@ -143,26 +184,47 @@ def replayable(fn: Callable, backend: str) -> Callable:
     # run `fn` itself. One recording per default stream (mx.stream(...) contexts); MLX keys
     # compiled graphs on the Python function, so each recording gets its own.
     # (Streams compare by value but hash by identity: a short list, scanned.)
-    compiled: list[tuple[Any, Callable]] = []
+    # An entry: [stream, compiled, state] with state 0 = may record the bare forward,
+    # 1 = recorded (or recording `fn`: no more checks); tries counts traced calls.
+    compiled: list[list] = []
     lock = threading.Lock()
+    recording_bare = [False]
+    tries = [0]
 
     def replay(*arrays):
         if _get_ident() != _main_ident:
             return fn(*arrays)
         stream = _default_stream(_default_device())
-        for known, run in compiled:
-            if known == stream:
-                return run(*arrays)
+        for entry in compiled:
+            if entry[0] == stream:
+                if entry[2]:
+                    return entry[1](*arrays)
+                return first_calls(entry, arrays)
 
         def record(*a):
-            return fn(*a)
+            return bare(*a) if recording_bare[0] else fn(*a)
 
         with lock:
-            run = next((r for k, r in compiled if k == stream), None)
-            if run is None:
-                run = mx.compile(record)
-                compiled.append((stream, run))
-        return run(*arrays)
+            entry = next((e for e in compiled if e[0] == stream), None)
+            if entry is None:
+                entry = [stream, mx.compile(record), bare is None]
+                compiled.append(entry)
+        return entry[1](*arrays) if entry[2] else first_calls(entry, arrays)
+
+    def first_calls(entry, arrays):
+        """A call before the bare forward is recorded: record it if `arrays` are plain."""
+        if traced(arrays):
+            tries[0] += 1
+            if tries[0] >= MAX_TRACED_TRIES:
+                entry[2] = 1  # a loop that only differentiates: record fn at its first plain call
+            return fn(*arrays)
+        recording_bare[0] = True
+        try:
+            out = entry[1](*arrays)  # the first plain call: compile traces `bare`
+        finally:
+            recording_bare[0] = False
+        entry[2] = 1
+        return out
 
     return replay
 

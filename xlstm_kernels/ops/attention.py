@@ -1091,7 +1091,7 @@ def _build_attention(q, k, v, scale, mask, path: str, cfg: dict, replay: bool = 
         return dq, dk, dv_, dm if additive else mx.zeros_like(extra)
 
     if replay:
-        f = replayable(f, backend)
+        f = replayable(f, backend, bare=lambda q, k, v, extra: forward(q, k, v, replace(m, array=extra) if additive else m))
 
     def call(q, k, v, mask):
         # an array mask is checked per call (its values are this call's); memoised calls have none

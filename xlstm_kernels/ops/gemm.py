@@ -446,7 +446,8 @@ def _build_call(op, a, b, bias, activation, residual, tiles, replay: bool = Fals
         return _sum_to_shape(da, tuple(a.shape)), _sum_to_shape(db, tuple(b.shape)), dbias, dres
 
     if replay:
-        f = replayable(f, backend)
+        f = replayable(f, backend, bare=lambda a, b, bias, residual: _kernel_gemm(
+            layout, a, b, bias if has_bias else None, act, residual if has_res else None, tiles, backend))
 
     absent = placeholder(dtype)
     if not has_res and a.dtype == dtype and b.dtype == dtype and \

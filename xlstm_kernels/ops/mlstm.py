@@ -623,4 +623,4 @@ def _step_function(q, k, v, i_pre, f_pre, state, eps, replay: bool = False):
     def f_vjp(p, cotangents, outputs):
         return _vjp_via(ref, p, cotangents)
 
-    return replayable(f, backend) if replay else f  # cuda / metal: record once, replay
+    return replayable(f, backend, bare=forward) if replay else f  # cuda / metal: record once, replay

@@ -697,7 +697,7 @@ def _differentiable_fn(kind: str, x, weight, bias, eps: float, num_heads: int, b
         return tuple(grads) if len(grads) > 1 else grads[0]
 
     if replay:
-        f = replayable(f, backend)
+        f = replayable(f, backend, bare=lambda *args: forward(args))
 
     if n_args == 1:
         return lambda xa, wa, ba: f(xa)

@@ -390,7 +390,7 @@ def _build_call(x, dims, traditional, base, scale, offset, freqs, replay: bool =
         return rotate(cotangent.astype(x.dtype), offs, fr, True), mx.zeros_like(offs), mx.zeros_like(fr)
 
     if replay:
-        f = replayable(f, backend)
+        f = replayable(f, backend, bare=lambda x, offs, fr: rotate(x, offs, fr, False))
 
     if offset.__class__ is int and not given_freqs:
         # The common call (an int offset, default frequencies; the memo key fixes both):
