@@ -141,16 +141,18 @@ def device_array(values: Any, dtype: mx.Dtype, *, lazy: bool = False) -> mx.arra
 
 def _lazy_copy(values: Any, shape: tuple) -> mx.array:
     """One int32 value (`values`: an int or a one-element list) in device memory, made by
-    a single copy kernel left in the graph: the value and two zeros from the host, widened
-    to int64 (24 bytes, allocated on the stream in device memory; a widening copy cannot
-    reuse the host buffer), seen as int32 again: the low word of the first element is the
-    value (little-endian; two's complement: also for negative values).
+    a single copy kernel left in the graph: the value as a 4-byte host scalar (MLX's
+    managed scalar pool, which the GPU reads in place), broadcast to three elements and
+    widened to int64 (24 bytes, allocated on the stream in device memory), seen as int32
+    again: the low word of the first element is the value (little-endian; two's
+    complement: also for negative values).
 
-    Session 21: a padded concatenation costs three kernels per new value (~10 us of a
-    chained decode step), ``mx.tile``'s copy is allocated in managed memory (read as
-    slowly as a host array)."""
-    flat = list(values) if isinstance(values, list) else [values]
-    wide = mx.array(flat + [0, 0], dtype=mx.int32).astype(mx.int64)
+    Session 21 (scripts/probe_rope_consts.py, raw_loop_*): a host array of more than 8 bytes
+    is managed memory that the GPU faults in at its first read (~10 us a new value); a
+    padded concatenation costs three kernels; ``mx.tile``'s copy is allocated in managed
+    memory, which kernels then read as slowly as a host array."""
+    value = values[0] if isinstance(values, list) else values
+    wide = mx.broadcast_to(mx.array(value, dtype=mx.int32), (3,)).astype(mx.int64)
     return wide.view(mx.int32)[:1].reshape(shape)
 
 
