@@ -8,6 +8,11 @@ input) called through ``mx.compile`` of the bare ``cuda_kernel`` call and of an
 (each call takes the last one's output; built, then evaluated: evaluation only) and
 pipelined (``timing.measure_pipelined``: building included). Then MLX's RoPE and ours at
 the same size, chained. Interleaved repeats, the fastest quarter (q25), microseconds.
+
+Session 21: its custom function has no VJP, and MLX calls such a custom function as a plain
+function (no graph node), so this probe compares two identical graphs. With a VJP the
+custom function adds a StopGradient and a CustomTransforms node per output (~0.5 us a call:
+scripts/probe_rope_consts.py, ccf against ccfv).
 """
 
 from __future__ import annotations
