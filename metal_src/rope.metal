@@ -11,7 +11,8 @@
 // when the op is given `base`). Features [dims, D) are copied through unchanged.
 //
 // x is read in place through x_strides (ensure_row_contiguous off: queries and keys
-// transposed from (B, L, H, D), as mlx-lm ropes them, reach the kernel uncopied); y is
+// transposed from (B, L, H, D), as mlx-lm ropes them, reach the kernel uncopied), offsets
+// and freqs through theirs (the op then adds no Contiguous node to a call); y is
 // row-contiguous (B, H, L, D). The rows of batch element b form group b; it reads offset
 // offsets[b] with per-batch offsets, offsets[0] with one offset. A thread's N rows lie in
 // one batch element, x_strides[1] apart; wide accesses need x's feature stride to be 1.
@@ -49,7 +50,8 @@ METAL_FUNC void xk_rope_load_strided(const device T* p, size_t rs, long es, uint
 }
 
 // @kernel rope
-// inputs:  x (B, H, L, D) T, any strides; offsets (B,) or (1,) int; freqs (half,) float;
+// inputs:  x (B, H, L, D) T, any strides; offsets (B,) or (1,) int, any stride; freqs (half,)
+//          float, any stride;
 //          params (6,) int = [half, D, L, H, ceil(H / N), per-batch offsets]; scale () float
 // outputs: y (B, H, L, D) T, row-contiguous.
 // template: T, TRADITIONAL (pairing), BACKWARD (rotate by -theta: the VJP),
@@ -112,8 +114,15 @@ if (q < n_rot) {
     }
   }
   float f[P];
-  xk_load_runs_f<P, 1>(freqs, j0, P, half_dims, f);
-  const float pos = float(int(l) + offsets[per_batch ? grp : 0u]);
+  const long fs = long(freqs_strides[0]);  // freqs and offsets are read as given (any stride)
+  if (fs == 1) {
+    xk_load_runs_f<P, 1>(freqs, j0, P, half_dims, f);
+  } else {
+    for (int k = 0; k < P; k++) {
+      f[k] = j0 + uint(k) < half_dims ? float(freqs[long(j0 + uint(k)) * fs]) : 0.0f;
+    }
+  }
+  const float pos = float(int(l) + offsets[per_batch ? long(grp) * long(offsets_strides[0]) : 0l]);
   float c[P];
   float s[P];
   for (int k = 0; k < P; k++) {

@@ -225,12 +225,17 @@ def test_x_read_in_place(kernel_backend, layout, dtype):
 
 
 def test_offsets_and_freqs_read_as_given(kernel_backend):
-    """Per-batch offsets and freqs given as strided views (the op makes them contiguous)."""
+    """Per-batch offsets and freqs given as strided views (the kernel reads them through
+    their strides), and as broadcast views (stride 0)."""
     x = rand((3, 2, 5, 16), mx.float32, seed=12)
     offs = mx.array([7, 0, 2, 0, 9, 0], dtype=mx.int32)[::2]  # [7, 2, 9], stride 2
     freqs = mx.array(np.stack([np.linspace(1.0, 50.0, 8), np.zeros(8)], axis=1).reshape(-1).astype(np.float32))[::2]
     out = rope(x, 16, offset=offs, base=None, freqs=freqs)
     ref = np_rope(to_np(x), 16, offset=np.array([7, 2, 9]), freqs=np.linspace(1.0, 50.0, 8))
+    assert rel_err(out, ref) < TOL["float32"]
+    out = rope(x, 16, offset=mx.broadcast_to(mx.array(4, dtype=mx.int32), (3,)), base=None,
+               freqs=mx.broadcast_to(mx.array(3.0), (8,)))
+    ref = np_rope(to_np(x), 16, offset=np.array([4, 4, 4]), freqs=np.full(8, 3.0))
     assert rel_err(out, ref) < TOL["float32"]
 
 

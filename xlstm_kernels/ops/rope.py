@@ -31,9 +31,9 @@ from ._validate import check_array, check_int32
 
 __all__ = ["rope", "rope_reference"]
 
-# x is read in place through its strides (queries / keys transposed from (B, L, H, D) are
-# not row-contiguous, and MLX would copy them before every launch); the op makes offsets
-# and freqs row-contiguous itself.
+# x, offsets and freqs are read in place through their strides (queries / keys transposed
+# from (B, L, H, D) are not row-contiguous, and MLX would copy them before every launch; a
+# per-call mx.contiguous of offsets or freqs was a graph node of every call).
 ROPE = KernelSpec("rope", "rope", ("x", "offsets", "freqs", "params", "scale"), ("y",), ensure_row_contiguous=False)
 
 ROWS_PER_THREAD = 4  # N: rows that share one cos/sin evaluation and whose loads overlap (MLX uses 4)
@@ -351,13 +351,13 @@ def _build_call(x, dims, traditional, base, scale, offset, freqs, replay: bool =
 
     def inputs(offset, freqs):
         """(offsets, freqs32) of one call: an int offset is range-checked here."""
-        if isinstance(offset, mx.array):  # row-contiguous, as the kernel indexes it
-            offs = mx.contiguous((offset.reshape(1) if offset.ndim == 0 else offset).astype(mx.int32))
+        if isinstance(offset, mx.array):  # as given: the kernel reads it through its strides
+            offs = (offset.reshape(1) if offset.ndim == 0 else offset).astype(mx.int32)
         else:
             if not -(2**31) <= offset < 2**31:
                 raise ValueError(f"offset must fit in int32, got {offset}")
             offs = offset
-        return offs, (mx.contiguous(_as_float32(freqs)) if given_freqs else freqs32)
+        return offs, (_as_float32(freqs) if given_freqs else freqs32)
 
     backend = current_backend()
     if backend == "reference" or x.size == 0:
