@@ -634,6 +634,12 @@ def _differentiable_fn(kind: str, x, weight, bias, eps: float, num_heads: int, b
     run = prepare_launch(spec, **kwargs, backend=backend)
     rows, n = kwargs["output_shapes"][0]
     flat = (rows, n)
+    # The kernels index x and y as (rows, n) row-contiguous buffers and never read their
+    # shapes: x of this signature's shape goes in as it is and y comes out in that shape
+    # (no Reshape node either way: a (B, L, D) decode norm's call has none).
+    xshape = tuple(x.shape)
+    run_as_x = run if xshape == flat else prepare_launch(spec, **dict(kwargs, output_shapes=[xshape]),
+                                                         backend=backend)
     tail = list(kwargs["inputs"][-2:])  # the eps and params constants
     dummy = _dummy(x.dtype)
     n_args = 1 + has_w + has_b
@@ -641,19 +647,22 @@ def _differentiable_fn(kind: str, x, weight, bias, eps: float, num_heads: int, b
     if kind == "ln":
         def forward(args):
             xa = args[0]
-            shape = xa.shape
-            x2 = xa if shape == flat else xa.reshape(flat)
             w = args[1] if has_w else dummy
             b = args[1 + has_w] if has_b else dummy
-            (y,) = run([x2, w, b, *tail])
-            return y if shape == flat else y.reshape(shape)
+            shape = xa.shape
+            if shape == xshape:
+                return run_as_x([xa, w, b, *tail])[0]
+            (y,) = run([xa.reshape(flat), w, b, *tail])
+            return y.reshape(shape)
     else:
         def forward(args):
             xa = args[0]
+            w = args[1] if has_w else dummy
             shape = xa.shape
-            x2 = xa if shape == flat else xa.reshape(flat)
-            (y,) = run([x2, args[1] if has_w else dummy, *tail])
-            return y if shape == flat else y.reshape(shape)
+            if shape == xshape:
+                return run_as_x([xa, w, *tail])[0]
+            (y,) = run([xa.reshape(flat), w, *tail])
+            return y.reshape(shape)
 
     @mx.custom_function
     def f(*args):
