@@ -580,3 +580,31 @@ def test_replay_of_a_signature_only_ever_differentiated_records_the_custom_funct
     y = r(x, w)
     np.testing.assert_allclose(np.array(y), np.array(x) * np.array(w))
     assert bare_calls == [] and "CustomTransforms" in _graph_text(tmp_path, r(x, w))
+
+
+def test_bare_unless_traced_picks_per_call(tmp_path):
+    """Non-replayed calls (a growing cache's decode family): the bare forward on plain
+    calls, at every new shape without re-tracing the probe; the custom function (its VJP)
+    under a transform."""
+    import mlx.core as mx
+    import numpy as np
+
+    from xlstm_kernels.ops import _callcache
+    from xlstm_kernels.ops._callcache import bare_unless_traced
+
+    f, calls = _counted_custom_function()
+    bare_calls = []
+    g = bare_unless_traced(f, "cuda", lambda x, w: (bare_calls.append(1), x * w)[1])
+    assert bare_unless_traced(f, "emulate", lambda x, w: x * w) is f
+    w = mx.arange(4, dtype=mx.float32)
+    for n in range(1, 6):  # a new shape every call
+        x = mx.ones((n, 4))
+        y = g(x, w)
+        if n > 1:  # the shapeless probe ran no Python for a plain call of a new shape
+            assert _callcache._probe_calls[0] == 0
+        np.testing.assert_allclose(np.array(y), np.broadcast_to(np.array(w), (n, 4)))
+        assert "CustomTransforms" not in _graph_text(tmp_path, y)
+    assert len(bare_calls) == 5 and calls["forward"] == 0
+    dx = mx.grad(lambda a: g(a, w).sum())(mx.ones((3, 4)))
+    np.testing.assert_allclose(np.array(dx), np.broadcast_to(np.array(w), (3, 4)))
+    assert calls["vjp"] == 1 and len(bare_calls) == 5

@@ -46,7 +46,8 @@ from ..tiles import knobs as knobs_mod
 from ..tiles import presets as presets_mod
 from ..tiles import resolve as resolve_mod
 
-__all__ = ["CallCache", "REPLAY_BACKENDS", "REPLAY_ENV_VAR", "config_token", "placeholder", "replayable"]
+__all__ = ["CallCache", "REPLAY_BACKENDS", "REPLAY_ENV_VAR", "bare_unless_traced", "config_token", "placeholder",
+           "replayable", "traced"]
 
 REPLAY_ENV_VAR = "XLSTM_KERNELS_REPLAY"
 # cuda: small constant inputs in device memory (runtime.const_array, cuda/constants.py)
@@ -139,7 +140,8 @@ def _probe_mark(*arrays):
     return arrays[0]
 
 
-_probe = mx.compile(_probe_mark)
+# shapeless: a growing KV cache's new shapes every step must not re-trace it
+_probe = mx.compile(_probe_mark, shapeless=True)
 
 
 def traced(arrays) -> bool:
@@ -149,7 +151,8 @@ def traced(arrays) -> bool:
     MLX does not show a tracer to Python, but ``mx.compile`` does: a compiled function runs
     its Python on every call whose inputs include a tracer, and on no call after the first
     otherwise. So a compiled identity is called twice: Python ran both times iff traced
-    (the first run may be the trace of a new input signature)."""
+    (the first run may be the trace of a new input signature: new dtypes or ranks; the
+    probe is shapeless)."""
     _probe_calls[0] = 0
     _probe(*arrays)
     if not _probe_calls[0]:
@@ -157,6 +160,21 @@ def traced(arrays) -> bool:
     _probe_calls[0] = 0
     _probe(*arrays)
     return _probe_calls[0] > 0
+
+
+def bare_unless_traced(fn: Callable, backend: str, bare: Callable) -> Callable:
+    """For calls that are not replayed (a decode loop's growing cache: a new shape every
+    call): `bare` (`fn`'s forward without its ``mx.custom_function``) where the arrays are
+    not traced, `fn` where they are (:func:`traced`), on the backends that replay;
+    elsewhere `fn`. Saves the custom function's Python round trip and its two graph nodes
+    per plain call."""
+    if backend not in REPLAY_BACKENDS:
+        return fn
+
+    def call(*arrays):
+        return fn(*arrays) if traced(arrays) else bare(*arrays)
+
+    return call
 
 
 def replayable(fn: Callable, backend: str, bare: Callable | None = None) -> Callable:

@@ -112,7 +112,7 @@ from ..runtime import KernelSpec, const_array, current_backend, launch, prepare_
 from ..tiles.gemm import dtype_name
 from ..tiles.knobs import (ALIAS_SPLIT_MIN_KEYS, attention_block_k_bytes, attention_fits, knob_shape_class,
                            resolve_knobs)
-from ._callcache import CallCache, config_token, placeholder, replayable
+from ._callcache import CallCache, bare_unless_traced, config_token, placeholder, replayable
 from ._validate import check_array, check_int32, check_same_dtype
 
 __all__ = [
@@ -1090,8 +1090,11 @@ def _build_attention(q, k, v, scale, mask, path: str, cfg: dict, replay: bool = 
         dq, dk, dv_, dm = _reference_vjp(q, k, v, scale, m, extra if additive else None, cotangent)
         return dq, dk, dv_, dm if additive else mx.zeros_like(extra)
 
-    if replay:
-        f = replayable(f, backend, bare=lambda q, k, v, extra: forward(q, k, v, replace(m, array=extra) if additive else m))
+    def bare(q, k, v, extra):
+        return forward(q, k, v, replace(m, array=extra) if additive else m)
+
+    # replayed, or (a decode family: Lk changes every call) the bare forward on plain calls
+    f = replayable(f, backend, bare=bare) if replay else bare_unless_traced(f, backend, bare)
 
     def call(q, k, v, mask):
         # an array mask is checked per call (its values are this call's); memoised calls have none
