@@ -105,6 +105,23 @@ def device_array(values: Any, dtype: mx.Dtype, *, lazy: bool = False) -> mx.arra
         raise ValueError(f"device_array(lazy=True) holds one int32 value, got {values!r} as {dtype}")
     if not enabled():
         return mx.array(values, dtype=dtype)
+    if lazy:  # the short path of a per-step value (a new decode offset every step)
+        scalar = not isinstance(values, list)
+        value = values if scalar else values[0]
+        cache = _stream_cache()
+        key = (dtype, value if scalar else (value,), True)
+        hit = cache.get(key)
+        if hit is None:
+            try:
+                hit = _lazy_copy(value, () if scalar else (1,))
+            except Exception:  # noqa: BLE001  (a transform refuses it: the host array)
+                return mx.array(values, dtype=dtype)
+            lazy_keys = cache.setdefault(_LAZY_KEYS, [])
+            if len(lazy_keys) >= MAX_LAZY_ENTRIES:
+                cache.pop(lazy_keys.pop(0), None)
+            lazy_keys.append(key)
+            cache[key] = hit
+        return hit
     key = (dtype, tuple(values) if isinstance(values, list) else values, lazy)
     try:
         cache = _stream_cache()
@@ -118,29 +135,22 @@ def device_array(values: Any, dtype: mx.Dtype, *, lazy: bool = False) -> mx.arra
         return host
     try:
         flat = host.reshape(-1)
-        if lazy:
-            view = _lazy_copy(values, host.shape)
-        else:  # padded past 8 bytes (not MLX's managed scalar pool) by a concatenation
-            pad = max(1, -(-32 // host.itemsize) - flat.size)
-            padded = mx.concatenate([flat, mx.zeros((pad,), dtype=dtype)])
-            view = padded[: flat.size].reshape(host.shape)
-            mx.async_eval(view)
+        # padded past 8 bytes (not MLX's managed scalar pool) by a concatenation
+        pad = max(1, -(-32 // host.itemsize) - flat.size)
+        padded = mx.concatenate([flat, mx.zeros((pad,), dtype=dtype)])
+        view = padded[: flat.size].reshape(host.shape)
+        mx.async_eval(view)
     except Exception:  # noqa: BLE001  (no GPU stream here, or a transform refuses it: the host array)
         return host
     if cache is not None:
-        if lazy:
-            lazy_keys = cache.setdefault(_LAZY_KEYS, [])
-            if len(lazy_keys) >= MAX_LAZY_ENTRIES:
-                cache.pop(lazy_keys.pop(0), None)
-            lazy_keys.append(key)
-        elif len(cache) >= MAX_ENTRIES:
+        if len(cache) >= MAX_ENTRIES:
             cache.clear()
         cache[key] = view
     return view
 
 
-def _lazy_copy(values: Any, shape: tuple) -> mx.array:
-    """One int32 value (`values`: an int or a one-element list) in device memory, made by
+def _lazy_copy(values: int, shape: tuple) -> mx.array:
+    """One int32 value (`values`: an int) in device memory of `shape` (() or (1,)), made by
     a single copy kernel left in the graph: the value as a 4-byte host scalar (MLX's
     managed scalar pool, which the GPU reads in place), broadcast to three elements and
     widened to int64 (24 bytes, allocated on the stream in device memory), seen as int32
@@ -151,9 +161,9 @@ def _lazy_copy(values: Any, shape: tuple) -> mx.array:
     is managed memory that the GPU faults in at its first read (~10 us a new value); a
     padded concatenation costs three kernels; ``mx.tile``'s copy is allocated in managed
     memory, which kernels then read as slowly as a host array."""
-    value = values[0] if isinstance(values, list) else values
-    wide = mx.broadcast_to(mx.array(value, dtype=mx.int32), (3,)).astype(mx.int64)
-    return wide.view(mx.int32)[:1].reshape(shape)
+    wide = mx.broadcast_to(mx.array(values, dtype=mx.int32), (3,)).astype(mx.int64)
+    first = wide.view(mx.int32)[:1]
+    return first if shape == (1,) else first.reshape(shape)
 
 
 _LAZY_KEYS = object()  # a stream cache's entry: the keys of its lazy copies, oldest first

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
 from typing import Any
 
 import mlx.core as mx
@@ -27,6 +28,11 @@ import numpy as np
 
 from ..runtime import KernelSpec, const_array, current_backend, prepare_launch
 from ._callcache import CallCache, replayable
+
+_get_ident = threading.get_ident
+_MAIN_IDENT = threading.main_thread().ident
+_default_stream = mx.default_stream
+_default_device = mx.default_device
 from ._validate import check_array, check_int32
 
 __all__ = ["rope", "rope_reference"]
@@ -395,12 +401,31 @@ def _build_call(x, dims, traditional, base, scale, offset, freqs, replay: bool =
     if offset.__class__ is int and not given_freqs:
         # The common call (an int offset, default frequencies; the memo key fixes both):
         # a range check, the memoised offset array, the custom function.
-        def call_int(x, offset, freqs):
+        if backend != "cuda":
+            def call_int(x, offset, freqs):
+                if not -(2**31) <= offset < 2**31:
+                    raise ValueError(f"offset must fit in int32, got {offset}")
+                return f(x, _host_offset_array(offset), freqs32)
+
+            return call_int
+
+        # cuda: the last offset's device value kept here for the main thread and its stream
+        # (a decode step's q and k share it; the constants cache's lookup costs ~2 us)
+        last: list = [None, None, None]  # offset, stream, array
+
+        def call_int_cuda(x, offset, freqs):
             if not -(2**31) <= offset < 2**31:
                 raise ValueError(f"offset must fit in int32, got {offset}")
-            return f(x, _offset_array(offset, backend), freqs32)
+            if _get_ident() != _MAIN_IDENT:
+                return f(x, _offset_array(offset, backend), freqs32)
+            stream = _default_stream(_default_device())
+            if offset == last[0] and stream == last[1]:
+                return f(x, last[2], freqs32)
+            offs = _offset_array(offset, backend)
+            last[:] = (offset, stream, offs)
+            return f(x, offs, freqs32)
 
-        return call_int
+        return call_int_cuda
 
     def call(x, offset, freqs):
         offs, fr = inputs(offset, freqs)
