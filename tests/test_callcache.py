@@ -608,3 +608,32 @@ def test_bare_unless_traced_picks_per_call(tmp_path):
     dx = mx.grad(lambda a: g(a, w).sum())(mx.ones((3, 4)))
     np.testing.assert_allclose(np.array(dx), np.broadcast_to(np.array(w), (3, 4)))
     assert calls["vjp"] == 1 and len(bare_calls) == 5
+
+
+def test_with_compile_disabled_every_call_takes_the_custom_function():
+    """mx.disable_compile(): the tracer probe runs its Python every call, so `traced` says
+    True and calls take the custom function (correct, as before the bare replay)."""
+    import mlx.core as mx
+    import numpy as np
+
+    from xlstm_kernels.ops._callcache import bare_unless_traced, replayable, traced
+
+    f, calls = _counted_custom_function()
+    bare_calls = []
+
+    def bare(x, w):
+        bare_calls.append(1)
+        return x * w
+
+    x, w = mx.ones((2, 3)), mx.arange(3, dtype=mx.float32)
+    mx.disable_compile()
+    try:
+        assert traced([x, w])
+        for g in (replayable(f, "cuda", bare=bare), bare_unless_traced(f, "cuda", bare)):
+            np.testing.assert_allclose(np.array(g(x, w)), np.broadcast_to(np.array(w), (2, 3)))
+            dx = mx.grad(lambda a: g(a, w).sum())(x)
+            np.testing.assert_allclose(np.array(dx), np.broadcast_to(np.array(w), (2, 3)))
+    finally:
+        mx.enable_compile()
+    assert bare_calls == [] and calls["forward"] >= 2
+    assert not traced([x, w])
