@@ -627,11 +627,11 @@ def test_split_kv_mma_plan(monkeypatch):
         _, kw = att._partial_mma_launch(q, k, k, att._Mask(0), 0.1, bs, backend)
         return bs, kw["grid"][0] // 32 * kw["grid"][1] * kw["grid"][2]
 
-    assert plan(64, 32, 8, 8192) == (4096, 1024)  # the largest block already gives >= 256 groups
-    assert plan(8, 32, 8, 8192) == (2048, 256)  # halved until 256 groups (SPLIT_KV_MMA_TARGET_GROUPS)
-    assert plan(4, 32, 8, 32768) == (4096, 256)
-    assert plan(16, 32, 8, 4096) == (2048, 256)
-    assert plan(1, 32, 32, 4096) == (512, 256)
+    assert plan(64, 32, 8, 8192) == (4096, 1024)  # the largest block already gives >= 512 groups
+    assert plan(8, 32, 8, 8192) == (1024, 512)  # halved until 512 groups
+    assert plan(4, 32, 8, 32768) == (2048, 512)
+    assert plan(16, 32, 8, 4096) == (1024, 512)
+    assert plan(1, 32, 32, 4096) == (256, 512)
     # one sequence of few kv heads: at most SPLIT_KV_MMA_MAX_BLOCKS (32) blocks, fewer groups
     assert plan(1, 32, 8, 4096) == (128, 256)
     assert plan(1, 32, 8, 16384) == (512, 256)
