@@ -65,7 +65,7 @@ Kernels (``metal_src/attention.metal``):
   ``SPLIT_KV_MMA_TILE`` (16) keys streamed through up to ``SPLIT_KV_MMA_MAX_STAGES`` (3)
   threadgroup-memory stages (cp.async on CUDA; 48 KiB budget there, 32 KiB elsewhere);
   block size automatic from ``SPLIT_KV_MMA_MAX_BLOCK`` (4096) halved (down to 64) until the
-  grid has ``SPLIT_KV_MMA_TARGET_GROUPS`` (256) threadgroups, then doubled while the keys
+  grid has ``SPLIT_KV_MMA_TARGET_GROUPS`` (512) threadgroups, then doubled while the keys
   make more than ``SPLIT_KV_MMA_MAX_BLOCKS`` (32) blocks. Where one stage does not fit
   (float32 with head dims near 256 on 32 KiB) the lane walk runs. Split-KV is chosen
   automatically for
@@ -683,14 +683,9 @@ SPLIT_KV_MMA_MAX_ROWS = 16
 #: 4x32x8x32768 236 -> 178 (188), 16x32x8x4096 212 -> 101 (105), 1x32x32x4096 93 -> 58
 #: (54), 1x32x8x16384 90 -> 70 (54). Session 5 had picked 128 by the eval time of
 #: independent queued calls, which overlap on the GPU (a one-call grid of 128 simdgroups
-#: leaves most of it idle) and so favoured long walks. Session 21, H100, bf16, 512 -> 256
-#: groups (blocks twice as long), interleaved chains, q25 of 9 (scripts/probe_decode_chain.py
-#: PROBE_DC_MODE=grid, two rounds, probe-decode-chain-cuda-h100-session21.txt): 8x32x8x8192
-#: 111.3 / 111.8 -> 110.0 / 110.1, 4x32x8x32768 204.7 / 208.3 -> 199.7 / 202.2,
-#: 16x32x8x4096 112.5 / 111.5 -> 110.3 / 110.3, 4x32x8x2048 32.9 / 30.0 -> 30.6 / 29.6,
-#: 1x32x8x16384 unchanged (its block count rule decides); never slower.
+#: leaves most of it idle) and so favoured long walks.
 SPLIT_KV_MMA_MAX_BLOCK = 4096
-SPLIT_KV_MMA_TARGET_GROUPS = 256
+SPLIT_KV_MMA_TARGET_GROUPS = 512
 #: ... and at most this many key blocks per (batch, kv head, row group), where that leaves
 #: fewer groups: one decode sequence (few kv heads) gets fewer, longer walks. Session 17,
 #: H200, bf16 1x32x8 heads D 128, chained calls interleaved with MLX
