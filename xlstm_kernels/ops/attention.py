@@ -683,7 +683,11 @@ SPLIT_KV_MMA_MAX_ROWS = 16
 #: 4x32x8x32768 236 -> 178 (188), 16x32x8x4096 212 -> 101 (105), 1x32x32x4096 93 -> 58
 #: (54), 1x32x8x16384 90 -> 70 (54). Session 5 had picked 128 by the eval time of
 #: independent queued calls, which overlap on the GPU (a one-call grid of 128 simdgroups
-#: leaves most of it idle) and so favoured long walks.
+#: leaves most of it idle) and so favoured long walks. Session 21, H100, bf16, 512 -> 256
+#: groups (blocks twice as long), chains interleaved with MLX's, q25 (scripts/
+#: probe_decode_chain.py PROBE_DC_MODE=grid, probe-decode-chain-cuda-h100-session21.txt):
+#: 1-3% faster on GQA shapes (8x32x8x8192 111.3 -> 110.0, 4x32x8x32768 204.7 -> 199.7) and
+#: 1x32x32x4096 (45.5 -> 44.0), but 13% slower on 1x32x32x16384 D 64 (63.4 -> 72.4): kept.
 SPLIT_KV_MMA_MAX_BLOCK = 4096
 SPLIT_KV_MMA_TARGET_GROUPS = 512
 #: ... and at most this many key blocks per (batch, kv head, row group), where that leaves
