@@ -206,9 +206,14 @@ def main() -> None:
                   flush=True)
             rows.append(dict(shape=list(shape), dtype=str(dtype), variant=name, all_us=times[name],
                              mlx_us=times["mlx"], err=errs.get(name)))
+    _finish(args.out, rows, t0)
+
+
+def _finish(out: str | None, rows: list, t0: float) -> None:
+    """Print the run's total time; write `rows` as JSON to `out` when given."""
     print(f"total {time.perf_counter() - t0:.1f} s")
-    if args.out:
-        with open(args.out, "w") as fh:
+    if out:
+        with open(out, "w") as fh:
             json.dump(rows, fh, indent=1)
 
 
