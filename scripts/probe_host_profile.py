@@ -107,13 +107,34 @@ def cases() -> dict:
     }
 
 
+def memo_costs() -> dict:
+    """us per call of the call memo's configuration check and its environment snapshot."""
+    from xlstm_kernels.ops import _callcache
+    from xlstm_kernels.tiles import env as env_mod
+
+    out = {"environ_vars": len(os.environ), "environ_bytes": sum(len(k) + len(v) for k, v in os.environ.items())}
+    for name, fn in (("env_snapshot", _callcache._all_env), ("config_token", _callcache.config_token),
+                     ("gemm_snapshot", env_mod.snapshot)):
+        fn()
+        best = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            for _ in range(20000):
+                fn()
+            best.append((time.perf_counter() - t0) / 20000 * 1e6)
+        out[name + "_us"] = min(best)
+    print("memo check:", ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in out.items()),
+          flush=True)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
     args = ap.parse_args()
     chosen = os.environ.get("PROBE_HP_CASES", "slice contig slice_mlx contig_mlx vjp vjp_mlx vjp_triv").split()
     all_cases = cases()
-    out = {}
+    out = {"memo": memo_costs()}
     for name in chosen:
         step = all_cases[name]
         loop(step, 16)  # warm-up: kernels compiled, families and replays recorded

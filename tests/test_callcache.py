@@ -169,6 +169,66 @@ def test_env_snapshot_memo_sees_every_change(monkeypatch):
     assert snap()[0] is None
 
 
+def test_environ_changes_are_counted_through_every_mutation(monkeypatch):
+    """os.environ's mapping counts each change made through os.environ's API (set, del, pop,
+    update, setdefault, clear), so the snapshots' memo (environ_version) sees all of them."""
+    import os
+    import unittest.mock
+
+    from xlstm_kernels.tiles import env as env_mod
+
+    if env_mod.environ_version() is None:
+        pytest.skip("os.environ's changes are not counted on this platform")
+    name = "XLSTM_TEST_COUNTED"
+    monkeypatch.delenv(name, raising=False)
+    snap = env_mod.make_snapshot((name,))
+    seen = [env_mod.environ_version()]
+
+    def changed(expect):
+        version = env_mod.environ_version()
+        assert version != seen[-1]
+        seen.append(version)
+        got = snap()[0]
+        assert (None if got is None else os.fsdecode(got)) == expect
+
+    os.environ[name] = "a"
+    changed("a")
+    os.environ.update({name: "b"})
+    changed("b")
+    assert os.environ.pop(name) == "b"
+    changed(None)
+    os.environ.setdefault(name, "c")
+    changed("c")
+    del os.environ[name]
+    changed(None)
+    monkeypatch.setenv(name, "d")
+    changed("d")
+    with unittest.mock.patch.dict(os.environ, {name: "e"}):
+        changed("e")
+    changed("d")
+    monkeypatch.delenv(name)
+    changed(None)
+    assert snap() is snap()  # unchanged: the memoised tuple
+
+
+def test_snapshot_falls_back_when_environ_is_replaced(monkeypatch):
+    """With os.environ replaced by another mapping (its changes then not counted) the
+    snapshots read the variables themselves: still exact."""
+    import os
+
+    from xlstm_kernels.tiles import env as env_mod
+
+    snap = env_mod.make_snapshot(("XLSTM_TEST_REPLACED", "HOME"))
+    fake = {"XLSTM_TEST_REPLACED": "x"}
+    monkeypatch.setattr(os, "environ", fake)
+    assert env_mod.environ_version() is None
+    assert snap()[0] in ("x", b"x")
+    fake["XLSTM_TEST_REPLACED"] = "y"
+    assert snap()[0] in ("y", b"y")
+    del fake["XLSTM_TEST_REPLACED"]
+    assert snap()[0] is None
+
+
 def test_token_follows_a_knob_variable_set_and_reset_between_calls(monkeypatch):
     from xlstm_kernels.tiles import knobs as knobs_mod
 

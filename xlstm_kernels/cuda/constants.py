@@ -26,6 +26,8 @@ from typing import Any
 
 import mlx.core as mx
 
+from ..tiles.env import environ_version
+
 #: Environment variable: 0 keeps constants in MLX's managed memory (the old behaviour).
 ENV_VAR = "XLSTM_KERNELS_CUDA_DEVICE_CONSTS"
 #: Bytes past which a constant is left where it is (large ones are not read per thread).
@@ -40,26 +42,18 @@ MAX_LAZY_ENTRIES = 64
 _local = threading.local()  # per thread: [(stream, {key: array})], streams compared by value
 
 
-_ENV_DATA = getattr(os.environ, "_data", None)  # POSIX: os.environ's bytes mapping
-_ENV_KEY = os.fsencode(ENV_VAR)
-_env_memo: list = [None, True]  # (copy of the environment, enabled)
+_env_memo: list = [None, True]  # (environ_version when read, enabled)
 
 
 def enabled() -> bool:
     """Whether constants go to device memory (``XLSTM_KERNELS_CUDA_DEVICE_CONSTS``: unset
-    or 1 = on, 0 = off). Re-read only when the environment changed (one C-level dict
-    comparison, as tiles.env's snapshots: os.environ.get costs ~2 us)."""
-    if _ENV_DATA is not None:
-        copy, on = _env_memo
-        if _ENV_DATA == copy:
-            return on
-        raw = _ENV_DATA.get(_ENV_KEY)
-        text = None if raw is None else os.fsdecode(raw)
-    else:  # pragma: no cover - non-POSIX
-        text = os.environ.get(ENV_VAR)
-    on = _parse(text)
-    if _ENV_DATA is not None:
-        _env_memo[:] = [dict(_ENV_DATA), on]
+    or 1 = on, 0 = off). Re-read only when the environment changed
+    (:func:`xlstm_kernels.tiles.env.environ_version`; os.environ.get costs ~2 us)."""
+    version = environ_version()
+    if version is not None and version == _env_memo[0]:
+        return _env_memo[1]
+    on = _parse(os.environ.get(ENV_VAR))
+    _env_memo[:] = [version, on]
     return on
 
 

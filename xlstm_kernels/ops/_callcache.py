@@ -80,9 +80,10 @@ def config_token() -> int:
     reload_presets() or every STAMP_TTL_S. Equal configurations get equal tokens.
 
     The environment check is exact and cheap: :func:`tiles.env.make_snapshot` returns
-    its previous tuple (the same object) while ``os.environ`` compares equal to its copy
-    (one C-level dict comparison), so the usual call costs an identity test here; any
-    change made through ``os.environ`` shows at the next call."""
+    its previous tuple (the same object) while ``os.environ`` has not changed
+    (:func:`tiles.env.environ_version`, a count of its changes: ~0.2 us where comparing
+    the whole environment cost 0.5-2 us, session 22), so the usual call costs an identity
+    test here; any change made through ``os.environ`` shows at the next call."""
     env = _all_env()
     override = _override.get()
     m_env, m_override, m_version, m_reloads, m_time, m_token = _memo[0]

@@ -84,41 +84,128 @@ _FALSE = ("0", "false", "no", "off")
 _BOOL_FORM = "expected one of 1, 0, true, false, yes, no, on, off"
 
 
-_ENV_DATA = getattr(os.environ, "_data", None)
-_FAST = os.name == "posix" and isinstance(_ENV_DATA, dict)
+_CHANGES = [0]  # changes made to os.environ through its mapping (see _CountingEnviron)
+
+
+class _CountingEnviron(dict):
+    """``os.environ``'s underlying bytes mapping (``os.environ._data`` on POSIX), counting
+    every change made to it.
+
+    ``os.environ`` stores each set or delete in this mapping (``self._data[key] = value``,
+    ``del self._data[key]``) after calling ``putenv`` / ``unsetenv``, so counting them here
+    sees every change made through ``os.environ`` (its item assignment, ``del``, ``pop``,
+    ``update``, ``clear``, ``setdefault``; pytest's ``monkeypatch.setenv`` and
+    ``unittest.mock.patch.dict`` use those). The count is bumped *after* the change, so a
+    reader that sees the new count also sees the change. Reads are the built-in dict's."""
+
+    __slots__ = ()
+
+    def __setitem__(self, key, value):
+        dict.__setitem__(self, key, value)
+        _CHANGES[0] += 1
+
+    def __delitem__(self, key):
+        dict.__delitem__(self, key)
+        _CHANGES[0] += 1
+
+    def pop(self, *args):
+        try:
+            return dict.pop(self, *args)
+        finally:
+            _CHANGES[0] += 1
+
+    def popitem(self):
+        try:
+            return dict.popitem(self)
+        finally:
+            _CHANGES[0] += 1
+
+    def clear(self):
+        dict.clear(self)
+        _CHANGES[0] += 1
+
+    def update(self, *args, **kwargs):
+        try:
+            dict.update(self, *args, **kwargs)
+        finally:
+            _CHANGES[0] += 1
+
+    def setdefault(self, key, default=None):
+        try:
+            return dict.setdefault(self, key, default)
+        finally:
+            _CHANGES[0] += 1
+
+    def __ior__(self, other):
+        self.update(other)
+        return self
+
+
+def _count_environ_changes() -> _CountingEnviron | None:
+    """Put a :class:`_CountingEnviron` under ``os.environ`` (POSIX, where its mapping is a
+    plain dict), once per process; returns it, or None where that is not possible."""
+    data = getattr(os.environ, "_data", None)
+    if isinstance(data, _CountingEnviron):
+        return data
+    if os.name != "posix" or type(data) is not dict:
+        return None
+    counted = _CountingEnviron(data)
+    os.environ._data = counted
+    return counted
+
+
+_COUNTED = _count_environ_changes()
+_os = os
+
+
+def environ_version() -> int | None:
+    """A number that changes whenever ``os.environ`` does, or None where changes cannot be
+    counted (not POSIX, or ``os.environ`` or its mapping replaced since this module was
+    imported): then readers compare the environment itself. Two attribute reads and a
+    list read: a call's configuration check costs this instead of comparing the whole
+    environment (~0.5 us locally for 38 variables, more for a large environment), on every
+    op call."""
+    try:
+        if _os.environ._data is _COUNTED:
+            return _CHANGES[0]
+    except AttributeError:
+        pass
+    return None
 
 
 def make_snapshot(names: tuple[str, ...]):
     """A function returning the raw values of the variables `names` as a tuple (None
     where unset): for cache keys of resolvers (GEMM tiles, kernel knobs, the call memo).
 
-    On POSIX it reads ``os.environ``'s underlying bytes mapping (``os.environ.get``
-    encodes the key and decodes the value, ~1 us per variable) and memoises the tuple
-    against a copy of that whole mapping: while the environment compares equal to the
-    copy (one C-level dict comparison, ~0.5 us for a typical environment, whatever the
-    number of names) the previous tuple is returned; any change made through
-    ``os.environ`` -- to one of `names` or not -- makes the next call re-read the values.
-    So the result is always exactly what reading each variable now would give."""
+    The tuple is memoised against :func:`environ_version` (bytes values from
+    ``os.environ``'s mapping: ``os.environ.get`` encodes the key and decodes the value,
+    ~1 us per variable): any change made through ``os.environ`` -- to one of `names` or
+    not -- makes the next call re-read the values. Where changes are not counted, it is
+    memoised against a copy of the whole mapping instead (one C-level dict comparison a
+    call); elsewhere (not POSIX) every call reads the variables. So the result is always
+    exactly what reading each variable now would give."""
     names = tuple(names)
-    if _FAST:
-        keys = tuple(os.fsencode(v) for v in names)
-        data = _ENV_DATA
-        memo = [({None: None}, ())]  # (copy of the environment, values): never equal at first
+    keys = tuple(os.fsencode(v) for v in names) if os.name == "posix" else ()
+    memo = [-1, None, ()]  # (environ version, copy of the environment, values): never valid at first
 
-        def snap() -> tuple:
-            copy, values = memo[0]
-            if data == copy:
-                return values
+    def snap() -> tuple:
+        data = getattr(_os.environ, "_data", None)
+        if data is _COUNTED and data is not None:  # (environ_version, inlined: every op call runs this)
+            version = _CHANGES[0]
+            if version == memo[0]:
+                return memo[2]
+            values = tuple(map(data.get, keys))
+            memo[:] = [version, None, values]
+            return values
+        if keys and isinstance(data, dict):  # POSIX: the bytes mapping
+            if memo[1] is not None and data == memo[1]:
+                return memo[2]
             copy = dict(data)
             values = tuple(map(copy.get, keys))
-            memo[0] = (copy, values)
+            memo[:] = [-1, copy, values]
             return values
-
-    else:  # pragma: no cover - non-POSIX
-
-        def snap() -> tuple:
-            get = os.environ.get
-            return tuple([get(v) for v in names])
+        get = _os.environ.get
+        return tuple([get(v) for v in names])
 
     return snap
 
@@ -126,16 +213,10 @@ def make_snapshot(names: tuple[str, ...]):
 # The current values of every variable a GEMM resolve depends on (raw, for cache keys).
 snapshot = make_snapshot(GEMM_ENV_VARS)
 
-if _FAST:
-
-    def snapshot_value(snap: tuple, var: str) -> str | None:
-        raw = snap[_INDEX[var]]
-        return None if raw is None else os.fsdecode(raw)
-
-else:  # pragma: no cover - non-POSIX
-
-    def snapshot_value(snap: tuple, var: str) -> str | None:
-        return snap[_INDEX[var]]
+def snapshot_value(snap: tuple, var: str) -> str | None:
+    """The value of `var` in a snapshot tuple of GEMM_ENV_VARS, as a str (None: unset)."""
+    raw = snap[_INDEX[var]]
+    return os.fsdecode(raw) if isinstance(raw, bytes) else raw
 
 
 _INDEX = {v: i for i, v in enumerate(GEMM_ENV_VARS)}
