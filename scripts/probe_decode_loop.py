@@ -7,7 +7,8 @@ Every step is a new call signature for attention (Lk changes) and a new offset f
 where the bench repeats one shape and one offset. Per op, us per step: ``pipe`` (each
 step's op built while the last one runs, ``mx.async_eval``; what mlx-lm's generate does)
 and ``host`` (the building part alone), ours and MLX's, over 64 steps (PROBE_LOOP_STEPS) from Lk = 4096
-(after 8 warm-up steps at other lengths).
+(after 8 warm-up steps at other lengths; PROBE_LOOP_WARM_RANGE=1: after one pass over the
+measured lengths).
 """
 
 from __future__ import annotations
@@ -20,6 +21,15 @@ import time
 import mlx.core as mx
 
 import xlstm_kernels as xk
+
+
+# 1: warm up over the measured lengths themselves. By default (0) the growing cache warms
+# up at other lengths (from 1000 + 4096), so its timed steps also make the launch plans of
+# their split-KV block counts (two new plans in the 64 steps from 4096: ~0.3-1 ms each,
+# which a real decode loop pays once per block-count change, every 256 keys at these
+# shapes): session 22 found that this, not the cache slices, made "growing cache" cost
+# 15-25 us a step more than "growing contig".
+WARM_RANGE = os.environ.get("PROBE_LOOP_WARM_RANGE", "0") == "1"
 
 
 def loop(step, n: int) -> tuple[float, float]:
@@ -65,7 +75,10 @@ def main() -> None:
     for case, mk in cases.items():
         for impl, f in impls.items():
             step = mk(f)
-            loop(lambda i: step(1000 + i) if "contig" not in case else step(nc - 1 - i), 8)  # warm-up (JIT)
+            if WARM_RANGE:  # every measured length once: its launch plans made before timing
+                loop(step, n)
+            else:
+                loop(lambda i: step(1000 + i) if "contig" not in case else step(nc - 1 - i), 8)  # warm-up (JIT)
             pipe, host = loop(step, n)
             rows.append(dict(case=case, impl=impl, pipe_us=pipe, host_us=host))
             print(f"{case:22s} {impl:5s} pipe {pipe:8.1f} host {host:8.1f} us/step", flush=True)
