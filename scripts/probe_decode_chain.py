@@ -7,8 +7,9 @@ and interleaved with MLX (session 17).
 moved by up to 2x between its rows (session 14). Here every repeat runs one chain (20
 calls, each taking the last one's output as its query) of MLX's SDPA and of every
 variant, the order rotating, and each row is the median over PROBE_DC_REPEATS repeats.
-PROBE_DC_MODE=rules (default): block-size rules (RULES, patching ops.attention._mma_block_for).
-PROBE_DC_MODE=grid: a variant patches ops.attention's SPLIT_KV_MMA_TARGET_GROUPS (tgN: the block size is 4096
+PROBE_DC_MODE=rules (default): block-size rules (RULES, patching ops.attention._mma_block_for;
+PROBE_DC_RULES="shipped tg512" names them, tgN: the shipped rule aiming for N groups).
+PROBE_DC_MODE=grid: a variant patches ops.attention's SPLIT_KV_MMA_TARGET_GROUPS(_WIDE) (tgN: the block size is 4096
 halved until the grid has N threadgroups) and SPLIT_KV_MMA_MAX_STAGES (stN), and the call
 memo is cleared around it (each chain replays a graph recorded under the variant).
 PROBE_DC_SHAPES="B,Hq,Hkv,Lk,D ..." picks the shapes; dtype bfloat16.
@@ -42,15 +43,26 @@ def _pow2_at_least(n: int) -> int:
 def _floor_rule(lo: int, blocks: int):
     """The shipped block size, raised to at least `lo` keys and to at most `blocks` key
     blocks (pass 2 merges 32 blocks at a time)."""
-    return lambda per_block, lk: max(_shipped_rule(per_block, lk), lo, _pow2_at_least(-(-lk // blocks)))
+    return lambda per_block, lk, target=None: max(_shipped_rule(per_block, lk, target), lo,
+                                                  _pow2_at_least(-(-lk // blocks)))
+
+
+def _groups_rule(groups: int):
+    """The shipped rule aiming for `groups` threadgroups whatever the head width."""
+    return lambda per_block, lk, target=None: _shipped_rule(per_block, lk, groups)
 
 
 RULES = {"shipped": _shipped_rule, "max32": _floor_rule(64, 32), "max32 min128": _floor_rule(128, 32),
          "max16 min128": _floor_rule(128, 16)}
+# PROBE_DC_RULES="shipped tg512": the rules compared (tgN: _groups_rule(N))
+_names = os.environ.get("PROBE_DC_RULES", "").split()
+if _names:
+    RULES = {n: (_groups_rule(int(n[2:])) if n.startswith("tg") else RULES[n]) for n in _names}
 
 
 def _use(groups: int | None, stages: int | None, saved: dict, rule=None) -> None:
     att.SPLIT_KV_MMA_TARGET_GROUPS = groups or saved["SPLIT_KV_MMA_TARGET_GROUPS"]
+    att.SPLIT_KV_MMA_TARGET_GROUPS_WIDE = groups or saved["SPLIT_KV_MMA_TARGET_GROUPS_WIDE"]
     att.SPLIT_KV_MMA_MAX_STAGES = stages or saved["SPLIT_KV_MMA_MAX_STAGES"]
     att._mma_block_for = rule or _shipped_rule
     att._CALLS.clear()
@@ -67,7 +79,8 @@ def main() -> None:
         (1, 32, 32, 4096, 128), (4, 32, 8, 2048, 128)]
     if os.environ.get("PROBE_DC_SHAPES"):
         shapes = [tuple(int(v) for v in s.split(",")) for s in os.environ["PROBE_DC_SHAPES"].split()]
-    saved = {k: getattr(att, k) for k in ("SPLIT_KV_MMA_TARGET_GROUPS", "SPLIT_KV_MMA_MAX_STAGES")}
+    saved = {k: getattr(att, k) for k in ("SPLIT_KV_MMA_TARGET_GROUPS", "SPLIT_KV_MMA_TARGET_GROUPS_WIDE",
+                                          "SPLIT_KV_MMA_MAX_STAGES")}
     print(f"shipped: groups {saved['SPLIT_KV_MMA_TARGET_GROUPS']}, stages {saved['SPLIT_KV_MMA_MAX_STAGES']}; "
           f"{CALLS} chained calls, median of {REPEATS} interleaved repeats, us per call")
     rows = []

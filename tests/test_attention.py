@@ -621,17 +621,23 @@ def test_split_kv_mma_plan(monkeypatch):
     assert att._mma_plan(4, 256, 256, mx.float32, "emulate") is None
     assert att._mma_plan(4, 256, 256, h, "emulate") == (4, 1, 16, 1)
 
-    def plan(b, hq, hkv, lk, backend="cuda"):
-        q, k = mx.zeros((b, hq, 1, 128), dtype=h), mx.zeros((b, hkv, lk, 128), dtype=h)
+    def plan(b, hq, hkv, lk, backend="cuda", d=128):
+        q, k = mx.zeros((b, hq, 1, d), dtype=h), mx.zeros((b, hkv, lk, d), dtype=h)
         bs = att._auto_block_size_mma(q, k, k, backend)
         _, kw = att._partial_mma_launch(q, k, k, att._Mask(0), 0.1, bs, backend)
         return bs, kw["grid"][0] // 32 * kw["grid"][1] * kw["grid"][2]
 
-    assert plan(64, 32, 8, 8192) == (4096, 1024)  # the largest block already gives >= 512 groups
-    assert plan(8, 32, 8, 8192) == (1024, 512)  # halved until 512 groups
-    assert plan(4, 32, 8, 32768) == (2048, 512)
-    assert plan(16, 32, 8, 4096) == (1024, 512)
-    assert plan(1, 32, 32, 4096) == (256, 512)
+    # D = 128 in 16 bits: wide heads, SPLIT_KV_MMA_TARGET_GROUPS_WIDE (256) groups
+    assert att._mma_target_groups(128, 128, h) == 256 and att._mma_target_groups(64, 64, h) == 512
+    assert att._mma_target_groups(64, 64, mx.float32) == 256
+    assert plan(64, 32, 8, 8192) == (4096, 1024)  # the largest block already gives >= 256 groups
+    assert plan(8, 32, 8, 8192) == (2048, 256)  # halved until 256 groups
+    assert plan(4, 32, 8, 32768) == (4096, 256)
+    assert plan(16, 32, 8, 4096) == (2048, 256)
+    assert plan(1, 32, 32, 4096) == (512, 256)
+    # D = 64: SPLIT_KV_MMA_TARGET_GROUPS (512)
+    assert plan(1, 32, 32, 16384, d=64) == (1024, 512)
+    assert plan(8, 32, 8, 8192, d=64) == (1024, 512)
     # one sequence of few kv heads: at most SPLIT_KV_MMA_MAX_BLOCKS (32) blocks, fewer groups
     assert plan(1, 32, 8, 4096) == (128, 256)
     assert plan(1, 32, 8, 16384) == (512, 256)

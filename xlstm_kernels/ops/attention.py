@@ -65,8 +65,10 @@ Kernels (``metal_src/attention.metal``):
   ``SPLIT_KV_MMA_TILE`` (16) keys streamed through up to ``SPLIT_KV_MMA_MAX_STAGES`` (3)
   threadgroup-memory stages (cp.async on CUDA; 48 KiB budget there, 32 KiB elsewhere);
   block size automatic from ``SPLIT_KV_MMA_MAX_BLOCK`` (4096) halved (down to 64) until the
-  grid has ``SPLIT_KV_MMA_TARGET_GROUPS`` (512) threadgroups, then doubled while the keys
-  make more than ``SPLIT_KV_MMA_MAX_BLOCKS`` (32) blocks. Where one stage does not fit
+  grid has ``SPLIT_KV_MMA_TARGET_GROUPS`` (512) threadgroups (``SPLIT_KV_MMA_TARGET_GROUPS_WIDE``,
+  256, for heads whose K and V rows of one key pass ``SPLIT_KV_MMA_WIDE_KEY_BYTES``, 256:
+  D = 128 in 16 bits), then doubled while the keys make more than
+  ``SPLIT_KV_MMA_MAX_BLOCKS`` (32) blocks. Where one stage does not fit
   (float32 with head dims near 256 on 32 KiB) the lane walk runs. Split-KV is chosen
   automatically for
   Lq <= ``SPLIT_KV_MAX_QUERIES`` (8) and Lk >= ``SPLIT_KV_MIN_KEYS`` (1024; override with
@@ -687,9 +689,17 @@ SPLIT_KV_MMA_MAX_ROWS = 16
 #: groups (blocks twice as long), chains interleaved with MLX's, q25 (scripts/
 #: probe_decode_chain.py PROBE_DC_MODE=grid, probe-decode-chain-cuda-h100-session21.txt):
 #: 1-3% faster on GQA shapes (8x32x8x8192 111.3 -> 110.0, 4x32x8x32768 204.7 -> 199.7) and
-#: 1x32x32x4096 (45.5 -> 44.0), but 13% slower on 1x32x32x16384 D 64 (63.4 -> 72.4): kept.
+#: 1x32x32x4096 (45.5 -> 44.0), but 13% slower on 1x32x32x16384 D 64 (63.4 -> 72.4): kept for
+#: narrow heads; wide heads take SPLIT_KV_MMA_TARGET_GROUPS_WIDE (session 22).
 SPLIT_KV_MMA_MAX_BLOCK = 4096
 SPLIT_KV_MMA_TARGET_GROUPS = 512
+#: ... and this many for wide heads: K and V rows of one key of more than
+#: SPLIT_KV_MMA_WIDE_KEY_BYTES (D = DV = 128 in 16 bits: 512 bytes), whose walks keep twice
+#: the bytes of a D = 64 walk in flight per stage, so that half as many threadgroups hold
+#: as many bytes in flight. Session 21's H100 chains (above) had 256 groups 0-3% faster on
+#: every D = 128 shape measured (GQA and 1x32x32x4096) and 13% slower on D = 64.
+SPLIT_KV_MMA_TARGET_GROUPS_WIDE = 256
+SPLIT_KV_MMA_WIDE_KEY_BYTES = 256
 #: ... and at most this many key blocks per (batch, kv head, row group), where that leaves
 #: fewer groups: one decode sequence (few kv heads) gets fewer, longer walks. Session 17,
 #: H200, bf16 1x32x8 heads D 128, chained calls interleaved with MLX
@@ -737,17 +747,25 @@ def _auto_block_size_mma(q, k, v, backend: str) -> int:
     hkv, lk = k.shape[1], k.shape[2]
     rows = hq // hkv * lq
     r = _mma_plan(rows, d, v.shape[3], q.dtype, backend)[0]
-    return _mma_block_for(b * hkv * -(-rows // r), lk)
+    return _mma_block_for(b * hkv * -(-rows // r), lk, _mma_target_groups(d, v.shape[3], q.dtype))
 
 
-def _mma_block_for(per_block: int, lk: int) -> int:
+def _mma_target_groups(d: int, dv: int, dtype: mx.Dtype) -> int:
+    """Threadgroups the tile pass 1's automatic block size aims for, by the bytes of one
+    key's K and V rows (SPLIT_KV_MMA_TARGET_GROUPS, or ..._WIDE for wide heads)."""
+    wide = (d + dv) * (4 if dtype == mx.float32 else 2) > SPLIT_KV_MMA_WIDE_KEY_BYTES
+    return SPLIT_KV_MMA_TARGET_GROUPS_WIDE if wide else SPLIT_KV_MMA_TARGET_GROUPS
+
+
+def _mma_block_for(per_block: int, lk: int, target: int | None = None) -> int:
     """The tile pass 1's automatic block size for `lk` keys, where each key block makes
     `per_block` threadgroups (batch x kv heads x row groups): SPLIT_KV_MMA_MAX_BLOCK halved
-    (down to 64) while the grid has fewer than SPLIT_KV_MMA_TARGET_GROUPS threadgroups, then
-    raised (by powers of two, up to SPLIT_KV_MMA_MAX_BLOCK) until the keys make at most
-    SPLIT_KV_MMA_MAX_BLOCKS blocks."""
+    (down to 64) while the grid has fewer than `target` threadgroups (default
+    SPLIT_KV_MMA_TARGET_GROUPS; :func:`_mma_target_groups`), then raised (by powers of two,
+    up to SPLIT_KV_MMA_MAX_BLOCK) until the keys make at most SPLIT_KV_MMA_MAX_BLOCKS blocks."""
+    target = SPLIT_KV_MMA_TARGET_GROUPS if target is None else target
     bs = SPLIT_KV_MMA_MAX_BLOCK
-    while bs > 64 and per_block * -(-lk // bs) < SPLIT_KV_MMA_TARGET_GROUPS:
+    while bs > 64 and per_block * -(-lk // bs) < target:
         bs //= 2
     while bs < SPLIT_KV_MMA_MAX_BLOCK and -(-lk // bs) > SPLIT_KV_MMA_MAX_BLOCKS:
         bs *= 2
@@ -861,7 +879,8 @@ def _block_size_rule(q, k, v, block_size: int | None, mma: bool, backend: str):
     if mma:
         rows = hq // hkv * lq
         per_block = b * hkv * -(-rows // _mma_plan(rows, d, dv, q.dtype, backend)[0])
-        return lambda lk: _mma_block_for(per_block, lk)
+        target = _mma_target_groups(d, dv, q.dtype)
+        return lambda lk: _mma_block_for(per_block, lk, target)
     per_block = _partial_groups(b, hq, hkv, lq, 1, d, dv, q.dtype, 1)  # groups per key block
     top, target = SPLIT_KV_BLOCK_SIZE, SPLIT_KV_TARGET_GROUPS
 
