@@ -16,37 +16,24 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import time
 
 import mlx.core as mx
 
 import xlstm_kernels as xk
+from xlstm_kernels.benchmarks.timing import measure_step_loop
 
 
 # 1: warm up over the measured lengths themselves. By default (0) the growing cache warms
 # up at other lengths (from 1000 + 4096), so its timed steps also make the launch plans of
 # their split-KV block counts (two new plans in the 64 steps from 4096: ~0.3-1 ms each,
 # which a real decode loop pays once per block-count change, every 256 keys at these
-# shapes): session 22 found that this, not the cache slices, made "growing cache" cost
-# 15-25 us a step more than "growing contig".
+# shapes). Session 22: this made part of the 15-25 us a step by which "growing cache" read
+# dearer than "growing contig" (32.4 -> 25.6 us with 1, against 16.2 / 14.8), the loops'
+# order more; scripts/probe_decode_slice.py found no cost of the slices themselves.
 WARM_RANGE = os.environ.get("PROBE_LOOP_WARM_RANGE", "0") == "1"
 
 
-def loop(step, n: int) -> tuple[float, float]:
-    """(pipelined us per step, host us per step) of step(i) for i in range(n)."""
-    t_host = 0.0
-    prev = None
-    t0 = time.perf_counter()
-    for i in range(n):
-        h0 = time.perf_counter()
-        out = step(i)
-        t_host += time.perf_counter() - h0
-        mx.async_eval(out)
-        if prev is not None:
-            mx.eval(prev)
-        prev = out
-    mx.eval(prev)
-    return (time.perf_counter() - t0) / n * 1e6, t_host / n * 1e6
+loop = measure_step_loop
 
 
 def main() -> None:

@@ -33,26 +33,13 @@ import time
 import mlx.core as mx
 
 import xlstm_kernels as xk
+from xlstm_kernels.benchmarks.timing import measure_step_loop
 
 STEPS = int(os.environ.get("PROBE_HP_STEPS", "256"))
 TOP = int(os.environ.get("PROBE_HP_TOP", "22"))
 
 
-def loop(step, n: int) -> tuple[float, float]:
-    """(us per step of the pipelined loop, us per step of building alone)."""
-    t_host = 0.0
-    prev = None
-    t0 = time.perf_counter()
-    for i in range(n):
-        h0 = time.perf_counter()
-        out = step(i)
-        t_host += time.perf_counter() - h0
-        mx.async_eval(out)
-        if prev is not None:
-            mx.eval(prev)
-        prev = out
-    mx.eval(prev)
-    return (time.perf_counter() - t0) / n * 1e6, t_host / n * 1e6
+loop = measure_step_loop
 
 
 def top_functions(step, n: int) -> list[tuple[str, float, float, int]]:
@@ -137,7 +124,7 @@ def main() -> None:
     out = {"memo": memo_costs()}
     for name in chosen:
         step = all_cases[name]
-        loop(step, 16)  # warm-up: kernels compiled, families and replays recorded
+        loop(step, min(16, STEPS))  # warm-up: kernels compiled, families and replays recorded
         pipe, host = loop(step, STEPS)
         pipe2, host2 = loop(step, STEPS)
         top = top_functions(step, STEPS)

@@ -1602,6 +1602,28 @@ def test_measure_pipelined_counts_every_call_and_checks_its_arguments():
             measure_pipelined(fn, **bad)
 
 
+def test_measure_step_loop_builds_each_step_once_and_evaluates_it():
+    """Steps 0 .. n-1 are built in order, each evaluated (its values right), and the two
+    per-step times are positive with the building part within the whole."""
+    from xlstm_kernels.benchmarks.timing import measure_step_loop
+
+    x = mx.array(np.random.default_rng(4).standard_normal(32).astype(np.float32))
+    seen, outs = [], []
+
+    def step(i):
+        seen.append(i)
+        out = x * float(i) + 1.0
+        outs.append(out)
+        return out
+
+    whole, host = measure_step_loop(step, 5)
+    assert seen == list(range(5)) and 0 < host <= whole
+    for i, out in enumerate(outs):
+        np.testing.assert_allclose(np.asarray(out), np.asarray(x) * i + 1.0, rtol=1e-6)
+    with pytest.raises(ValueError, match="measure_step_loop"):
+        measure_step_loop(step, 0)
+
+
 def test_measure_pipelined_pair_interleaves_the_two_sides():
     """One run of each side per repeat, the side that goes first alternating; each run is
     measure_pipelined's (a warm-up batch, then the batches)."""

@@ -19,7 +19,7 @@ from typing import Any, Callable, Sequence
 import mlx.core as mx
 
 __all__ = ["Timing", "measure", "chained_repeats", "measure_chained", "measure_chained_pair", "measure_pipelined",
-           "measure_pipelined_pair", "measure_queued", "sync", "throughput"]
+           "measure_pipelined_pair", "measure_queued", "measure_step_loop", "sync", "throughput"]
 
 
 def sync(out: Any) -> Any:
@@ -93,6 +93,28 @@ def measure_queued(fn: Callable[[], Any], *, calls: int = 20, repeats: int = 5) 
         mx.eval([fn() for _ in range(calls)])
         times.append((time.perf_counter() - t0) / calls)
     return statistics.median(times)
+
+
+def measure_step_loop(step: Callable[[int], Any], n: int) -> tuple[float, float]:
+    """(us per step of the whole loop, us per step of building alone) of ``step(i)`` for i
+    in range(n), as a decode loop (mlx-lm's generate) runs its steps: step i is built, handed
+    to ``mx.async_eval``, then step i - 1 is waited for, so the next step's building
+    overlaps this one's GPU work."""
+    if n < 1:
+        raise ValueError(f"measure_step_loop: n must be >= 1, got {n}")
+    t_host = 0.0
+    prev = None
+    t0 = time.perf_counter()
+    for i in range(n):
+        h0 = time.perf_counter()
+        out = step(i)
+        t_host += time.perf_counter() - h0
+        mx.async_eval(out)
+        if prev is not None:
+            mx.eval(prev)
+        prev = out
+    mx.eval(prev)
+    return (time.perf_counter() - t0) / n * 1e6, t_host / n * 1e6
 
 
 def measure_pipelined(fn: Callable[[], Any], *, calls: int = 20, batches: int = 8, repeats: int = 3) -> float:
