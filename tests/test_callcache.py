@@ -552,9 +552,42 @@ def test_traced_tells_transforms_from_plain_calls():
     mx.compile(lambda a: f(a, tag="compile"))(x)
     mx.checkpoint(lambda a: f(a, tag="checkpoint"))(x)
     mx.grad(mx.checkpoint(lambda a: f(a, tag="grad of checkpoint")))(x)
+    mx.grad(lambda a: f(a, tag="grad, new rank"))(mx.ones((2, 2, 2)))
+    f(x, tag="plain again")
     assert seen == {"plain": False, "plain, new shape": False, "plain, new dtype": False, "grad": True,
                     "grad of the second": True, "vjp": True, "jvp": True, "vmap": True, "compile": True,
-                    "checkpoint": False, "grad of checkpoint": True}
+                    "checkpoint": False, "grad of checkpoint": True, "grad, new rank": True,
+                    "plain again": False}
+
+
+def test_traced_calls_the_probe_once_for_a_signature_seen_plain(monkeypatch):
+    """traced(): a tracer at an input signature (dtypes, ranks) already seen without
+    tracers costs one call of the compiled probe; at a new signature, two."""
+    import mlx.core as mx
+
+    from xlstm_kernels.ops import _callcache
+
+    runs = []
+    real = _callcache._probe_mark
+    monkeypatch.setattr(_callcache, "_probe_mark", lambda *a: (runs.append(1), real(*a))[1])
+    probe = mx.compile(lambda *a: _callcache._probe_mark(*a), shapeless=True)
+    monkeypatch.setattr(_callcache, "_probe", probe)
+    monkeypatch.setattr(_callcache, "_probe_known", set())
+    x, w = mx.ones((3, 5), dtype=mx.float16), mx.ones((5,), dtype=mx.float16)
+    seen = []
+
+    def f(a, b):
+        del runs[:]
+        seen.append((_callcache.traced([a, b]), len(runs)))
+        return (a * b).sum()
+
+    mx.grad(f)(x, w)  # new signature, traced: both calls run the probe's Python
+    f(x, w)  # new signature, plain: the first call traces the probe, the second replays
+    mx.grad(f)(x, w)  # known signature, traced: one call
+    f(mx.ones((7, 5), dtype=mx.float16), mx.ones((1,), dtype=mx.float16))  # known (shapeless), plain: nothing runs
+    assert seen == [(True, 2), (False, 1), (True, 1), (False, 0)]
+
+
 
 
 def _graph_text(tmp_path, out) -> str:
@@ -617,8 +650,14 @@ def test_replay_records_the_bare_forward_and_differentiates_through_the_custom_v
     assert "CustomTransforms" in _graph_text(tmp_path, g(x, w))
 
 
-def test_replay_of_a_signature_only_ever_differentiated_records_the_custom_function(replay_on, monkeypatch,
-                                                                                    tmp_path):
+@pytest.mark.parametrize("first", ["grad", "plain"])
+def test_replay_calls_the_custom_function_directly_after_a_run_of_traced_calls(replay_on, monkeypatch, tmp_path,
+                                                                             first):
+    """A signature whose last MAX_TRACED_TRIES calls were traced (an eager training loop)
+    calls its custom function directly, without mx.compile's wrapper, checking for plain
+    arrays every PROBE_PERIOD-th call; the first plain call it sees there records the bare
+    forward (once) and replays again. Gradients stay right throughout, whether the
+    signature's first call was traced or plain."""
     import mlx.core as mx
     import numpy as np
 
@@ -626,20 +665,49 @@ def test_replay_of_a_signature_only_ever_differentiated_records_the_custom_funct
     from xlstm_kernels.ops._callcache import replayable
 
     monkeypatch.setattr(_callcache, "MAX_TRACED_TRIES", 3)
+    monkeypatch.setattr(_callcache, "PROBE_PERIOD", 4)
     f, calls = _counted_custom_function()
     bare_calls = []
     r = replayable(f, "cuda", bare=lambda x, w: (bare_calls.append(1), x * w)[1])
-    x, w = mx.ones((2, 4)), mx.arange(4, dtype=mx.float32)
+    rng = np.random.default_rng(5)
+    w = mx.array(rng.standard_normal(4).astype(np.float32))
     probes = []
     real = _callcache.traced
     monkeypatch.setattr(_callcache, "traced", lambda arrays: (probes.append(1), real(arrays))[1])
-    for _ in range(5):
-        dx = mx.grad(lambda a: r(a, w).sum())(x)
-        np.testing.assert_allclose(np.array(dx), np.broadcast_to(np.array(w), (2, 4)))
-    assert len(probes) == 3  # no more checks after MAX_TRACED_TRIES
-    y = r(x, w)
-    np.testing.assert_allclose(np.array(y), np.array(x) * np.array(w))
-    assert bare_calls == [] and "CustomTransforms" in _graph_text(tmp_path, r(x, w))
+
+    def grad_step():
+        x = mx.array(rng.standard_normal((2, 4)).astype(np.float32))
+        dx, dw = mx.grad(lambda a, b: r(a, b).sum(), argnums=(0, 1))(x, w)
+        np.testing.assert_allclose(np.array(dx), np.broadcast_to(np.array(w), (2, 4)), rtol=1e-6)
+        np.testing.assert_allclose(np.array(dw), np.array(x).sum(axis=0), rtol=1e-6)
+
+    def plain_step():
+        x = mx.array(rng.standard_normal((2, 4)).astype(np.float32))
+        y = r(x, w)
+        np.testing.assert_allclose(np.array(y), np.array(x) * np.array(w), rtol=1e-6)
+        return x
+
+    if first == "plain":
+        plain_step()  # checking: one probe, records the bare forward
+        assert len(probes) == 1 and bare_calls == [1]
+    for _ in range(3):  # checking (a probe each), or replaying (none): then direct
+        grad_step()
+    probes_before = len(probes)
+    vjps = calls["vjp"]
+    for _ in range(8):  # direct: a probe every 4th call, and each call's VJP the custom one
+        grad_step()
+    assert len(probes) - probes_before == 2 and calls["vjp"] - vjps == 8
+    assert probes_before == (1 if first == "plain" else 3)
+    for _ in range(4):  # direct until the next check, which finds plain arrays: replay again
+        x = plain_step()
+    assert bare_calls == [1]  # the bare forward recorded once, whatever came first
+    forward = calls["forward"]
+    probes_before = len(probes)
+    for _ in range(3):
+        x = plain_step()
+    assert calls["forward"] == forward and len(probes) == probes_before  # replayed: no Python, no probe
+    assert "CustomTransforms" not in _graph_text(tmp_path, r(x, w))
+    grad_step()
 
 
 def test_bare_unless_traced_picks_per_call(tmp_path):

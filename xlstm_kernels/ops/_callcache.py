@@ -129,11 +129,19 @@ def replay_enabled() -> bool:
     raise ValueError(f"{REPLAY_ENV_VAR}={text!r}: expected 1 or 0 (on / off)")
 
 
-#: Calls of one signature that may still check whether their arrays are traced before it
-#: stops trying to record the bare forward (a loop that only ever differentiates).
+#: Traced calls in a row (no plain call between them) after which a signature stops going
+#: through its compiled function and calls the custom function directly (a loop that only
+#: differentiates: ``mx.compile`` adds its wrapper's cost to every traced call and replays
+#: nothing for it).
 MAX_TRACED_TRIES = 16
+#: A signature calling its custom function directly checks every PROBE_PERIOD-th call
+#: whether the arrays are plain (:func:`traced`), and goes back to replay if they are.
+PROBE_PERIOD = 16
 
 _probe_calls = [0]
+# (dtype, ndim) of each input of the probe's calls known to be in mx.compile's cache: there
+# the probe's Python runs only for tracers (a signature is added after a call without tracers)
+_probe_known: set = set()
 
 
 def _probe_mark(*arrays):
@@ -151,16 +159,27 @@ def traced(arrays) -> bool:
 
     MLX does not show a tracer to Python, but ``mx.compile`` does: a compiled function runs
     its Python on every call whose inputs include a tracer, and on no call after the first
-    otherwise. So a compiled identity is called twice: Python ran both times iff traced
-    (the first run may be the trace of a new input signature: new dtypes or ranks; the
-    probe is shapeless)."""
+    otherwise. So a compiled identity is called: if its Python does not run, no tracer.
+    If it does, the call was traced or was the first of its input signature (dtypes and
+    ranks; the probe is shapeless, and compile's cache is also per default stream): a
+    signature already seen without tracers (``_probe_known``) is then traced; otherwise the
+    identity is called again, and its Python runs again iff traced.
+
+    Wrong answers can only be True for plain arrays (a new stream, or compile disabled),
+    which costs the caller speed, never a gradient: False means the Python did not run."""
     _probe_calls[0] = 0
     _probe(*arrays)
     if not _probe_calls[0]:
         return False
+    key = tuple((a.dtype, a.ndim) for a in arrays)
+    if key in _probe_known:
+        return True
     _probe_calls[0] = 0
     _probe(*arrays)
-    return _probe_calls[0] > 0
+    if _probe_calls[0]:
+        return True
+    _probe_known.add(key)
+    return False
 
 
 def bare_unless_traced(fn: Callable, backend: str, bare: Callable) -> Callable:
@@ -178,6 +197,12 @@ def bare_unless_traced(fn: Callable, backend: str, bare: Callable) -> Callable:
     return call
 
 
+# the states of a replayable signature (per default stream)
+_CHECKING = 0  # no graph recorded yet: each call asks traced(); the first plain one records
+_REPLAYING = 1  # recorded: every call goes through the compiled function
+_DIRECT = 2  # traced calls only, lately: `fn` itself, traced() every PROBE_PERIOD calls
+
+
 def replayable(fn: Callable, backend: str, bare: Callable | None = None) -> Callable:
     """`fn` through ``mx.compile`` when `backend` launches MLX primitives, else `fn`.
 
@@ -193,8 +218,14 @@ def replayable(fn: Callable, backend: str, bare: Callable | None = None) -> Call
     scripts/probe_rope_consts.py: ccf against ccfv). With `bare` the recorded graph is
     the bare forward, recorded at the first call whose arrays are not traced
     (:func:`traced`); calls with traced arrays (gradients, vmap, a caller's compile) run
-    `fn`, the custom function, as before. After MAX_TRACED_TRIES traced calls without a
-    plain one, the signature records `fn` itself (no more checks)."""
+    `fn`, the custom function, as before.
+
+    Traced calls (an eager training loop: ``mx.grad`` of a model every step) gain nothing
+    from ``mx.compile``, which runs our Python for them and adds its own wrapper's cost
+    (~5 us of the eager VJP's host time on an H100, session 22). So a signature whose last
+    MAX_TRACED_TRIES calls were all traced calls `fn` directly, and every PROBE_PERIOD-th
+    call checks whether its arrays are plain: if they are, it replays again (the
+    compiled function, recording the bare forward if it has not yet)."""
     if backend not in REPLAY_BACKENDS or not replay_enabled():
         return fn
     # Only the main thread replays: MLX's GPU streams belong to their thread, and compiled
@@ -203,12 +234,12 @@ def replayable(fn: Callable, backend: str, bare: Callable | None = None) -> Call
     # run `fn` itself. One recording per default stream (mx.stream(...) contexts); MLX keys
     # compiled graphs on the Python function, so each recording gets its own.
     # (Streams compare by value but hash by identity: a short list, scanned.)
-    # An entry: [stream, compiled, state] with state 0 = may record the bare forward,
-    # 1 = recorded (or recording `fn`: no more checks); tries counts traced calls.
+    # An entry: [stream, compiled, state, count]; count: traced calls in a row (_CHECKING,
+    # _REPLAYING) or calls since the last check (_DIRECT).
     compiled: list[list] = []
     lock = threading.Lock()
     recording_bare = [False]
-    tries = [0]
+    record_ran = [0]
 
     def replay(*arrays):
         if _get_ident() != _main_ident:
@@ -216,35 +247,60 @@ def replayable(fn: Callable, backend: str, bare: Callable | None = None) -> Call
         stream = _default_stream(_default_device())
         for entry in compiled:
             if entry[0] == stream:
-                if entry[2]:
-                    return entry[1](*arrays)
-                return first_calls(entry, arrays)
+                return _STATES[entry[2]](entry, arrays)
 
         def record(*a):
+            record_ran[0] += 1
             return bare(*a) if recording_bare[0] else fn(*a)
 
         with lock:
             entry = next((e for e in compiled if e[0] == stream), None)
             if entry is None:
-                entry = [stream, mx.compile(record), bare is None]
+                entry = [stream, mx.compile(record), _CHECKING if bare is not None else _REPLAYING, 0]
                 compiled.append(entry)
-        return entry[1](*arrays) if entry[2] else first_calls(entry, arrays)
+        return _STATES[entry[2]](entry, arrays)
 
-    def first_calls(entry, arrays):
-        """A call before the bare forward is recorded: record it if `arrays` are plain."""
-        if traced(arrays):
-            tries[0] += 1
-            if tries[0] >= MAX_TRACED_TRIES:
-                entry[2] = 1  # a loop that only differentiates: record fn at its first plain call
-            return fn(*arrays)
-        recording_bare[0] = True
-        try:
-            out = entry[1](*arrays)  # the first plain call: compile traces `bare`
-        finally:
-            recording_bare[0] = False
-        entry[2] = 1
+    def replaying(entry, arrays):
+        """The compiled function; its Python runs only for a traced call (or the recording)."""
+        record_ran[0] = 0
+        out = entry[1](*arrays)
+        if not record_ran[0]:
+            entry[3] = 0
+        else:
+            entry[3] += 1
+            if entry[3] >= MAX_TRACED_TRIES:
+                entry[2], entry[3] = _DIRECT, 0
         return out
 
+    def start_replay(entry, arrays):
+        """A plain call: replay from now on (recording the bare forward if not yet)."""
+        recording_bare[0] = bare is not None
+        try:
+            out = entry[1](*arrays)
+        finally:
+            recording_bare[0] = False
+        entry[2], entry[3] = _REPLAYING, 0
+        return out
+
+    def checking(entry, arrays):
+        """A call before any recording: record it if `arrays` are plain."""
+        if not traced(arrays):
+            return start_replay(entry, arrays)
+        entry[3] += 1
+        if entry[3] >= MAX_TRACED_TRIES:
+            entry[2], entry[3] = _DIRECT, 0
+        return fn(*arrays)
+
+    def direct(entry, arrays):
+        """`fn` itself; every PROBE_PERIOD-th call first checks for plain arrays."""
+        entry[3] += 1
+        if entry[3] >= PROBE_PERIOD:
+            entry[3] = 0
+            if not traced(arrays):
+                return start_replay(entry, arrays)
+        return fn(*arrays)
+
+    _STATES = (checking, replaying, direct)
     return replay
 
 
