@@ -590,6 +590,24 @@ def test_traced_calls_the_probe_once_for_a_signature_seen_plain(monkeypatch):
 
 
 
+def test_traced_is_true_off_the_main_thread():
+    """traced() off the main thread answers True (its probe count is shared), so that the
+    callers there take the custom function, never a bare forward under a transform."""
+    import threading
+
+    import mlx.core as mx
+
+    from xlstm_kernels.ops._callcache import traced
+
+    x = mx.ones((3,))
+    assert traced([x]) is False
+    seen = []
+    t = threading.Thread(target=lambda: seen.append(traced([x])))
+    t.start()
+    t.join()
+    assert seen == [True]
+
+
 def _graph_text(tmp_path, out) -> str:
     import mlx.core as mx
 

@@ -166,7 +166,11 @@ def traced(arrays) -> bool:
     identity is called again, and its Python runs again iff traced.
 
     Wrong answers can only be True for plain arrays (a new stream, or compile disabled),
-    which costs the caller speed, never a gradient: False means the Python did not run."""
+    which costs the caller speed, never a gradient: False means the Python did not run.
+    Off the main thread the answer is always True (the probe's count is one shared cell:
+    another thread's probe could reset it between this one's call and its read)."""
+    if _get_ident() != _main_ident:
+        return True
     _probe_calls[0] = 0
     _probe(*arrays)
     if not _probe_calls[0]:
