@@ -167,7 +167,8 @@ def annotate_rows(rows: Sequence[dict], copy_gbps: float | None) -> None:
 
     The steady-state time is the first a row has of: ``kept`` (norms: chained with every
     output kept referenced, as a transformer's residual stream stays alive past its norm,
-    so that MLX cannot write in place either), ``chained`` (each call takes the last one's
+    so that MLX cannot write in place either; their backward rows: the compiled VJP chained
+    through dx, as backprop through a stack of norms), ``chained`` (each call takes the last one's
     output, as the layers of a model or the steps of a decode loop do; graph building not
     counted, as with asynchronous evaluation), ``pipelined`` (independent calls, the next
     ones built while the GPU runs the last; calls may overlap on the GPU), the synchronised

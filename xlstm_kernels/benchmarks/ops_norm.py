@@ -12,7 +12,12 @@ on a GPU also the queued and pipelined ratios (timing.throughput) and, for *_vjp
 ours_step_ms / mlx_step_ms / ratio_step: the VJP inside an ``mx.compile``'d function,
 pipelined, as a training loop that compiles its step runs it (no per-call Python: the
 eager VJP's host time, ~25-45 us a call for ours against MLX's ~5-8 on an H200 host,
-scripts/probe_vjp.py, is gone there).
+scripts/probe_vjp.py, is gone there), and ours_kept_ms / mlx_kept_ms / ratio_kept: that
+compiled VJP as backprop through a stack of norms runs it, each call's cotangent the last
+call's dx (every dx kept referenced), the backward rows' steady state since session 23, as
+the forward rows' is their chain with outputs kept. Independent pipelined calls may
+overlap on the GPU, which no layer of a backward pass does, and the eager pipelined time is
+the host's build and encode where that exceeds the kernels' (scripts/probe_eager_vjp.py).
 GB/s counts the bytes the op must move: x read + y written + weight/bias read (forward);
 x, g read + dx written + weight read + dweight/dbias written (backward); % of
 `tiles.roofline()["bandwidth_gbs"]`. On the emulator there is no GPU to time: rows report
@@ -147,6 +152,20 @@ def _vjp_step_fn(fwd, op, x, w, b, nh, cot):
     return lambda: step(*args, cot)
 
 
+def _vjp_chain_fn(fwd, op, x, w, b, nh):
+    """g -> dx: the VJP at (x, w, b) for cotangent g inside ``mx.compile``, one layer of a
+    backward pass through a stack of norms (the next layer's cotangent is this dx). Chained
+    (``timing.measure_chained``), no two backward kernels overlap, as in backprop, where
+    independent pipelined calls (``ratio_pipelined``, ``ratio_step``) may overlap on the GPU."""
+    args = [x, w] if op == "rms_norm" else [x, w, b]
+
+    def f(*a):
+        return fwd(op, a[0], a[1], a[2] if len(a) > 2 else None, nh)
+
+    step = mx.compile(lambda *a: mx.vjp(f, list(a[:-1]), [a[-1]])[1][0])
+    return lambda g: step(*args, g)
+
+
 def _bench_case(op, rows, d, nh, dtype, emulated, repeats, roof, rng) -> list[dict]:
     x = mx.array(rng.standard_normal((rows, d)).astype(np.float32)).astype(dtype)
     w = mx.array(rng.standard_normal((d,)).astype(np.float32)).astype(dtype)
@@ -189,7 +208,14 @@ def _bench_case(op, rows, d, nh, dtype, emulated, repeats, roof, rng) -> list[di
                 s_ours, s_mlx = measure_pipelined_pair(_vjp_step_fn(_ours, op, x, w, b, nh, cot),
                                                        _vjp_step_fn(_mlx, op, x, w, b, nh, cot), calls=20, repeats=n)
                 tp.update({"ours_step_ms": s_ours * 1e3, "mlx_step_ms": s_mlx * 1e3, "ratio_step": s_mlx / s_ours})
-                step = f"  step x{s_mlx / s_ours:5.2f}"
+                # and as backprop through a stack of norms runs it: compiled, each call's
+                # cotangent the last call's dx, every dx kept referenced (the steady state)
+                k_ours, k_mlx = measure_chained_pair(_vjp_chain_fn(_ours, op, x, w, b, nh),
+                                                     _vjp_chain_fn(_mlx, op, x, w, b, nh), cot,
+                                                     repeats=chained_repeats(repeats), keep=True)
+                tp.update({"ours_kept_ms": k_ours * 1e3, "mlx_kept_ms": k_mlx * 1e3, "ratio_kept": k_mlx / k_ours,
+                           "gbps_kept": nbytes / k_ours / 1e9})
+                step = f"  step x{s_mlx / s_ours:5.2f}  backprop x{k_mlx / k_ours:5.2f}"
             else:  # chained: each call normalises the last one's output (a layer stack's shape)
                 n = chained_repeats(repeats)
                 step_ours, step_mlx = (lambda y: _ours(op, y, w, b, nh)), (lambda y: _mlx(op, y, w, b, nh))
