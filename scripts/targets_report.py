@@ -14,7 +14,8 @@ target row into what it misses and why:
 * the ratio bar (>= 1.0x MLX at the row's steady state): ``met``; ``parity`` from `--parity`
   up; ``below`` otherwise.
 
-No GPU needed; the verdicts are the bench's own, this only counts them.
+No GPU needed; the verdicts are the bench's own (``copy_rate.miss_reasons`` names the misses), this
+only counts them.
 """
 
 from __future__ import annotations
@@ -29,22 +30,10 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-from xlstm_kernels.benchmarks.copy_rate import COPY_TARGET_PCT  # noqa: E402
+from xlstm_kernels.benchmarks.copy_rate import COPY_TARGET_PCT, miss_reasons  # noqa: E402
 
 DEFAULT = [os.path.join(os.path.dirname(HERE), "bench", "results", f"{f}-cuda-h100.csv")
            for f in ("norm", "rope", "attention")]
-
-
-def classify(extra: dict, parity: float) -> tuple[str, str]:
-    """(copy verdict, ratio verdict) of one annotated target row."""
-    if extra["meets_copy"]:
-        copy = "met"
-    elif extra.get("copy_same_bytes_pct", 100.0) < COPY_TARGET_PCT:
-        copy = "unreachable"
-    else:
-        copy = "below"
-    ratio = "met" if extra["meets_ratio"] else ("parity" if extra["ratio_steady"] >= parity else "below")
-    return copy, ratio
 
 
 def main() -> int:
@@ -60,7 +49,7 @@ def main() -> int:
                 extra = json.loads(row.get("extra") or "{}")
                 if "meets_copy" not in extra or extra["meets_copy"] is None:
                     continue
-                copy, ratio = classify(extra, args.parity)
+                copy, ratio = miss_reasons(extra, args.parity)
                 counts[(copy, ratio)] += 1
                 print(f"{row['op'][:26]:26s} {row['shape'][:22]:22s} {row['dtype']:9s} {extra['pct_copy']:7.1f} "
                       f"{extra.get('copy_same_bytes_pct', float('nan')):9.1f} {extra['ratio_steady']:6.2f}  "

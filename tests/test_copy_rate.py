@@ -138,3 +138,22 @@ def test_same_bytes_copy_annotation():
     copy_rate.annotate_same_bytes(rows, None, "cuda", measure=fake)  # no copy bandwidth: nothing measured
     assert len(calls) == 2
     assert copy_rate.measure_copy_at("emulate", 1 << 20) is None
+
+
+@pytest.mark.parametrize("extra,want", [
+    ({"meets_copy": True, "meets_ratio": True, "ratio_steady": 1.3, "copy_same_bytes_pct": 90.0}, ("met", "met")),
+    ({"meets_copy": False, "meets_ratio": True, "ratio_steady": 1.3, "copy_same_bytes_pct": 62.0},
+     ("unreachable", "met")),
+    ({"meets_copy": False, "meets_ratio": False, "ratio_steady": 0.985, "copy_same_bytes_pct": 85.0},
+     ("below", "parity")),
+    ({"meets_copy": True, "meets_ratio": False, "ratio_steady": 0.87}, ("met", "below")),
+    ({"meets_copy": False, "meets_ratio": False, "ratio_steady": 0.5}, ("below", "below")),  # no copy@size
+])
+def test_miss_reasons_names_what_a_row_misses(extra, want):
+    assert copy_rate.miss_reasons(extra) == want
+
+
+def test_miss_reasons_parity_threshold():
+    extra = {"meets_copy": True, "meets_ratio": False, "ratio_steady": 0.96}
+    assert copy_rate.miss_reasons(extra, parity=0.95) == ("met", "parity")
+    assert copy_rate.miss_reasons(extra, parity=0.98) == ("met", "below")

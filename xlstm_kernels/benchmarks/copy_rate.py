@@ -21,6 +21,8 @@ a buffer far larger than the last-level cache, so no copy is served from cache.
 
 from __future__ import annotations
 
+import math
+
 from typing import Sequence
 
 import mlx.core as mx
@@ -31,7 +33,7 @@ from ..runtime.kernels import KernelSpec, launch
 from .timing import measure_chained
 
 __all__ = ["COPY_SPEC", "COPY_TARGET_PCT", "TARGET_OPS", "annotate_rows", "annotate_same_bytes", "copy_words",
-           "measure_copy_at", "measure_copy_rate", "target_summary", "targeted"]
+           "measure_copy_at", "measure_copy_rate", "miss_reasons", "target_summary", "targeted"]
 
 COPY_SPEC = KernelSpec("copy", "copy_words", ("src",), ("dst",))
 COPY_TARGET_PCT = 80.0  # issue 8: memory-bound ops >= 80% of the measured copy bandwidth
@@ -160,6 +162,21 @@ def _bytes_moved(row: dict) -> float | None:
 def targeted(row: dict) -> bool:
     """Whether a bench row's op is one the copy-bandwidth target applies to (TARGET_OPS)."""
     return str(row.get("op", "")).startswith(TARGET_OPS)
+
+
+def miss_reasons(extra: dict, parity: float = 0.98) -> tuple[str, str]:
+    """(copy bar, ratio bar) of one row that annotate_rows judged (its ``extra``), each
+    ``met`` or why not. Copy: ``unreachable`` where a chained copy of the row's own bytes
+    (``copy_same_bytes_pct``) reaches less than COPY_TARGET_PCT, so no kernel can meet the
+    bar at that size; else ``below``. Ratio: ``parity`` from `parity` up; else ``below``."""
+    if extra["meets_copy"]:
+        copy = "met"
+    elif extra.get("copy_same_bytes_pct", math.inf) < COPY_TARGET_PCT:
+        copy = "unreachable"
+    else:
+        copy = "below"
+    ratio = "met" if extra["meets_ratio"] else ("parity" if extra["ratio_steady"] >= parity else "below")
+    return copy, ratio
 
 
 def annotate_rows(rows: Sequence[dict], copy_gbps: float | None) -> None:
