@@ -11,7 +11,9 @@ bytes reads 72-82%. Variants (module constants, the call memo cleared between th
 
 * ``base``: as shipped;
 * ``u6`` / ``u8`` / ``u12`` / ``u16``: that many units a SM (the register hint 65536 / (units x 128));
-* ``unstaged``: the cached layout (RMS_VJP_STAGED_CUDA = LN_VJP_STAGED_CUDA = False).
+* ``unstaged``: the cached layout (RMS_VJP_STAGED_CUDA = LN_VJP_STAGED_CUDA = False);
+* ``t64`` / ``t64u6``: staged units of 64 threads a row where the rows allow (short rows),
+  3 / 6 a SM.
 
 Each: the VJP inside ``mx.compile`` (a compiled training step: device time, no per-call
 Python), ours against MLX's, ``timing.measure_pipelined_pair``; us a call and MLX's time
@@ -25,7 +27,7 @@ import os
 import mlx.core as mx
 
 import xlstm_kernels as xk
-from xlstm_kernels.benchmarks.timing import measure_pipelined_pair
+from xlstm_kernels.benchmarks.timing import measure_chained_pair, measure_pipelined_pair
 from xlstm_kernels.ops import norm as norm_mod
 
 CASES = [("mhln", 4096, 8, 512, mx.float32), ("mhln", 4096, 8, 512, mx.bfloat16), ("mhln", 8192, 4, 64, mx.float32),
@@ -38,7 +40,13 @@ VARIANTS = {
     "u12": {"RMS_VJP_STAGED_UNITS_PER_SM": 12, "RMS_VJP_STAGED_REGISTERS": 40},
     "u16": {"RMS_VJP_STAGED_UNITS_PER_SM": 16, "RMS_VJP_STAGED_REGISTERS": 32},
     "unstaged": {"RMS_VJP_STAGED_CUDA": False, "LN_VJP_STAGED_CUDA": False},
+    "t64": {"RMS_VJP_STAGED_THREADS_CUDA": 64},
+    "t64u6": {"RMS_VJP_STAGED_THREADS_CUDA": 64, "RMS_VJP_STAGED_UNITS_PER_SM": 6, "RMS_VJP_STAGED_REGISTERS": 80},
 }
+# PROBE_VU_MODE=chained: each call's cotangent the last call's dx (timing.measure_chained_pair,
+# outputs kept): device time with no two backward kernels overlapping, as in backprop
+MODE = os.environ.get("PROBE_VU_MODE", "pipelined")
+CASES_ENV = os.environ.get("PROBE_VU_CASES")  # e.g. "0 4": indices into CASES
 
 
 def step_fns(kind, rows, nh, n, dt):
@@ -61,25 +69,31 @@ def step_fns(kind, rows, nh, n, dt):
 
     def make(f):
         step = mx.compile(lambda *a: mx.vjp(f, list(a[:-1]), [a[-1]])[1])
+        if MODE == "chained":
+            return lambda gg: step(*args, gg)[0]
         return lambda: step(*args, g)
 
-    return make(ours), make(mlx), 3 * x.nbytes
+    return make(ours), make(mlx), 3 * x.nbytes, g
 
 
 def main() -> None:
     chosen = os.environ.get("PROBE_VU_VARIANTS", " ".join(VARIANTS)).split()
     repeats = int(os.environ.get("PROBE_VU_REPEATS", "3"))
     saved = {k: getattr(norm_mod, k) for v in VARIANTS.values() for k in v}
-    for kind, rows, nh, n, dt in CASES:
+    cases = CASES if not CASES_ENV else [CASES[int(i)] for i in CASES_ENV.split()]
+    for kind, rows, nh, n, dt in cases:
         for name in chosen:
             for k, v in saved.items():
                 setattr(norm_mod, k, v)
             for k, v in VARIANTS[name].items():
                 setattr(norm_mod, k, v)
             norm_mod._CALLS.clear()
-            ours, mlx, nbytes = step_fns(kind, rows, nh, n, dt)
-            mx.eval(ours()), mx.eval(mlx())
-            a, m = measure_pipelined_pair(ours, mlx, calls=20, repeats=repeats)
+            ours, mlx, nbytes, g = step_fns(kind, rows, nh, n, dt)
+            if MODE == "chained":
+                a, m = measure_chained_pair(ours, mlx, g, repeats=2 * repeats + 1, keep=True)
+            else:
+                mx.eval(ours()), mx.eval(mlx())
+                a, m = measure_pipelined_pair(ours, mlx, calls=20, repeats=repeats)
             print(f"{str(dt).split('.')[-1]:8s} {kind:4s} {rows}x{nh}x{n:<5d} {name:8s} ours {a * 1e6:7.1f} us "
                   f"({nbytes / a / 1e9:6.0f} GB/s)  mlx {m * 1e6:7.1f}  x{m / a:5.2f}", flush=True)
     for k, v in saved.items():

@@ -384,6 +384,7 @@ def test_rms_vjp_staged_rows(kernel_backend, monkeypatch, fresh_norm_calls, dtyp
     monkeypatch.setattr(norm_mod, "_plans_for_cuda", lambda: True)
     monkeypatch.setattr(norm_mod, "RMS_VJP_SMS_CUDA", 2)  # two units: 4 + 3 rows
     monkeypatch.setattr(norm_mod, "RMS_VJP_STAGED_UNITS_PER_SM", 1)
+    monkeypatch.setattr(norm_mod, "RMS_VJP_STAGED_THREADS_PER_SM", 0)
     monkeypatch.setattr(norm_mod, "RMS_VJP_STAGED_STRIDED", strided)
     dt = DTYPES[dtype]
     n = {"1024": 1024, "4096": 4096, "longest": norm_mod.RMS_VJP_STAGE_BYTES // (4 * dt.size)}[rows_of]
@@ -406,6 +407,7 @@ def test_rms_vjp_staged_through_l1(kernel_backend, monkeypatch, fresh_norm_calls
     monkeypatch.setattr(norm_mod, "_plans_for_cuda", lambda: True)
     monkeypatch.setattr(norm_mod, "RMS_VJP_SMS_CUDA", 2)
     monkeypatch.setattr(norm_mod, "RMS_VJP_STAGED_UNITS_PER_SM", 1)
+    monkeypatch.setattr(norm_mod, "RMS_VJP_STAGED_THREADS_PER_SM", 0)
     monkeypatch.setattr(norm_mod, "RMS_VJP_STAGE_L1", True)
     dt = DTYPES[dtype]
     rng = np.random.default_rng(seed_of("vjp-staged-l1", dtype))
@@ -423,6 +425,7 @@ def test_rms_vjp_staged_units_per_sm(monkeypatch):
     monkeypatch.setattr(norm_mod, "_plans_for_cuda", lambda: True)
     per = norm_mod._staged_units_per_sm
     assert per(128, 33280) == norm_mod.RMS_VJP_STAGED_UNITS_PER_SM == 3
+    assert per(64, 17408) == norm_mod.RMS_VJP_STAGED_THREADS_PER_SM // 64 == 6  # narrow units: six
     assert per(256, 33280) == 65536 // (norm_mod.RMS_VJP_STAGED_REGISTERS * 256)  # registers: 1
     monkeypatch.setattr(norm_mod, "RMS_VJP_STAGED_REGISTERS", 0)
     assert per(256, 33280) == 3 and per(256, 66048) == 3 and per(256, 131584) == 1  # shared memory
@@ -431,6 +434,12 @@ def test_rms_vjp_staged_units_per_sm(monkeypatch):
     _, kw, groups = norm_mod._vjp_plan("rms", x, mx.zeros((4096,), dtype=mx.bfloat16), False, x, EPS)
     assert dict(kw["template"])["XK_MIN_BLOCKS"] == 3
     assert groups == norm_mod.RMS_VJP_SMS_CUDA * 3
+    # 16-bit heads of 512: 64-thread units, six a SM (each head its own units)
+    x = mx.zeros((4096, 8 * 512), dtype=mx.bfloat16)
+    w = mx.zeros((8 * 512,), dtype=mx.bfloat16)
+    _, kw, groups = norm_mod._vjp_plan("ln", x, w, True, x, EPS, 8)
+    assert kw["threadgroup"] == (64, 1, 1) and dict(kw["template"])["XK_MIN_BLOCKS"] == 6
+    assert groups == norm_mod.RMS_VJP_SMS_CUDA * 6 // 8
 
 
 @pytest.mark.emulator_only
@@ -442,6 +451,7 @@ def test_rms_vjp_staged_schedules(monkeypatch):
     monkeypatch.setattr(norm_mod, "_plans_for_cuda", lambda: True)
     monkeypatch.setattr(norm_mod, "RMS_VJP_SMS_CUDA", 2)
     monkeypatch.setattr(norm_mod, "RMS_VJP_STAGED_UNITS_PER_SM", 1)
+    monkeypatch.setattr(norm_mod, "RMS_VJP_STAGED_THREADS_PER_SM", 0)
     rng = np.random.default_rng(9)
     x, w, _ = make(rng, (5, 512), mx.bfloat16, True, False)
     g = rand(rng, (5, 512), mx.bfloat16)
@@ -926,7 +936,8 @@ def _ln_grads64(x, w, b, g, nh=1):
 
 
 @pytest.mark.parametrize("dtype", list(DTYPES))
-@pytest.mark.parametrize("n", [512, 2048])  # float32 elements (16-bit: twice): 128 threads of whole runs
+# float32 elements (16-bit: twice): 64-thread units (six a SM: RMS_VJP_STAGED_THREADS_PER_SM), 128 threads of whole runs
+@pytest.mark.parametrize("n", [256, 512, 2048])
 @pytest.mark.parametrize("has_w,has_b,nh", [(True, True, 1), (False, True, 1), (True, False, 2), (False, False, 1)])
 def test_ln_vjp_staged(kernel_backend, monkeypatch, fresh_norm_calls, dtype, n, has_w, has_b, nh):
     """The LayerNorm backward with CUDA's staged plan (LN_VJP_STAGED_CUDA: the next row of x
@@ -938,7 +949,7 @@ def test_ln_vjp_staged(kernel_backend, monkeypatch, fresh_norm_calls, dtype, n, 
     from xlstm_kernels.runtime import launch
 
     monkeypatch.setattr(norm_mod, "_plans_for_cuda", lambda: True)
-    monkeypatch.setattr(norm_mod, "RMS_VJP_SMS_CUDA", 1)  # 3 units: each takes several of the 7 rows
+    monkeypatch.setattr(norm_mod, "RMS_VJP_SMS_CUDA", 1)  # 3 (or 6) units: each takes several of the 7 rows
     dt = DTYPES[dtype]
     n = n * 4 // dt.size
     rng = np.random.default_rng(seed_of("lnstaged", dtype, n, has_w, has_b, nh))
@@ -949,7 +960,9 @@ def test_ln_vjp_staged(kernel_backend, monkeypatch, fresh_norm_calls, dtype, n, 
     spec, kw, groups = norm_mod._vjp_plan("ln", x, w, has_b, g, EPS, nh)
     t = dict(kw["template"])
     assert spec.kernel == "layer_norm_vjp" and t["STAGED"] and t["NF"] == n and t["STRIDED"], t
-    assert kw["shared_memory"] >= 4 * n * dt.size and groups == (max(1, 3 // nh) if (has_w or has_b) else 7)
+    per_sm = 6 if n * dt.size == 1024 else 3  # 64-thread units for 1 KiB rows
+    assert kw["threadgroup"][0] == (64 if per_sm == 6 else 128)
+    assert kw["shared_memory"] >= 4 * n * dt.size and groups == (max(1, per_sm // nh) if (has_w or has_b) else 7)
 
     def check(outs, tag):
         assert rel_err(outs[0].reshape(x.shape), want[0]) < limit, tag

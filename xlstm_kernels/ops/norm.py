@@ -197,6 +197,12 @@ RMS_VJP_STAGED_THREADS_CUDA = 128
 RMS_VJP_STAGED_MAX_READS = 32
 RMS_VJP_SMS_CUDA = 132  # an H100's or H200's SMs
 RMS_VJP_STAGED_UNITS_PER_SM = 3
+# ... or as many as hold RMS_VJP_STAGED_THREADS_PER_SM threads, where units are narrower than
+# 128 threads (short rows: 16-bit rows of 512 elements run 64-thread units, of which three a
+# SM left the backward latency-bound). H100, scripts/probe_vjp_units.py chained through dx
+# (session 23): multi-head LayerNorm bf16 4096x8x512 78.3 -> 55.0 us at six 64-thread units
+# a SM (53.1 at eight); the 128-thread rows keep three (six read -8% to +16% there).
+RMS_VJP_STAGED_THREADS_PER_SM = 384
 RMS_VJP_STAGED_REGISTERS = 160
 RMS_VJP_STAGED_STRIDED = True  # a unit takes every groups-th row (as MLX's), not consecutive ones
 # Stage through L1 (cp.async.ca, as MLX's kernel) instead of bypassing it (.cg): H200, Nsight
@@ -457,9 +463,10 @@ def _plans_for_cuda() -> bool:
 
 def _staged_units_per_sm(tpr: int, smem_bytes: int) -> int:
     """Units of the staged RMSNorm backward (`tpr` threads, `smem_bytes` of threadgroup
-    memory each) to plan per SM: RMS_VJP_STAGED_UNITS_PER_SM, or fewer where their registers
-    (at the RMS_VJP_STAGED_REGISTERS hint) or shared memory do not fit one SM; at least 1."""
-    per = RMS_VJP_STAGED_UNITS_PER_SM
+    memory each) to plan per SM: RMS_VJP_STAGED_UNITS_PER_SM, or RMS_VJP_STAGED_THREADS_PER_SM
+    threads' worth of narrower units, fewer where their registers (at the
+    RMS_VJP_STAGED_REGISTERS hint) or shared memory do not fit one SM; at least 1."""
+    per = max(RMS_VJP_STAGED_UNITS_PER_SM, RMS_VJP_STAGED_THREADS_PER_SM // tpr)
     if RMS_VJP_STAGED_REGISTERS > 0:
         per = min(per, 65536 // (RMS_VJP_STAGED_REGISTERS * tpr))
     return max(1, min(per, RMS_VJP_SMEM_PER_SM_CUDA // (smem_bytes + 1024)))
