@@ -627,7 +627,8 @@ for (uint c = tid * W; c < n; c += step) {
 // inputs:  x (M*nh, n) T; w (nh*n) T (dummy if !HAS_W); g (M*nh, n) T; eps () float;
 //          params (5) int = [M, n, nh, rpg, units]
 // outputs: dx (M*nh, n) T; dwp (groups, nh*n) float ((1,) if !HAS_W: set to 0).
-// template: T, HAS_W, N_READS, ONE_SIMD, FULL (as rms_norm's: 1 rows of exactly
+// template: T, HAS_W, N_READS, ONE_SIMD, FULL, STAGED, NF, STRIDED, STAGE_L1, NS.
+// FULL (as rms_norm's: 1 rows of exactly
 // tpr * N_READS elements, wide runs when x, g, dx, w are aligned, else element accesses,
 // no bounds code; 2 always element accesses; 0 any n), STAGED and NF (STAGED: FULL = 1
 // rows of NF = n elements, one unit per threadgroup; the unit's next row of x and g is
@@ -637,11 +638,12 @@ for (uint c = tid * W; c < n; c += step) {
 // runs, so no barrier guards the stages; x and g are read back twice, not held in
 // registers across the reduction), STRIDED (staged only: unit grp takes outer rows grp,
 // grp + groups, ... instead of its rpg consecutive rows; the partials sum the same),
-// STAGE_L1 (staged only: the copies through L1, cp.async.ca on CUDA)
+// STAGE_L1 (staged only: the copies through L1, cp.async.ca on CUDA), NS (staged only: the
+// stages, >= 2: a unit copies its rows NS - 1 ahead, a ring of NS rows of x and of g)
 constexpr int W = XK_RUN(T, N_READS);
 constexpr int NR = N_READS / W;
-constexpr int SW = STAGED ? (2 * NF * int(sizeof(T)) + 15) / 16 : 1;  // 16-byte words of one array's stages
-// x's two stages, then g's: on CUDA the launch's dynamic shared memory (the op passes
+constexpr int SW = STAGED ? (NS * NF * int(sizeof(T)) + 15) / 16 : 1;  // 16-byte words of one array's stages
+// x's NS stages, then g's: on CUDA the launch's dynamic shared memory (the op passes
 // shared_memory = their bytes + red's, the threadgroup memory of the launch in all)
 #ifdef XK_THREADGROUP_DYNAMIC
 threadgroup vec<float, 4>* stage_words = STAGED ? XK_THREADGROUP_DYNAMIC(2 * SW, vec<float, 4>) : nullptr;
@@ -687,24 +689,29 @@ if (unit < nunits) {  // uniform per unit
   const uint rs = STRIDED ? nunits / nh : 1u;
   const uint r0 = STRIDED ? grp : b0;
   const uint r1 = STRIDED ? m_rows : b1;
-  if (STAGED && r0 < r1) {
-    const size_t base = (size_t(r0) * nh + head) * n;
-    xk_stage_runs<W, NR, STAGE_L1>(xs, x + base, tid * W, tpr * W, al);
-    xk_stage_runs<W, NR, STAGE_L1>(gs, g + base, tid * W, tpr * W, al);
-    xk_async_commit();
-  }
   if (STAGED) {
-    uint t = 0;  // rows done
-    for (uint bi = r0; bi < r1; bi += rs, t++) {
-      const size_t base = (size_t(bi) * nh + head) * n;
-      const uint st = (t & 1u) * uint(NF);
-      if (bi + rs < r1) {  // the next row into the other stage (read back by this thread last row)
-        const size_t next = base + size_t(rs) * nh * n;
-        xk_stage_runs<W, NR, STAGE_L1>(xs + (uint(NF) - st), x + next, tid * W, tpr * W, al);
-        xk_stage_runs<W, NR, STAGE_L1>(gs + (uint(NF) - st), g + next, tid * W, tpr * W, al);
+    // rows ahead: the unit's first NS - 1 rows into stages 0 .. NS - 2, one commit each
+    uint ahead = r0;
+    for (int k = 0; k < NS - 1; k++, ahead += rs) {
+      if (ahead < r1) {
+        const size_t src = (size_t(ahead) * nh + head) * n;
+        xk_stage_runs<W, NR, STAGE_L1>(xs + uint(k) * uint(NF), x + src, tid * W, tpr * W, al);
+        xk_stage_runs<W, NR, STAGE_L1>(gs + uint(k) * uint(NF), g + src, tid * W, tpr * W, al);
       }
       xk_async_commit();
-      xk_async_wait<1>();  // this thread's copies of row bi are done
+    }
+    uint t = 0;  // rows done
+    for (uint bi = r0; bi < r1; bi += rs, t++, ahead += rs) {
+      const size_t base = (size_t(bi) * nh + head) * n;
+      const uint st = (t % uint(NS)) * uint(NF);
+      if (ahead < r1) {  // row t + NS - 1 into the stage this thread read back last row
+        const size_t src = (size_t(ahead) * nh + head) * n;
+        const uint sa = ((t + uint(NS) - 1u) % uint(NS)) * uint(NF);
+        xk_stage_runs<W, NR, STAGE_L1>(xs + sa, x + src, tid * W, tpr * W, al);
+        xk_stage_runs<W, NR, STAGE_L1>(gs + sa, g + src, tid * W, tpr * W, al);
+      }
+      xk_async_commit();
+      xk_async_wait<NS - 1>();  // this thread's copies of row bi are done
       // Two passes over this thread's staged runs (wide reads), so that x and g need no
       // registers across the reduction: the row sums, then dx and dw. Nothing overwrites
       // them in between (only this thread copies into its runs, next row).
@@ -875,15 +882,16 @@ if (!HAS_W && unit == 0 && tid == 0) {
 // inputs:  x (M*nh, n) T; w (nh*n) T (dummy if !HAS_W); g (M*nh, n) T; eps () float;
 //          params (5) int = [M, n, nh, rpg, units]
 // outputs: dx (M*nh, n) T; dwp, dbp (groups, nh*n) float ((1,), set to 0, when absent).
-// template: T, HAS_W, HAS_B, N_READS, ONE_SIMD, STAGED, NF, STRIDED
+// template: T, HAS_W, HAS_B, N_READS, ONE_SIMD, STAGED, NF, STRIDED, NS
 // STAGED, NF, STRIDED: as rms_norm_vjp's (rows of exactly NF = tpr * N_READS elements, one
 // unit per threadgroup, the unit's next row of x and g copied into threadgroup memory
 // while this one is reduced; STRIDED: the unit takes every groups-th row). A staged row
 // takes three passes over the thread's own staged runs and two paired reductions:
 // (sum x, sum gw), then (sum (x - mean)^2, sum gw * (x - mean)), then dx, dw, db.
+// NS: the stages, as rms_norm_vjp's.
 constexpr int W = XK_RUN(T, N_READS);
 constexpr int NR = N_READS / W;
-constexpr int SW = STAGED ? (2 * NF * int(sizeof(T)) + 15) / 16 : 1;  // 16-byte words of one array's stages
+constexpr int SW = STAGED ? (NS * NF * int(sizeof(T)) + 15) / 16 : 1;  // 16-byte words of one array's stages
 #ifdef XK_THREADGROUP_DYNAMIC
 threadgroup vec<float, 4>* stage_words = STAGED ? XK_THREADGROUP_DYNAMIC(2 * SW, vec<float, 4>) : nullptr;
 #else
@@ -927,23 +935,27 @@ if (unit < nunits) {  // uniform per unit
     const uint rs = STRIDED ? nunits / nh : 1u;
     const uint r0 = STRIDED ? grp : b0;
     const uint r1 = STRIDED ? m_rows : b1;
-    if (r0 < r1) {
-      const size_t base = (size_t(r0) * nh + head) * n;
-      xk_stage_runs<W, NR>(xs, x + base, tid * W, tpr * W, al);
-      xk_stage_runs<W, NR>(gs, g + base, tid * W, tpr * W, al);
+    uint ahead = r0;  // the unit's first NS - 1 rows into stages 0 .. NS - 2, one commit each
+    for (int k = 0; k < NS - 1; k++, ahead += rs) {
+      if (ahead < r1) {
+        const size_t src = (size_t(ahead) * nh + head) * n;
+        xk_stage_runs<W, NR>(xs + uint(k) * uint(NF), x + src, tid * W, tpr * W, al);
+        xk_stage_runs<W, NR>(gs + uint(k) * uint(NF), g + src, tid * W, tpr * W, al);
+      }
       xk_async_commit();
     }
     uint t = 0;  // rows done
-    for (uint bi = r0; bi < r1; bi += rs, t++) {
+    for (uint bi = r0; bi < r1; bi += rs, t++, ahead += rs) {
       const size_t base = (size_t(bi) * nh + head) * n;
-      const uint st = (t & 1u) * uint(NF);
-      if (bi + rs < r1) {  // the next row into the other stage (read back by this thread last row)
-        const size_t next = base + size_t(rs) * nh * n;
-        xk_stage_runs<W, NR>(xs + (uint(NF) - st), x + next, tid * W, tpr * W, al);
-        xk_stage_runs<W, NR>(gs + (uint(NF) - st), g + next, tid * W, tpr * W, al);
+      const uint st = (t % uint(NS)) * uint(NF);
+      if (ahead < r1) {  // row t + NS - 1 into the stage this thread read back last row
+        const size_t src = (size_t(ahead) * nh + head) * n;
+        const uint sa = ((t + uint(NS) - 1u) % uint(NS)) * uint(NF);
+        xk_stage_runs<W, NR>(xs + sa, x + src, tid * W, tpr * W, al);
+        xk_stage_runs<W, NR>(gs + sa, g + src, tid * W, tpr * W, al);
       }
       xk_async_commit();
-      xk_async_wait<1>();  // this thread's copies of row bi are done
+      xk_async_wait<NS - 1>();  // this thread's copies of row bi are done
       float s = 0.0f;
       float a = 0.0f;
       for (int j = 0; j < NR; j++) {

@@ -279,7 +279,9 @@ def test_rms_vjp_units_fill_one_wave_on_cuda(monkeypatch):
             # rows whose stages fit RMS_VJP_STAGE_BYTES stage through threadgroup memory: their own layout
             if staged and 4 * 4096 * dtype.size <= norm_mod.RMS_VJP_STAGE_BYTES:
                 threads = norm_mod.RMS_VJP_STAGED_THREADS_CUDA
-                want = norm_mod.RMS_VJP_SMS_CUDA * norm_mod.RMS_VJP_STAGED_UNITS_PER_SM
+                # float32 rows of 4096 (32 KiB of x and g) take four stages, 128 KiB: one unit a SM
+                per_sm = 1 if dtype.size == 4 else norm_mod.RMS_VJP_STAGED_UNITS_PER_SM
+                want = norm_mod.RMS_VJP_SMS_CUDA * per_sm
                 # STRIDED units take every groups-th row: exactly the target's units
                 assert norm_mod.RMS_VJP_STAGED_STRIDED and groups == want, (dtype, tpr, groups)
             else:
@@ -395,7 +397,8 @@ def test_rms_vjp_staged_rows(kernel_backend, monkeypatch, fresh_norm_calls, dtyp
     t = dict(kw["template"])
     assert t["STAGED"] and t["NF"] == n and t["FULL"] == 1 and t["STRIDED"] == strided, t
     assert kw["threadgroup"][0] == max(128, n // norm_mod.RMS_VJP_STAGED_MAX_READS)
-    assert kw["shared_memory"] == 4 * n * dt.size + norm_mod.RMS_VJP_RED_BYTES
+    assert t["NS"] == norm_mod._vjp_stages(2 * n * dt.size)  # 16-bit 1024 and float32 4096 rows: four
+    assert kw["shared_memory"] == 2 * t["NS"] * n * dt.size + norm_mod.RMS_VJP_RED_BYTES
     assert groups == (2 if has_w else 7)
     _check_rms_grads_at_offsets(x, w if has_w else None, cot)
 
@@ -440,6 +443,65 @@ def test_rms_vjp_staged_units_per_sm(monkeypatch):
     _, kw, groups = norm_mod._vjp_plan("ln", x, w, True, x, EPS, 8)
     assert kw["threadgroup"] == (64, 1, 1) and dict(kw["template"])["XK_MIN_BLOCKS"] == 6
     assert groups == norm_mod.RMS_VJP_SMS_CUDA * 6 // 8
+
+
+def test_vjp_stages_plan(monkeypatch):
+    """Stages of the staged backward by the bytes of a row's x and g: RMS_VJP_STAGES, two where
+    RMS_VJP_TWO_STAGES holds the row, fewer where RMS_VJP_STAGE_BYTES runs out, at least two;
+    the launch's NS, shared memory and units a SM follow."""
+    monkeypatch.setattr(norm_mod, "_plans_for_cuda", lambda: True)
+    st = norm_mod._vjp_stages
+    assert norm_mod.RMS_VJP_STAGES == 4 and norm_mod.RMS_VJP_TWO_STAGES == (8192, 16384)
+    assert [st(b) for b in (512, 4096, 8192, 16384, 32768, 65536)] == [4, 4, 2, 2, 4, 2]
+    monkeypatch.setattr(norm_mod, "RMS_VJP_STAGES", 6)
+    assert [st(b) for b in (4096, 4097, 32768)] == [6, 6, 4]  # 32 KiB rows: four fill 128 KiB
+    monkeypatch.setattr(norm_mod, "RMS_VJP_STAGES", 4)
+    for kind, n, dt, ns, per_sm in (("rms", 4096, mx.float32, 4, 1), ("rms", 1024, mx.float32, 2, 3),
+                                    ("ln", 1024, mx.bfloat16, 4, 3), ("ln", 4096, mx.bfloat16, 2, 3)):
+        x = mx.zeros((4096, n), dtype=dt)
+        _, kw, groups = norm_mod._vjp_plan(kind, x, mx.zeros((n,), dtype=dt), kind == "ln", x, EPS)
+        t = dict(kw["template"])
+        red = norm_mod.RMS_VJP_RED_BYTES if kind == "rms" else norm_mod.LN_VJP_RED_BYTES
+        assert t["STAGED"] and t["NS"] == ns and kw["shared_memory"] == 2 * ns * n * dt.size + red, (kind, n, t)
+        assert t["XK_MIN_BLOCKS"] == per_sm and groups == norm_mod.RMS_VJP_SMS_CUDA * per_sm, (kind, n, groups)
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("stages", [3, 5])
+@pytest.mark.parametrize("kind", ["rms", "ln"])
+@pytest.mark.parametrize("rows", [13, 3])  # two units: 7 + 6 rows (the ring wraps) or 2 + 1 (fewer rows than stages)
+def test_vjp_staged_ring(kernel_backend, monkeypatch, fresh_norm_calls, dtype, stages, kind, rows):
+    """The staged backward with `stages` stages (NS: each unit copies its rows NS - 1 ahead
+    into a ring), units with more rows than stages and with fewer: dx, dw (and db) through the
+    op on aligned and offset views against the reference's gradients, and under every thread
+    order with bounds checked (emulator)."""
+    from xlstm_kernels.emulate import check_schedules
+
+    monkeypatch.setattr(norm_mod, "_plans_for_cuda", lambda: True)
+    monkeypatch.setattr(norm_mod, "RMS_VJP_SMS_CUDA", 2)
+    monkeypatch.setattr(norm_mod, "RMS_VJP_STAGED_UNITS_PER_SM", 1)
+    monkeypatch.setattr(norm_mod, "RMS_VJP_STAGED_THREADS_PER_SM", 0)
+    monkeypatch.setattr(norm_mod, "RMS_VJP_STAGES", stages)
+    monkeypatch.setattr(norm_mod, "RMS_VJP_TWO_STAGES", (0, 0))
+    dt = DTYPES[dtype]
+    n = 512 * 4 // dt.size  # 128 threads x 4 float32 (16-bit: x 8)
+    rng = np.random.default_rng(seed_of("vjp-ring", kind, dtype, stages, rows))
+    x, w, b = make(rng, (rows, n), dt, True, kind == "ln")
+    g = rand(rng, (rows, n), dt)
+    spec, kw, groups = norm_mod._vjp_plan(kind, x, w, kind == "ln", g, EPS)
+    t = dict(kw["template"])
+    assert t["STAGED"] and t["NS"] == stages and t["STRIDED"] and groups == 2, t
+    if kind == "rms":
+        _check_rms_grads_at_offsets(x, w, g)
+    else:
+        want = _ln_grads64(x, w, b, g, 1)
+        limit = 2e-5 if dt == mx.float32 else 1.5e-2
+        for off in (0, 1):
+            got = mx.vjp(lambda a, c, e: layer_norm(a, c, e, EPS), [offset_view(x, off), w, b], [offset_view(g, off)])[1]
+            for got_k, want_k in zip(got, want):
+                assert rel_err(got_k, want_k) < limit, (off, stages)
+    outs = check_schedules(runtime.get_kernel(spec, "emulate"), seeds=(1,), check_bounds=True, **kw)
+    assert outs[0].shape == (rows, n)
 
 
 @pytest.mark.emulator_only

@@ -208,6 +208,17 @@ RMS_VJP_STAGED_STRIDED = True  # a unit takes every groups-th row (as MLX's), no
 # Stage through L1 (cp.async.ca, as MLX's kernel) instead of bypassing it (.cg): H200, Nsight
 # Compute bf16 4096x4096 44.8 against 41.3 us, the probe within its noise (session 13).
 RMS_VJP_STAGE_L1 = False
+# Stages of the staged backward (the kernels' NS >= 2, :func:`_vjp_stages`): a unit copies its
+# rows NS - 1 ahead. RMS_VJP_STAGES, as many as RMS_VJP_STAGE_BYTES holds, except rows whose x
+# and g take RMS_VJP_TWO_STAGES bytes (both ends included), which keep two. H100,
+# scripts/probe_vjp_chain.py (session 24: chained through dx, outputs kept, two runs), us a
+# call at 2 -> 4 stages: multi-head LayerNorm float32 4096x8x512 97.9 -> 87.1 and 103.9 -> 91.3,
+# bfloat16 4096x8x512 62.1 -> 59.9, RMSNorm bfloat16 16384x1024
+# 54.3 -> 48.9; float32 4096-element rows (four stages: one unit a SM) RMSNorm 4096x4096
+# 86.0 -> 83.4 and 89.2 -> 87.7, LayerNorm 91.7 -> 92.7 and 92.5 -> 90.7. Rows of 8-16 KiB of
+# x and g lost: float32 16384x1024 RMSNorm 80.9 -> 83.6 and 86.4 -> 89.3, LayerNorm 82.5 -> 88.8.
+RMS_VJP_STAGES = 4
+RMS_VJP_TWO_STAGES = (8192, 16384)
 RMS_VJP_SMEM_PER_SM_CUDA = 228 * 1024  # shared memory of an sm_90 SM (1 KiB of it reserved per block)
 RMS_VJP_RED_BYTES = 2 * 64 * 4  # rms_norm_vjp's reduction scratch (red)
 LN_VJP_RED_BYTES = 32 * 4 + 32 * 4 + 32 * 8 + 2 * 64 * 4  # layer_norm_vjp's (red_a, red_b, red_c, red2)
@@ -472,6 +483,16 @@ def _staged_units_per_sm(tpr: int, smem_bytes: int) -> int:
     return max(1, min(per, RMS_VJP_SMEM_PER_SM_CUDA // (smem_bytes + 1024)))
 
 
+def _vjp_stages(pair_bytes: int) -> int:
+    """Stages of the staged backward for rows whose x and g take `pair_bytes` together:
+    two where RMS_VJP_TWO_STAGES holds them, else RMS_VJP_STAGES, fewer where those would
+    pass RMS_VJP_STAGE_BYTES; at least 2."""
+    lo, hi = RMS_VJP_TWO_STAGES
+    if lo <= pair_bytes <= hi:
+        return 2
+    return max(2, min(RMS_VJP_STAGES, RMS_VJP_STAGE_BYTES // pair_bytes))
+
+
 def _vjp_plan(
     kind: str,
     x: mx.array,
@@ -499,12 +520,15 @@ def _vjp_plan(
     # the stages (2 x 2 x n elements) and the kernel's reduction scratch
     stage_bytes = 4 * n * dtype.size + (RMS_VJP_RED_BYTES if kind == "rms" else LN_VJP_RED_BYTES)
     stage_ok = (RMS_VJP_STAGED_CUDA if kind == "rms" else LN_VJP_STAGED_CUDA) and cuda
+    stages = 2
     if stage_ok and FULL_ROWS and 4 * n * dtype.size <= RMS_VJP_STAGE_BYTES:
         sthreads = max(RMS_VJP_STAGED_THREADS_CUDA, _pow2_at_least(-(-n // RMS_VJP_STAGED_MAX_READS)))
         slay = _layout(n, m * num_heads, itemsize=dtype.size, vjp=True, vjp_threads=sthreads,
                        max_reads=RMS_VJP_STAGED_MAX_READS)
         if sthreads <= 1024 and not slay.looped and not slay.one_simd and slay.tpr * slay.n_reads == n:
             lay, threads, staged = slay, sthreads, True
+            stages = _vjp_stages(2 * n * dtype.size)
+            stage_bytes += 2 * (stages - 2) * n * dtype.size
     full = kind == "rms" and not lay.looped and FULL_ROWS and lay.tpr * lay.n_reads == n
     if weight is None and not has_bias:
         rpg = 1  # no partials to keep small: one row per unit, most parallelism
@@ -538,6 +562,7 @@ def _vjp_plan(
                      ("STRIDED", bool(staged and RMS_VJP_STAGED_STRIDED))]
         if kind == "rms":
             template.append(("STAGE_L1", bool(staged and RMS_VJP_STAGE_L1)))
+        template.append(("NS", stages))
         if staged and RMS_VJP_STAGED_REGISTERS > 0:
             template.append(("XK_MIN_BLOCKS", _staged_units_per_sm(lay.tpr, stage_bytes)))
         elif full:

@@ -1,0 +1,155 @@
+"""Probe: where the norm backward's chained time goes, against floors of its own bytes
+(session 24).
+
+    python3 scripts/probe_vjp_chain.py      # on the GPU (backend cuda)
+    PROBE_VC_VARIANTS="base t64" PROBE_VC_CASES="4" PROBE_VC_REPEATS=9 python3 scripts/probe_vjp_chain.py
+
+Session 23's target report left five float32 backward rows below 80% of the copy bandwidth
+where a copy of their bytes reaches 83-85% (RMSNorm / LayerNorm 4096x4096 and 2048x8192,
+multi-head LayerNorm 4096x8x512). Each row here is a chain of 20 compiled VJPs, each call's
+cotangent the last call's dx, every output kept (the bench's backprop steady state), the
+variants interleaved (``timing.measure_chained_variants``, first quartile of the repeats):
+
+* floors of the same bytes: ``add`` (MLX's ``x + g``: reads x and g, writes one array, as
+  the backward does) and ``copy`` (``copy_words`` of 1.5 arrays: the bench's copy@size);
+* ``mlx``: MLX's VJP;
+* ours with module constants patched (the call memo cleared): ``base`` as shipped; ``u2``
+  two units a SM; ``t64`` / ``t32`` / ``t256`` staged units of that many threads where the
+  row allows; ``s3`` / ``s4`` / ``s6`` that many stages (rows copied NS - 1 ahead, fewer
+  where they pass RMS_VJP_STAGE_BYTES); ``t64s4``; ``two`` two stages everywhere (session
+  23's plan); ``all`` RMS_VJP_STAGES whatever the row; ``big3`` 192 KiB of stages (three for
+  rows of 64 KiB of x and g); ``consec`` consecutive rows a unit instead of strided ones;
+* ``+dw`` (PROBE_VC_DW=1): the chain also keeps and evaluates dweight (and dbias), as a
+  training step must; the bench's chain returns dx only, and ``mx.compile`` drops the
+  partial sums' kernel then.
+
+Prints us a call and the share of the copy bandwidth (``copy_rate.measure_copy_rate``).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import mlx.core as mx
+
+import xlstm_kernels as xk
+from xlstm_kernels.benchmarks.copy_rate import copy_words, measure_copy_rate
+from xlstm_kernels.benchmarks.timing import fastest_quarter
+from xlstm_kernels.ops import norm as norm_mod
+
+F32, BF16 = mx.float32, mx.bfloat16
+CASES = [("rms", 4096, 1, 4096, F32), ("rms", 2048, 1, 8192, F32), ("ln", 4096, 1, 4096, F32),
+         ("ln", 2048, 1, 8192, F32), ("mhln", 4096, 8, 512, F32), ("rms", 16384, 1, 1024, F32),
+         ("ln", 16384, 1, 1024, F32), ("rms", 16384, 1, 4096, F32), ("ln", 16384, 1, 4096, F32),
+         ("mhln", 8192, 4, 64, F32),
+         ("rms", 4096, 1, 4096, BF16), ("rms", 2048, 1, 8192, BF16), ("ln", 4096, 1, 4096, BF16),
+         ("ln", 2048, 1, 8192, BF16), ("mhln", 4096, 8, 512, BF16), ("rms", 16384, 1, 1024, BF16),
+         ("ln", 16384, 1, 1024, BF16), ("rms", 16384, 1, 4096, BF16), ("ln", 16384, 1, 4096, BF16)]
+PATCHES = {
+    "base": {},
+    "u2": {"RMS_VJP_STAGED_UNITS_PER_SM": 2, "RMS_VJP_STAGED_REGISTERS": 255},
+    "t64": {"RMS_VJP_STAGED_THREADS_CUDA": 64},
+    "t32": {"RMS_VJP_STAGED_THREADS_CUDA": 32},
+    "t256": {"RMS_VJP_STAGED_THREADS_CUDA": 256, "RMS_VJP_STAGED_REGISTERS": 80},
+    "s3": {"RMS_VJP_STAGES": 3},
+    "s4": {"RMS_VJP_STAGES": 4},
+    "s6": {"RMS_VJP_STAGES": 6},
+    "t64s4": {"RMS_VJP_STAGED_THREADS_CUDA": 64, "RMS_VJP_STAGES": 4},
+    "two": {"RMS_VJP_STAGES": 2},  # session 23's plan: two stages everywhere
+    "all": {"RMS_VJP_TWO_STAGES": (0, 0)},  # RMS_VJP_STAGES whatever the row
+    "big3": {"RMS_VJP_STAGE_BYTES": 196608},  # 64 KiB rows of x and g: three stages (192 KiB)
+    "consec": {"RMS_VJP_STAGED_STRIDED": False},
+}
+FLOORS = ("add", "copy", "mlx")
+DW = os.environ.get("PROBE_VC_DW", "0") == "1"
+
+
+def _fns(kind, nh, ours: bool):
+    if kind == "rms":
+        return (lambda a, c, e: xk.rms_norm(a, c, 1e-5)) if ours else (lambda a, c, e: mx.fast.rms_norm(a, c, 1e-5))
+    if ours:
+        if nh == 1:
+            return lambda a, c, e: xk.layer_norm(a, c, e, 1e-5)
+        return lambda a, c, e: xk.multihead_layer_norm(a, c, e, nh, 1e-5)
+    if nh == 1:
+        return lambda a, c, e: mx.fast.layer_norm(a, c, e, 1e-5)
+    return lambda a, c, e: mx.fast.layer_norm(a.reshape(a.shape[0], nh, -1), None, None, 1e-5).reshape(a.shape) * c + e
+
+
+def _vjp_step(kind, nh, x, w, b, ours: bool):
+    f = _fns(kind, nh, ours)
+    args = [x, w] if kind == "rms" else [x, w, b]
+    fwd = (lambda a, c: f(a, c, None)) if kind == "rms" else f
+    step = mx.compile(lambda *a: mx.vjp(fwd, list(a[:-1]), [a[-1]])[1])
+    if DW:
+        return lambda g: step(*args, g)
+    return lambda g: step(*args, g)[:1]
+
+
+def _chain(step, g0, calls=20) -> float:
+    g, kept = g0, []
+    for _ in range(calls):
+        outs = step(g)
+        kept.extend(outs)
+        g = outs[0]
+    t0 = time.perf_counter()
+    mx.eval(kept)
+    return (time.perf_counter() - t0) / calls
+
+
+def main() -> None:
+    chosen = os.environ.get("PROBE_VC_VARIANTS", "add copy mlx base u2 t64 t32 t256 consec").split()
+    repeats = int(os.environ.get("PROBE_VC_REPEATS", "9"))
+    cases = [CASES[int(i)] for i in os.environ.get("PROBE_VC_CASES", "0 1 2 3 4").split()]
+    saved = {k: getattr(norm_mod, k) for p in PATCHES.values() for k in p}
+    copy = {"gbps": float(os.environ["PROBE_VC_COPY_GBPS"])} if "PROBE_VC_COPY_GBPS" in os.environ \
+        else measure_copy_rate("cuda")
+    print(f"copy bandwidth {copy['gbps']:.0f} GB/s (dw kept: {DW})", flush=True)
+    for kind, rows, nh, n, dt in cases:
+        d = nh * n
+        x, w, b, g = (mx.random.normal(s).astype(dt) for s in ((rows, d), (d,), (d,), (rows, d)))
+        mx.eval(x, w, b, g)
+        nbytes = 3 * x.nbytes
+        half = mx.random.uniform(shape=(3 * x.nbytes // 8,))
+        mx.eval(half)
+
+        def prepare(name):
+            for k, v in saved.items():
+                setattr(norm_mod, k, v)
+            norm_mod._CALLS.clear()
+            if name == "add":
+                return lambda gg: [x + gg]
+            if name == "copy":
+                return None
+            if name == "mlx":
+                return _vjp_step(kind, nh, x, w, b, ours=False)
+            for k, v in PATCHES[name].items():
+                setattr(norm_mod, k, v)
+            return _vjp_step(kind, nh, x, w, b, ours=True)
+
+        times = {name: [] for name in chosen}
+        for r in range(repeats):
+            order = chosen[r % len(chosen):] + chosen[:r % len(chosen)]
+            for name in order:
+                step = prepare(name)
+                if step is None:  # copy_words of the same bytes, chained
+                    cstep = lambda gg: [copy_words(gg, "cuda")]  # noqa: E731
+                    mx.eval(cstep(half))
+                    times[name].append(_chain(cstep, half))
+                    continue
+                mx.eval(step(g))
+                mx.eval(step(step(g)[0]))
+                times[name].append(_chain(step, g))
+        for k, v in saved.items():
+            setattr(norm_mod, k, v)
+        norm_mod._CALLS.clear()
+        label = f"{kind} {rows}x{nh}x{n}" if nh > 1 else f"{kind} {rows}x{n}"
+        for name in chosen:
+            t = fastest_quarter(times[name])
+            print(f"{str(dt).split('.')[-1]:8s} {label:18s} {name:7s} {t * 1e6:7.1f} us  {100 * nbytes / t / 1e9 / copy['gbps']:5.1f}% of copy"
+                  f"  (median {sorted(times[name])[len(times[name]) // 2] * 1e6:7.1f})", flush=True)
+
+
+if __name__ == "__main__":
+    main()
