@@ -630,16 +630,15 @@ for (uint c = tid * W; c < n; c += step) {
 // template: T, HAS_W, N_READS, ONE_SIMD, FULL, STAGED, NF, STRIDED, STAGE_L1, NS.
 // FULL (as rms_norm's: 1 rows of exactly
 // tpr * N_READS elements, wide runs when x, g, dx, w are aligned, else element accesses,
-// no bounds code; 2 always element accesses; 0 any n), STAGED and NF (STAGED: FULL = 1
-// rows of NF = n elements, one unit per threadgroup; the unit's next row of x and g is
+// no bounds code; 2 always element accesses; 0 any n), STAGED, NF and NS (STAGED: FULL = 1
+// rows of NF = n elements, one unit per threadgroup; the unit's rows of x and g are
 // copied into threadgroup memory (xk_stage_runs: cp.async on CUDA where aligned, else
-// plain copies) while this row is reduced, two stages of 2 * NF elements, which the
-// launch passes as shared_memory on CUDA; each thread copies and reads back only its own
-// runs, so no barrier guards the stages; x and g are read back twice, not held in
-// registers across the reduction), STRIDED (staged only: unit grp takes outer rows grp,
-// grp + groups, ... instead of its rpg consecutive rows; the partials sum the same),
-// STAGE_L1 (staged only: the copies through L1, cp.async.ca on CUDA), NS (staged only: the
-// stages, >= 2: a unit copies its rows NS - 1 ahead, a ring of NS rows of x and of g)
+// plain copies) NS - 1 rows ahead of the row it reduces, a ring of NS >= 2 stages of
+// 2 * NF elements, which the launch passes as shared_memory on CUDA; each thread copies
+// and reads back only its own runs, so no barrier guards the stages; x and g are read back
+// twice, not held in registers across the reduction), STRIDED (staged only: unit grp takes
+// outer rows grp, grp + groups, ... instead of its rpg consecutive rows; the partials sum
+// the same), STAGE_L1 (staged only: the copies through L1, cp.async.ca on CUDA)
 constexpr int W = XK_RUN(T, N_READS);
 constexpr int NR = N_READS / W;
 constexpr int SW = STAGED ? (NS * NF * int(sizeof(T)) + 15) / 16 : 1;  // 16-byte words of one array's stages
@@ -883,12 +882,12 @@ if (!HAS_W && unit == 0 && tid == 0) {
 //          params (5) int = [M, n, nh, rpg, units]
 // outputs: dx (M*nh, n) T; dwp, dbp (groups, nh*n) float ((1,), set to 0, when absent).
 // template: T, HAS_W, HAS_B, N_READS, ONE_SIMD, STAGED, NF, STRIDED, NS
-// STAGED, NF, STRIDED: as rms_norm_vjp's (rows of exactly NF = tpr * N_READS elements, one
-// unit per threadgroup, the unit's next row of x and g copied into threadgroup memory
-// while this one is reduced; STRIDED: the unit takes every groups-th row). A staged row
-// takes three passes over the thread's own staged runs and two paired reductions:
-// (sum x, sum gw), then (sum (x - mean)^2, sum gw * (x - mean)), then dx, dw, db.
-// NS: the stages, as rms_norm_vjp's.
+// STAGED, NF, STRIDED, NS: as rms_norm_vjp's (rows of exactly NF = tpr * N_READS elements,
+// one unit per threadgroup, the unit's rows of x and g copied into a ring of NS stages of
+// threadgroup memory NS - 1 rows ahead of the one reduced; STRIDED: the unit takes every
+// groups-th row). A staged row takes three passes over the thread's own staged runs and two
+// paired reductions: (sum x, sum gw), then (sum (x - mean)^2, sum gw * (x - mean)), then
+// dx, dw, db.
 constexpr int W = XK_RUN(T, N_READS);
 constexpr int NR = N_READS / W;
 constexpr int SW = STAGED ? (NS * NF * int(sizeof(T)) + 15) / 16 : 1;  // 16-byte words of one array's stages

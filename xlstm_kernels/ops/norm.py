@@ -22,8 +22,10 @@ flight per thread, as MLX's CUDA norms); longer rows the looped kernels (``LOOPE
 per row with at most ``VJP_MAX_READS`` = 16 elements each, else its looped kernels. On
 CUDA the RMSNorm backward of rows whose x and g fit two stages of ``RMS_VJP_STAGE_BYTES``
 (16-bit rows to 16384, float32 to 8192) is *staged*: persistent units of 128+ threads with
-up to 32 elements each copy their next row into shared memory (``cp.async``) while they
-reduce this one, as MLX's own CUDA kernel does (``_vjp_plan``, the constants below).
+up to 32 elements each copy their rows into shared memory (``cp.async``) while they
+reduce an earlier one, as MLX's own CUDA kernel does, through a ring of stages (mostly
+four: rows three ahead; ``_vjp_plan``, ``_vjp_stages``, the constants below). The
+LayerNorm backward stages the same way.
 Multi-head LayerNorm is the LayerNorm kernels on (rows * num_heads, head_dim) rows with
 the weight slice of head ``row % num_heads``.
 
