@@ -50,14 +50,17 @@
 // The statistics are recomputed from x (no saved mean/rstd). Same runs as the forward.
 
 // @header
-// xk_simd_sum_all: simd_sum on a simdgroup whose 32 lanes are all active. Every reduction
-// here is one: rows are whole simdgroups (tpr a multiple of 32) and the branches around the
-// calls are uniform per row. CUDA's header defines its own (a plain butterfly: its
+// xk_simd_sum_all: simd_sum on a simdgroup whose 32 lanes are all active (xk_shuffle_xor_all:
+// simd_shuffle_xor on one). Every reduction here is one: rows are whole simdgroups (tpr a
+// multiple of 32) and the branches around the calls are uniform per row. CUDA's header defines its own (a plain butterfly: its
 // simd_sum also handles partly active warps, code that ptxas keeps registers for).
 #ifndef XK_SIMD_SUM_ALL
 template <typename V>
 inline V xk_simd_sum_all(V v) {
   return simd_sum(v);
+}
+inline float xk_shuffle_xor_all(float v, ushort m) {
+  return simd_shuffle_xor(v, m);
 }
 #endif
 // The rsqrt of a row's statistic: on CUDA the hardware's (within 2 ulp, as MLX's CUDA
@@ -130,6 +133,81 @@ inline void xk_row_sum2(thread float& a, thread float& b, threadgroup float* scr
   const float pb = lane < nsg ? scratch[32 + lane] : 0.0f;
   a = xk_simd_sum_all(pa);
   b = xk_simd_sum_all(pb);
+}
+
+// The moments of a row from one reduction (LayerNorm, template MOM). A thread holds the
+// moments of its own E elements: m, their mean; q = sum (x - m)^2; with GRAD also a = sum gw
+// and b = sum gw * (x - m). Two parts of c elements each merge as their elements would (Chan
+// et al.'s pairwise update), centred throughout (no sum of squares minus a squared sum, so a
+// row with a large mean keeps its variance's digits):
+//   m = (m1 + m2) / 2,  q = q1 + q2 + (c / 2) (m2 - m1)^2,  a = a1 + a2,
+//   b = b1 + b2 + (m1 - m2)(a1 - a2) / 2.
+// Each formula is symmetric in the two parts, down to the rounding (a sum commutes; a product
+// of two differences is the same product when both are negated), so both lanes of a
+// butterfly step get the same bits. No division: at each step both parts hold equally many
+// elements.
+template <bool GRAD>
+inline void xk_moments_step(thread float& m, thread float& q, thread float& a, thread float& b, ushort k,
+                            float half_c) {
+  const float mo = xk_shuffle_xor_all(m, k);
+  const float qo = xk_shuffle_xor_all(q, k);
+  const float d = mo - m;
+  q = (q + qo) + d * d * half_c;
+  if (GRAD) {
+    const float ao = xk_shuffle_xor_all(a, k);
+    const float bo = xk_shuffle_xor_all(b, k);
+    b = (b + bo) + 0.5f * (m - mo) * (a - ao);
+    a = a + ao;
+  }
+  m = 0.5f * (m + mo);
+}
+
+// The row's moments (m: the row's mean, q: its squared deviations; a, b as above, about the
+// row's mean) in every thread of the row, with the same bits. E: elements a thread holds;
+// NSG: simdgroups of the row (compile-time: FULL and staged rows have NF = 32 * NSG * E
+// elements). The simdgroup's butterfly (5 steps), then (NSG > 1) lane 0 of each simdgroup
+// writes its part to `scratch` (4 * 32 floats), one barrier, and every simdgroup merges the
+// NSG parts itself: a butterfly over blocks of NSG lanes (lane l reads part l % NSG) where NSG
+// is a power of two, else a sum of the parts' means and then of their deviations (two
+// 5-step sums). The same rule as xk_row_sum: consecutive calls use different scratch arrays.
+template <bool GRAD, int E, int NSG>
+inline void xk_row_moments(thread float& m, thread float& q, thread float& a, thread float& b,
+                           threadgroup float* scratch, uint lane, uint sg) {
+  for (ushort k = 1; k < 32; k <<= 1) {
+    xk_moments_step<GRAD>(m, q, a, b, k, 0.5f * float(E * k));
+  }
+  if (NSG <= 1) {
+    return;
+  }
+  if (lane == 0) {
+    scratch[sg] = m;
+    scratch[32 + sg] = q;
+    if (GRAD) {
+      scratch[64 + sg] = a;
+      scratch[96 + sg] = b;
+    }
+  }
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  constexpr float C = float(32 * E);  // elements of a simdgroup's part
+  if ((NSG & (NSG - 1)) == 0) {
+    const uint p = lane % uint(NSG);
+    m = scratch[p];
+    q = scratch[32 + p];
+    a = GRAD ? scratch[64 + p] : 0.0f;
+    b = GRAD ? scratch[96 + p] : 0.0f;
+    for (ushort k = 1; k < ushort(NSG); k <<= 1) {
+      xk_moments_step<GRAD>(m, q, a, b, k, 0.5f * C * float(k));
+    }
+  } else {
+    const bool has = lane < uint(NSG);
+    const float mp = has ? scratch[lane] : 0.0f;
+    const float ap = GRAD && has ? scratch[64 + lane] : 0.0f;
+    m = xk_simd_sum_all(mp) * (1.0f / float(NSG));
+    a = GRAD ? xk_simd_sum_all(ap) : 0.0f;
+    const float d = has ? mp - m : 0.0f;
+    q = xk_simd_sum_all(has ? scratch[32 + lane] + C * d * d : 0.0f);
+    b = GRAD ? xk_simd_sum_all(has ? scratch[96 + lane] + d * ap : 0.0f) : 0.0f;
+  }
 }
 
 // A thread's NR runs of W elements of a row (run j at element i0 + j * stride) into its
@@ -427,11 +505,13 @@ for (uint c = tid * W; c < n; c += step) {
 // mean, then var = mean((x - mean)^2) from the registers (two-pass).
 // inputs:  x (rows, n) T; w (nh * n) T; b (nh * n) T (1-element dummies when absent);
 //          eps () float; params (3) int = [rows, n, nh]
-// outputs: y (rows, n) T.  template: T, HAS_W, HAS_B, N_READS, ONE_SIMD, FULL, NF, EPSB
+// outputs: y (rows, n) T.  template: T, HAS_W, HAS_B, N_READS, ONE_SIMD, FULL, NF, EPSB, MOM
 // FULL, NF, EPSB: as rms_norm's (rows of exactly tpr * N_READS = NF elements, whole 32-bit
 // words per run: no bounds code, x held as words, eps from its bits, every weight and bias
 // run loaded before the first store; FULL = 2 always element accesses), any number of heads
 // (row h's weight and bias slices start at h * NF: a multiple of 128 bytes, aligned iff w, b are).
+// MOM (FULL rows): mean and variance from one reduction of the threads' moments
+// (xk_row_moments: one barrier a row, not two).
 constexpr int W = XK_RUN(T, N_READS);
 constexpr int NR = N_READS / W;
 const uint nrows = uint(params[0]);
@@ -443,6 +523,7 @@ const uint sg = simdgroup_index_in_threadgroup;
 const uint nsg = simdgroups_per_threadgroup;
 threadgroup float red_a[32];
 threadgroup float red_b[32];
+threadgroup float red_m[MOM ? 2 * 32 : 1];  // xk_row_moments' scratch (m and q parts)
 
 if (FULL != 0) {  // a compile-time branch; see rms_norm's FULL path
   constexpr uint n = uint(NF);
@@ -476,23 +557,34 @@ if (FULL != 0) {  // a compile-time branch; see rms_norm's FULL path
     const uint woff = (HAS_W || HAS_B) ? (row % uint(params[2])) * n : 0;
     const device T* wr = w + (HAS_W ? woff : 0);
     const device T* br = b + (HAS_B ? woff : 0);
-    const float mean = xk_row_sum<ONE_SIMD>(s, red_a, lane, sg, nsg) / float(n);
+    // MOM: the thread's own mean and squared deviations, merged over the row in one
+    // reduction; else the row's mean, then the squared deviations from it (two)
+    const float mt = MOM ? s * (1.0f / float(N_READS)) : 0.0f;
+    const float mean0 = MOM ? mt : xk_row_sum<ONE_SIMD>(s, red_a, lane, sg, nsg) / float(n);
     float q = 0.0f;
     if (al) {
       for (int k = 0; k < N_READS; k++) {
-        const float d = xk_word<T>::at(u[k / E], k % E) - mean;
+        const float d = xk_word<T>::at(u[k / E], k % E) - mean0;
         q += d * d;
       }
     } else {
       XK_NO_UNROLL
       for (int j = 0; j < NR; j++) {
         for (int k = 0; k < W; k++) {
-          const float d = float(xr[(tid + j * tpf) * W + k]) - mean;
+          const float d = float(xr[(tid + j * tpf) * W + k]) - mean0;
           q += d * d;
         }
       }
     }
-    q = xk_row_sum<ONE_SIMD>(q, red_b, lane, sg, nsg);
+    float mean = mean0;
+    if (MOM) {
+      float unused_a = 0.0f;
+      float unused_b = 0.0f;
+      xk_row_moments<false, N_READS, ONE_SIMD ? 1 : int(NF) / N_READS / 32>(mean, q, unused_a, unused_b, red_m, lane,
+                                                                           sg);
+    } else {
+      q = xk_row_sum<ONE_SIMD>(q, red_b, lane, sg, nsg);
+    }
     const float r = XK_ROW_RSQRT(q / float(n) + e);
     if (al) {
       // all weight and bias runs loaded before the first store (y may alias them for all
@@ -881,13 +973,14 @@ if (!HAS_W && unit == 0 && tid == 0) {
 // inputs:  x (M*nh, n) T; w (nh*n) T (dummy if !HAS_W); g (M*nh, n) T; eps () float;
 //          params (5) int = [M, n, nh, rpg, units]
 // outputs: dx (M*nh, n) T; dwp, dbp (groups, nh*n) float ((1,), set to 0, when absent).
-// template: T, HAS_W, HAS_B, N_READS, ONE_SIMD, STAGED, NF, STRIDED, NS
+// template: T, HAS_W, HAS_B, N_READS, ONE_SIMD, STAGED, NF, STRIDED, NS, MOM
 // STAGED, NF, STRIDED, NS: as rms_norm_vjp's (rows of exactly NF = tpr * N_READS elements,
 // one unit per threadgroup, the unit's rows of x and g copied into a ring of NS stages of
 // threadgroup memory NS - 1 rows ahead of the one reduced; STRIDED: the unit takes every
-// groups-th row). A staged row takes three passes over the thread's own staged runs and two
-// paired reductions: (sum x, sum gw), then (sum (x - mean)^2, sum gw * (x - mean)), then
-// dx, dw, db.
+// groups-th row). A staged row takes three passes over the thread's own staged runs: (sum
+// x, sum gw); (sum (x - m)^2, sum gw * (x - m)); dx, dw, db. MOM: m is the thread's own
+// mean and the four sums are merged over the row in one reduction (xk_row_moments: one
+// barrier a row); else two paired reductions, m the row's mean after the first.
 constexpr int W = XK_RUN(T, N_READS);
 constexpr int NR = N_READS / W;
 constexpr int SW = STAGED ? (NS * NF * int(sizeof(T)) + 15) / 16 : 1;  // 16-byte words of one array's stages
@@ -911,6 +1004,9 @@ threadgroup float red_a[32];
 threadgroup float red_b[32];
 threadgroup float2 red_c[32];
 threadgroup float red2[2][64];  // the staged rows' xk_row_sum2 scratch, one per reduction of a row
+threadgroup float red_m[MOM && STAGED ? 2 * 4 * 32 : 1];  // MOM: xk_row_moments' scratch, by row parity
+// simdgroups of a staged row (xk_row_moments)
+constexpr int NSG = STAGED && !ONE_SIMD && NF > 0 ? NF / N_READS / 32 : 1;
 
 if (unit < nunits) {  // uniform per unit
   const uint head = unit % nh;
@@ -967,8 +1063,13 @@ if (unit < nunits) {  // uniform per unit
           a += float(tg[k]) * wv[j * W + k];
         }
       }
-      xk_row_sum2<ONE_SIMD>(s, a, red2[0], lane, sg, nsg);
-      const float mean = s * inv_n;
+      // MOM: the thread's own moments, merged over the row in one reduction; else the
+      // row's (sum x, sum gw), then its (squared deviations, sum gw * (x - mean)) (two)
+      const float mt = s * (1.0f / float(N_READS));
+      if (!MOM) {
+        xk_row_sum2<ONE_SIMD>(s, a, red2[0], lane, sg, nsg);
+      }
+      float mean = MOM ? mt : s * inv_n;
       float q = 0.0f;
       float b = 0.0f;
       for (int j = 0; j < NR; j++) {
@@ -982,7 +1083,11 @@ if (unit < nunits) {  // uniform per unit
           b += float(tg[k]) * wv[j * W + k] * d;
         }
       }
-      xk_row_sum2<ONE_SIMD>(q, b, red2[1], lane, sg, nsg);
+      if (MOM) {
+        xk_row_moments<true, N_READS, NSG>(mean, q, a, b, red_m + (t & 1u) * 128u, lane, sg);
+      } else {
+        xk_row_sum2<ONE_SIMD>(q, b, red2[1], lane, sg, nsg);
+      }
       const float r = XK_ROW_RSQRT(q * inv_n + eps);
       const float pm = a * inv_n;          // mean(gw)
       const float pxh = r * b * inv_n;     // mean(gw * xhat)

@@ -1058,6 +1058,56 @@ def test_ln_vjp_staged(kernel_backend, monkeypatch, fresh_norm_calls, dtype, n, 
         check(check_schedules(runtime.get_kernel(spec, "emulate"), **kw, check_bounds=True), "schedules")
 
 
+@pytest.mark.parametrize("mom", [True, False])
+# float32 elements: 96 threads x 4 (three simdgroups: the moments' sums of parts), 128 x 4 and
+# 128 x 16 (four: their butterfly)
+@pytest.mark.parametrize("n", [384, 512, 2048])
+def test_ln_moments_hard_rows(kernel_backend, monkeypatch, fresh_norm_calls, mom, n):
+    """LayerNorm's statistics on rows that defeat a float32 sum of squares minus squared
+    sum (mean 300 against a spread of 1) and a row with one feature 1000x the rest: the
+    FULL forward and the staged backward, with the threads' moments merged in one reduction
+    (MOM, LN_MOMENTS) and two-pass, against float64; every thread order (emulator). The
+    two-pass form's first sum (of x, ~300 n) rounds the mean by ~1e-5 of the spread: on the
+    H100 it read 2.05e-5 at n = 512, so its bound is 4e-5; the merged moments keep 1e-5 (2e-5
+    backward)."""
+    from xlstm_kernels.emulate import check_schedules
+
+    monkeypatch.setattr(norm_mod, "LN_MOMENTS", mom)
+    fwd_tol, bwd_tol = (1e-5, 2e-5) if mom else (4e-5, 4e-5)
+    monkeypatch.setattr(norm_mod, "_plans_for_cuda", lambda: True)
+    monkeypatch.setattr(norm_mod, "RMS_VJP_SMS_CUDA", 1)
+    rng = np.random.default_rng(seed_of("ln-moments", mom, n))
+    xs = rng.standard_normal((6, n))
+    xs[:3] += 300.0
+    xs[3, 7] = 1000.0
+    xs[4] *= 1e-3
+    x32 = xs.astype(np.float32)
+    # the rows are hard: the one-pass float32 variance is off by far more than the tolerance
+    naive = (x32 * x32).mean(-1) - x32.mean(-1) ** 2
+    exact = x32.astype(np.float64).var(-1)
+    assert np.max(np.abs(naive[:3] - exact[:3]) / exact[:3]) > 1e-3
+    x = mx.array(x32)
+    w, b = rand(rng, (n,)), rand(rng, (n,))
+    spec, kw = norm_mod._plan("ln", x, w, b, EPS)
+    t = dict(kw["template"])
+    assert t["FULL"] == 1 and t["MOM"] == mom and kw["threadgroup"][0] == (96 if n == 384 else 128), t
+    assert rel_err(layer_norm(x, w, b, EPS), ln_ref64(x, w, b)) < fwd_tol
+    if n <= 512:
+        (y,) = check_schedules(runtime.get_kernel(spec, "emulate"), seeds=(1,), check_bounds=True, **kw)
+        assert rel_err(y, ln_ref64(x, w, b)) < fwd_tol
+    g = rand(rng, x.shape)
+    want = _ln_grads64(x, w, b, g)
+    spec, kw, _ = norm_mod._vjp_plan("ln", x, w, True, g, EPS)
+    t = dict(kw["template"])
+    assert t["STAGED"] and t["MOM"] == mom and kw["threadgroup"][0] == (96 if n == 384 else 128), t
+    got = mx.vjp(lambda a, c, e: layer_norm(a, c, e, EPS), [x, w, b], [g])[1]
+    for got_k, want_k in zip(got, want):
+        assert rel_err(got_k, want_k) < bwd_tol
+    if n <= 512:
+        outs = check_schedules(runtime.get_kernel(spec, "emulate"), seeds=(1,), check_bounds=True, **kw)
+        assert rel_err(outs[0], want[0]) < bwd_tol
+
+
 @pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("n", [128, 512, 2048])
 @pytest.mark.parametrize("has_w", [True, False])

@@ -983,6 +983,8 @@ XK_REDUCE_(quad_xor, op_xor, 4)
 // sums); the Metal bodies fall back to simd_sum where XK_SIMD_SUM_ALL is not defined.
 #define XK_SIMD_SUM_ALL
 template <class T> inline T xk_simd_sum_all(T data) { return msl_detail::reduce<msl_detail::op_sum, 32, true>(data); }
+// simd_shuffle_xor for the same callers (a float from lane ^ m of a fully active warp).
+inline float xk_shuffle_xor_all(float data, ushort m) { return __shfl_xor_sync(0xffffffffu, data, int(m)); }
 #define XK_PREFIX_(NAME, OP, INCL, G) \
   template <class T> inline T NAME(T data) { return msl_detail::prefix<msl_detail::OP, INCL, G>(data); }
 XK_PREFIX_(simd_prefix_inclusive_sum, op_sum, true, 32)

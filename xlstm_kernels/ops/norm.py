@@ -116,6 +116,11 @@ FULL_FORWARD_DTYPES = (mx.float32, mx.float16, mx.bfloat16)
 # multi-head LayerNorm's too (session 19; False: heads take the general path).
 LN_FULL_ROWS = True
 LN_FULL_HEADS = True
+# LayerNorm's FULL forward and staged backward rows take their statistics from one reduction
+# of the threads' moments (kernel template MOM: each thread's mean, squared deviations and,
+# backward, its gw sums, merged pairwise over the row; one barrier a row where the two-pass
+# form takes two). False: mean, then the deviations from it (two reductions).
+LN_MOMENTS = True
 # Backward (automatic layout): about VJP_THREADS threads per row, at most VJP_MAX_READS
 # elements per thread (the unit keeps x, g, w and the dw/db sums of its columns in
 # registers), longer rows the looped backward kernels.
@@ -223,7 +228,8 @@ RMS_VJP_STAGES = 4
 RMS_VJP_TWO_STAGES = (8192, 16384)
 RMS_VJP_SMEM_PER_SM_CUDA = 228 * 1024  # shared memory of an sm_90 SM (1 KiB of it reserved per block)
 RMS_VJP_RED_BYTES = 2 * 64 * 4  # rms_norm_vjp's reduction scratch (red)
-LN_VJP_RED_BYTES = 32 * 4 + 32 * 4 + 32 * 8 + 2 * 64 * 4  # layer_norm_vjp's (red_a, red_b, red_c, red2)
+# layer_norm_vjp's (red_a, red_b, red_c, red2, and red_m: two sets of four moments' parts)
+LN_VJP_RED_BYTES = 32 * 4 + 32 * 4 + 32 * 8 + 2 * 64 * 4 + 2 * 4 * 32 * 4
 # The LayerNorm backward on CUDA: rows that VJP_THREADS threads would loop over (more than
 # VJP_MAX_READS elements a thread) take twice the threads, up to this many, to stay cached
 # (H100, scripts/probe_norm_layout.py, session 11, 2048x8192 pipelined: bfloat16 0.54 ->
@@ -409,6 +415,8 @@ def _plan(
                 and (num_heads == 1 or (kind == "ln" and LN_FULL_HEADS))
                 and lay.n_reads * dtype.size % 4 == 0 and (kind == "rms" or LN_FULL_ROWS))
         template += [("FULL", int(full)), ("NF", n if full else 0), ("EPSB", _float_bits(eps) if full else 0)]
+        if kind == "ln":
+            template.append(("MOM", bool(full and LN_MOMENTS)))
         if kind == "rms":
             stage_units, per_sm = _forward_stage_units(n, lay, dtype.size, rows) if full else (0, 0)
             template.append(("STAGED", stage_units > 0))
@@ -565,6 +573,8 @@ def _vjp_plan(
         if kind == "rms":
             template.append(("STAGE_L1", bool(staged and RMS_VJP_STAGE_L1)))
         template.append(("NS", stages))
+        if kind == "ln":
+            template.append(("MOM", bool(staged and LN_MOMENTS)))
         if staged and RMS_VJP_STAGED_REGISTERS > 0:
             template.append(("XK_MIN_BLOCKS", _staged_units_per_sm(lay.tpr, stage_bytes)))
         elif full:
