@@ -19,9 +19,14 @@ variants interleaved (``timing.measure_chained_variants``, first quartile of the
   where they pass RMS_VJP_STAGE_BYTES); ``t64s4``; ``two`` two stages everywhere (session
   23's plan); ``all`` RMS_VJP_STAGES whatever the row; ``big3`` 192 KiB of stages (three for
   rows of 64 KiB of x and g); ``consec`` consecutive rows a unit instead of strided ones;
+  ``mom0`` LayerNorm's statistics from two reductions (LN_MOMENTS off; session 25's merged
+  moments are one);
 * ``+dw`` (PROBE_VC_DW=1): the chain also keeps and evaluates dweight (and dbias), as a
   training step must; the bench's chain returns dx only, and ``mx.compile`` drops the
-  partial sums' kernel then.
+  partial sums' kernel then;
+* the forward (PROBE_VC_FWD=1): chains of the norm itself (each call normalises the last
+  one's output, every output kept; the bench's forward steady state); ``copy`` then copies
+  one array's bytes, and ``add`` does not apply.
 
 Prints us a call and the share of the copy bandwidth (``copy_rate.measure_copy_rate``).
 """
@@ -45,7 +50,9 @@ CASES = [("rms", 4096, 1, 4096, F32), ("rms", 2048, 1, 8192, F32), ("ln", 4096, 
          ("mhln", 8192, 4, 64, F32),
          ("rms", 4096, 1, 4096, BF16), ("rms", 2048, 1, 8192, BF16), ("ln", 4096, 1, 4096, BF16),
          ("ln", 2048, 1, 8192, BF16), ("mhln", 4096, 8, 512, BF16), ("rms", 16384, 1, 1024, BF16),
-         ("ln", 16384, 1, 1024, BF16), ("rms", 16384, 1, 4096, BF16), ("ln", 16384, 1, 4096, BF16)]
+         ("ln", 16384, 1, 1024, BF16), ("rms", 16384, 1, 4096, BF16), ("ln", 16384, 1, 4096, BF16),
+         ("ln", 32768, 1, 512, F32), ("ln", 8192, 1, 2048, F32), ("ln", 32768, 1, 512, BF16),
+         ("ln", 8192, 1, 2048, BF16)]
 PATCHES = {
     "base": {},
     "u2": {"RMS_VJP_STAGED_UNITS_PER_SM": 2, "RMS_VJP_STAGED_REGISTERS": 255},
@@ -60,9 +67,11 @@ PATCHES = {
     "all": {"RMS_VJP_TWO_STAGES": (0, 0)},  # RMS_VJP_STAGES whatever the row
     "big3": {"RMS_VJP_STAGE_BYTES": 196608},  # 64 KiB rows of x and g: three stages (192 KiB)
     "consec": {"RMS_VJP_STAGED_STRIDED": False},
+    "mom0": {"LN_MOMENTS": False},
 }
 FLOORS = ("add", "copy", "mlx")
 DW = os.environ.get("PROBE_VC_DW", "0") == "1"
+FWD = os.environ.get("PROBE_VC_FWD", "0") == "1"
 
 
 def _fns(kind, nh, ours: bool):
@@ -79,6 +88,8 @@ def _fns(kind, nh, ours: bool):
 
 def _vjp_step(kind, nh, x, w, b, ours: bool):
     f = _fns(kind, nh, ours)
+    if FWD:
+        return lambda y: [f(y, w, b)]
     args = [x, w] if kind == "rms" else [x, w, b]
     fwd = (lambda a, c: f(a, c, None)) if kind == "rms" else f
     step = mx.compile(lambda *a: mx.vjp(fwd, list(a[:-1]), [a[-1]])[1])
@@ -105,13 +116,13 @@ def main() -> None:
     saved = {k: getattr(norm_mod, k) for p in PATCHES.values() for k in p}
     copy = {"gbps": float(os.environ["PROBE_VC_COPY_GBPS"])} if "PROBE_VC_COPY_GBPS" in os.environ \
         else measure_copy_rate("cuda")
-    print(f"copy bandwidth {copy['gbps']:.0f} GB/s (dw kept: {DW})", flush=True)
+    print(f"copy bandwidth {copy['gbps']:.0f} GB/s (dw kept: {DW}, forward: {FWD})", flush=True)
     for kind, rows, nh, n, dt in cases:
         d = nh * n
         x, w, b, g = (mx.random.normal(s).astype(dt) for s in ((rows, d), (d,), (d,), (rows, d)))
         mx.eval(x, w, b, g)
-        nbytes = 3 * x.nbytes
-        half = mx.random.uniform(shape=(3 * x.nbytes // 8,))
+        nbytes = (2 if FWD else 3) * x.nbytes  # read + written
+        half = mx.random.uniform(shape=(nbytes // 8,))
         mx.eval(half)
 
         def prepare(name):
