@@ -29,8 +29,9 @@
 // Two variants per norm:
 // * cached (`rms_norm`, `layer_norm`, n <= tpr * N_READS): each thread loads its N_READS
 //   elements once into registers and keeps them through the reductions and the write
-//   (the weight / bias runs are read there), so x is read from memory exactly once. LayerNorm is two-pass on the registers: the mean, then the variance of the
-//   centred values.
+//   (the weight / bias runs are read there), so x is read from memory exactly once. LayerNorm
+//   centres on the registers: the mean, then the variance of the centred values (FULL rows
+//   with MOM: each thread's own mean and deviations, merged over the row in one reduction).
 // * looped (`*_looped`, long rows): the threads stride over the row in steps of
 //   tpr * N_READS elements; the row is re-read per pass (from cache): 2 passes for
 //   RMSNorm, 3 (mean, centred variance, write) for LayerNorm.
@@ -502,7 +503,8 @@ for (uint c = tid * W; c < n; c += step) {
 
 // @kernel layer_norm
 // y[r, i] = b[h*n + i] + w[h*n + i] * T((x[r, i] - mean) * rsqrt(var + eps)), h = r % nh;
-// mean, then var = mean((x - mean)^2) from the registers (two-pass).
+// mean, then var = mean((x - mean)^2) from the registers (two-pass; FULL rows with MOM: the
+// threads' moments merged, xk_row_moments).
 // inputs:  x (rows, n) T; w (nh * n) T; b (nh * n) T (1-element dummies when absent);
 //          eps () float; params (3) int = [rows, n, nh]
 // outputs: y (rows, n) T.  template: T, HAS_W, HAS_B, N_READS, ONE_SIMD, FULL, NF, EPSB, MOM

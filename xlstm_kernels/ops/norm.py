@@ -847,7 +847,8 @@ def layer_norm(x: mx.array, weight: mx.array | None, bias: mx.array | None, eps:
 
     Returns:
         (..., D) in the promoted dtype: ``bias + weight * T((x - mean) * rsqrt(var + eps))``,
-        mean and (centred, two-pass) variance in float32.
+        mean and centred variance in float32 (no sum of squares minus a squared sum: two
+        passes, or the threads' centred moments merged pairwise, ``LN_MOMENTS``).
 
     Differentiable (dx, dweight, dbias through the ``layer_norm_vjp`` kernels).
     """
