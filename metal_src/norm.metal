@@ -136,6 +136,45 @@ inline void xk_row_sum2(thread float& a, thread float& b, threadgroup float* scr
   b = xk_simd_sum_all(pb);
 }
 
+// A thread's NR runs of W elements of a row (run j at element i0 + j * stride) into its
+// stage in threadgroup memory (same offsets): asynchronous (xk_async_copy_aligned,
+// cp.async on CUDA) where the row is aligned (`al`), else plain element copies, one run
+// at a time (done at once; rolled, so that they hold few registers). Complete for this
+// thread after xk_async_commit and xk_async_wait. L1: the copies through the L1 cache.
+template <int W, int NR, bool L1 = false, typename T>
+inline void xk_stage_runs(threadgroup T* dst, const device T* src, uint i0, uint stride, bool al) {
+  if (al) {
+    for (int j = 0; j < NR; j++) {
+      if (L1) {
+        xk_async_copy_aligned_l1<W>(dst + i0 + uint(j) * stride, src + i0 + uint(j) * stride);
+      } else {
+        xk_async_copy_aligned<W>(dst + i0 + uint(j) * stride, src + i0 + uint(j) * stride);
+      }
+    }
+  } else {
+    XK_NO_UNROLL
+    for (int j = 0; j < NR; j++) {
+      for (int k = 0; k < W; k++) {
+        dst[i0 + uint(j) * stride + k] = src[i0 + uint(j) * stride + k];
+      }
+    }
+  }
+}
+
+// y = T(b + T(w * T(nrm))), each step rounded to T like mx.fast; w, b skipped when absent.
+template <typename T, bool HAS_W, bool HAS_B>
+inline T xk_affine(float nrm, float w, float b) {
+  T o = T(nrm);
+  if (HAS_W) {
+    o = T(w * float(o));
+  }
+  if (HAS_B) {
+    o = T(float(o) + b);
+  }
+  return o;
+}
+
+// @header xk_row_moments
 // The moments of a row from one reduction (LayerNorm, template MOM). A thread holds the
 // moments of its own E elements: m, their mean; q = sum (x - m)^2; with GRAD also a = sum gw
 // and b = sum gw * (x - m). Two parts of c elements each merge as their elements would (Chan
@@ -209,44 +248,6 @@ inline void xk_row_moments(thread float& m, thread float& q, thread float& a, th
     q = xk_simd_sum_all(has ? scratch[32 + lane] + C * d * d : 0.0f);
     b = GRAD ? xk_simd_sum_all(has ? scratch[96 + lane] + d * ap : 0.0f) : 0.0f;
   }
-}
-
-// A thread's NR runs of W elements of a row (run j at element i0 + j * stride) into its
-// stage in threadgroup memory (same offsets): asynchronous (xk_async_copy_aligned,
-// cp.async on CUDA) where the row is aligned (`al`), else plain element copies, one run
-// at a time (done at once; rolled, so that they hold few registers). Complete for this
-// thread after xk_async_commit and xk_async_wait. L1: the copies through the L1 cache.
-template <int W, int NR, bool L1 = false, typename T>
-inline void xk_stage_runs(threadgroup T* dst, const device T* src, uint i0, uint stride, bool al) {
-  if (al) {
-    for (int j = 0; j < NR; j++) {
-      if (L1) {
-        xk_async_copy_aligned_l1<W>(dst + i0 + uint(j) * stride, src + i0 + uint(j) * stride);
-      } else {
-        xk_async_copy_aligned<W>(dst + i0 + uint(j) * stride, src + i0 + uint(j) * stride);
-      }
-    }
-  } else {
-    XK_NO_UNROLL
-    for (int j = 0; j < NR; j++) {
-      for (int k = 0; k < W; k++) {
-        dst[i0 + uint(j) * stride + k] = src[i0 + uint(j) * stride + k];
-      }
-    }
-  }
-}
-
-// y = T(b + T(w * T(nrm))), each step rounded to T like mx.fast; w, b skipped when absent.
-template <typename T, bool HAS_W, bool HAS_B>
-inline T xk_affine(float nrm, float w, float b) {
-  T o = T(nrm);
-  if (HAS_W) {
-    o = T(w * float(o));
-  }
-  if (HAS_B) {
-    o = T(float(o) + b);
-  }
-  return o;
 }
 
 // @kernel rms_norm

@@ -60,7 +60,7 @@ def recorder(monkeypatch, tmp_path):
 
 
 def _kernel(family: str, name: str, inputs, outputs, atomic: bool = False) -> ck.CudaKernel:
-    return ck.CudaKernel(name, inputs, outputs, kernel_body(family, name), family_header(family),
+    return ck.CudaKernel(name, inputs, outputs, kernel_body(family, name), family_header(family, name),
                          atomic_outputs=atomic)
 
 
@@ -96,6 +96,24 @@ def test_included_parts_are_the_package_files_and_inline_mode_pastes_them(monkey
     assert "#include" not in inline.split("\n", 1)[0] and "mma.sync" in inline
     assert "//" not in inline.replace('"//', "")  # comments stripped (string literals kept)
     assert len(ck.compat_header(stripped=True)) < len(ck.compat_header())
+
+
+def test_named_header_sections_only_where_called():
+    """A family's named header sections (``// @header <name>``) reach only the kernels whose
+    body names them (after the family's @header), all of them without a kernel (RMSNorm's
+    kernels, which test_small_kernel_text_per_launch holds under 16 KiB, skip LayerNorm's
+    moments)."""
+    from xlstm_kernels.runtime.sources import KernelSourceError, family_sections
+
+    assert "@header xk_row_moments" in family_sections("norm")
+    for kernel in ("rms_norm", "rms_norm_vjp", "norm_partials_sum"):
+        assert "xk_row_moments" not in family_header("norm", kernel), kernel
+    for kernel in ("layer_norm", "layer_norm_vjp"):
+        hdr = family_header("norm", kernel)
+        assert "inline void xk_row_moments" in hdr and hdr.index("xk_row_moments") > hdr.index("xk_row_sum2"), kernel
+    assert "inline void xk_row_moments" in family_header("norm")
+    with pytest.raises(KernelSourceError, match="no kernel '@header xk_row_moments'"):
+        kernel_body("norm", "@header xk_row_moments")
 
 
 def _rms_launch(k, template_t=mx.float32):

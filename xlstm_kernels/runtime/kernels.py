@@ -47,7 +47,7 @@ class KernelSpec:
         return kernel_body(self.family, self.kernel)
 
     def full_header(self) -> str:
-        return self.header + family_header(self.family)
+        return self.header + family_header(self.family, self.kernel)
 
 
 _cache: dict[tuple[str, KernelSpec], Any] = {}

@@ -4,6 +4,8 @@ A family file ``metal_src/<family>.metal`` holds named sections::
 
     // @header            helpers shared by the family's kernels (passed as header=)
     ...
+    // @header xk_row_moments   helpers passed (after the @header section) only to the
+    ...                         kernels whose body names xk_row_moments
     // @kernel rms_norm   the body of one kernel
     ...
 
@@ -51,7 +53,10 @@ def family_sections(family: str) -> dict[str, str]:
     marks = list(_MARKER.finditer(text))
     for i, m in enumerate(marks):
         end = marks[i + 1].start() if i + 1 < len(marks) else len(text)
-        key = "@header" if m.group(1) == "header" else m.group(2)
+        if m.group(1) == "header":
+            key = f"@header {m.group(2)}" if m.group(2) else "@header"
+        else:
+            key = m.group(2)
         if not key:
             raise KernelSourceError(f"metal_src/{family}.metal: '// @kernel' needs a name")
         if key in sections:
@@ -63,18 +68,27 @@ def family_sections(family: str) -> dict[str, str]:
 def kernel_body(family: str, kernel: str) -> str:
     """The Metal body of `kernel` in `family`."""
     sections = family_sections(family)
-    if kernel not in sections or kernel == "@header":
-        names = [k for k in sections if k != "@header"]
+    if kernel not in sections or kernel.startswith("@"):
+        names = [k for k in sections if not k.startswith("@")]
         raise KernelSourceError(f"metal_src/{family}.metal has no kernel {kernel!r} (have: {', '.join(names)})")
     return sections[kernel]
 
 
 @functools.lru_cache(maxsize=None)
-def family_header(family: str) -> str:
+def family_header(family: str, kernel: str | None = None) -> str:
     """The shared ``_*.metal`` headers, then the family's header section (whose helpers
-    may call the shared ones)."""
+    may call the shared ones), then its named header sections (``// @header <name>``):
+    for `kernel`, those whose name its body mentions; without one, all of them. Every JIT
+    build reads a kernel's whole text (held under 16 KiB on CUDA), so helpers that only a
+    few of a family's kernels call live in named sections."""
     parts = []
     if not family.startswith("_"):
         parts += [family_sections(name).get("@header", "") for name in _shared_names()]
-    parts.append(family_sections(family).get("@header", ""))
+    sections = family_sections(family)
+    parts.append(sections.get("@header", ""))
+    body = kernel_body(family, kernel) if kernel is not None else None
+    for key, text in sections.items():
+        name = key[len("@header "):] if key.startswith("@header ") else None
+        if name and (body is None or re.search(rf"\b{re.escape(name)}\b", body)):
+            parts.append(text)
     return "\n".join(p for p in parts if p)
