@@ -68,6 +68,7 @@ PATCHES = {
     "big3": {"RMS_VJP_STAGE_BYTES": 196608},  # 64 KiB rows of x and g: three stages (192 KiB)
     "consec": {"RMS_VJP_STAGED_STRIDED": False},
     "mom0": {"LN_MOMENTS": False},
+    "s6b": {"RMS_VJP_STAGES": 6, "RMS_VJP_STAGE_BYTES": 196608},  # 4096-element float32 rows: six stages
 }
 FLOORS = ("add", "copy", "mlx")
 DW = os.environ.get("PROBE_VC_DW", "0") == "1"

@@ -157,3 +157,109 @@ def test_miss_reasons_parity_threshold():
     extra = {"meets_copy": True, "meets_ratio": False, "ratio_steady": 0.96}
     assert copy_rate.miss_reasons(extra, parity=0.95) == ("met", "parity")
     assert copy_rate.miss_reasons(extra, parity=0.98) == ("met", "below")
+
+
+# ---------------------------------------------------------------------------------------
+# Marginal chains: a chain's steady state (timing.measure_marginal, session 26)
+# ---------------------------------------------------------------------------------------
+
+
+def test_marginal_calls_rule():
+    """n1 = MARGINAL_CALLS, capped where a kept chain of 2 * n1 outputs would pass
+    MARGINAL_KEPT_BYTES, never below MARGINAL_MIN_CALLS; n2 = 2 * n1."""
+    from xlstm_kernels.benchmarks import timing
+
+    assert timing.marginal_calls(4 << 20, keep=False) == (100, 200)
+    assert timing.marginal_calls(1 << 30, keep=False) == (100, 200)  # nothing held: no cap
+    assert timing.marginal_calls(4 << 20, keep=True) == (100, 200)  # 800 MiB held
+    assert timing.marginal_calls(64 << 20, keep=True) == (96, 192)  # 12 GiB / 128 MiB
+    assert timing.marginal_calls(1 << 30, keep=True) == (8, 16)  # at least MARGINAL_MIN_CALLS
+    assert timing.marginal_calls(0, keep=True) == (100, 200)
+    with pytest.raises(ValueError, match="marginal_calls"):
+        timing.marginal_calls(-1, keep=False)
+
+
+def test_measure_marginal_is_the_longer_chains_extra_time(monkeypatch):
+    """Per repeat, one chain of n2 calls and one of n1, each fed its last output (the first
+    call x0); the result is their time difference over n2 - n1 (median of the repeats)."""
+    from xlstm_kernels.benchmarks import timing
+
+    x0 = mx.array(np.random.default_rng(8).standard_normal(16).astype(np.float32))
+    seen = []
+
+    def step(x):
+        seen.append(x)
+        return x * 0.5 + 1.0
+
+    t = timing.measure_marginal(step, x0, repeats=2, calls=(2, 5))
+    assert isinstance(t, float) and len(seen) == 1 + 2 * (5 + 2)
+    for start, n in ((1, 5), (6, 2), (8, 5), (13, 2)):
+        chain = seen[start:start + n]
+        assert chain[0] is x0
+        for prev, cur in zip(chain, chain[1:]):
+            np.testing.assert_allclose(np.asarray(cur), np.asarray(prev) * 0.5 + 1.0, rtol=1e-6)
+    # the arithmetic, with chains of a fixed cost (30 us) plus 7 us a call
+    monkeypatch.setattr(timing, "_chain_seconds", lambda step, x0, calls, keep: 30e-6 + 7e-6 * calls)
+    assert math.isclose(timing.measure_marginal(step, x0, repeats=3, calls=(10, 30)), 7e-6)
+    assert math.isclose(timing.measure_marginal(step, x0, repeats=1), 7e-6)  # marginal_calls' (n1, n2)
+    for bad in ({"repeats": 0}, {"calls": (5, 5)}, {"calls": (0, 4)}):
+        with pytest.raises(ValueError, match="measure_marginal"):
+            timing.measure_marginal(step, x0, **bad)
+
+
+def test_measure_marginal_pair_interleaves_and_shares_the_calls(monkeypatch):
+    """Per repeat one marginal pair of chains of each side, the side that goes first
+    alternating; both sides take the (n1, n2) of our output's size; kept chains pass keep."""
+    from xlstm_kernels.benchmarks import timing
+
+    x0 = mx.array(np.random.default_rng(9).standard_normal(8).astype(np.float32))
+    runs = []
+
+    def fake_chain(step, x, calls, keep):
+        runs.append((step.tag, calls, keep))
+        return (2e-6 if step.tag == "o" else 3e-6) * calls + 1e-3
+
+    def make(tag):
+        def step(x):
+            return x + 1.0
+        step.tag = tag
+        return step
+
+    monkeypatch.setattr(timing, "_chain_seconds", fake_chain)
+    monkeypatch.setattr(timing, "marginal_calls", lambda nbytes, keep: (3, 6) if nbytes == x0.nbytes else None)
+    ours, theirs = timing.measure_marginal_pair(make("o"), make("t"), x0, repeats=3, keep=True)
+    assert math.isclose(ours, 2e-6) and math.isclose(theirs, 3e-6)
+    assert [r[0] for r in runs] == list("oottttoooott")
+    assert {r[1] for r in runs} == {3, 6} and all(r[2] is True for r in runs)
+    with pytest.raises(ValueError, match="measure_marginal_pair"):
+        timing.measure_marginal_pair(make("o"), make("t"), x0, repeats=0)
+    fields = timing.marginal_fields(ours, theirs, 6e6, keep=True)
+    assert math.isclose(fields["ratio_marginal"], 1.5) and math.isclose(fields["gbps_marginal"], 3000.0)
+    assert math.isclose(fields["ours_marginal_ms"], 2e-3) and fields["marginal_kept"] is True
+
+
+def test_marginal_rows_are_the_steady_state_and_their_copy_is_timed_alike():
+    """A row with marginal times is judged at them (before kept / chained); its copy of the
+    same bytes is measured marginal, kept where the row's chains were."""
+    rows = [
+        {"op": "rms_norm", "shape": "a", "dtype": "float16", "metric": "GB/s", "gbps": 2000.0, "ours_ms": 0.05,
+         "baseline_ms": 0.06, "extra": {"ours_marginal_ms": 0.04, "mlx_marginal_ms": 0.05, "marginal_kept": True,
+                                        "ours_kept_ms": 0.05, "mlx_kept_ms": 0.045}},
+        {"op": "rope", "shape": "a", "dtype": "float16", "metric": "GB/s", "gbps": 2000.0, "ours_ms": 0.05,
+         "baseline_ms": 0.06, "extra": {"ours_marginal_ms": 0.05, "mlx_marginal_ms": 0.04, "marginal_kept": False,
+                                        "ours_chained_ms": 0.06, "mlx_chained_ms": 0.06}},
+    ]
+    copy_rate.annotate_rows(rows, 4000.0)
+    a, b = rows[0]["extra"], rows[1]["extra"]
+    assert a["steady"] == "marginal" and math.isclose(a["ratio_steady"], 1.25) and math.isclose(a["pct_copy"], 62.5)
+    assert b["steady"] == "marginal" and math.isclose(b["ratio_steady"], 0.8) and not b["meets_ratio"]
+    calls = []
+
+    def fake(backend, nbytes, keep=False, marginal=False):
+        calls.append((nbytes, keep, marginal))
+        return 3600.0
+
+    copy_rate.annotate_same_bytes(rows, 4000.0, "cuda", measure=fake)
+    assert calls == [(50_000_000, True, True), (50_000_000, False, True)]
+    assert math.isclose(a["copy_same_bytes_pct"], 90.0)
+    assert copy_rate.miss_reasons(a) == ("below", "met") and copy_rate.miss_reasons(b) == ("below", "below")

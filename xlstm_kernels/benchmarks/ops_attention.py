@@ -50,7 +50,8 @@ import numpy as np
 
 from xlstm_kernels.benchmarks.kind import bench_kind
 from xlstm_kernels import runtime, tiles
-from xlstm_kernels.benchmarks.timing import chained_repeats, measure_chained_pair, throughput
+from xlstm_kernels.benchmarks.timing import (chained_repeats, marginal_fields, measure_chained_pair,
+                                             measure_marginal_pair, throughput)
 from xlstm_kernels.ops import attention as att
 
 REPEATS = 20
@@ -159,11 +160,13 @@ def _case_row(backend, op, shape, mask, dtype, rng, roof, repeats) -> dict:
     if op.startswith("attention_decode"):  # queued and pipelined: a decoding model's steady state
         row.update(throughput(ours, theirs, repeats=repeats))
         if v.shape[-1] == d:  # chained: each call's query is the last one's output (a decode loop)
-            c_ours, c_mlx = measure_chained_pair(
-                lambda x: att.scaled_dot_product_attention(x, k, v, scale=scale, mask=mask),
-                lambda x: mx.fast.scaled_dot_product_attention(x, k, v, scale=scale, mask=mask), q,
-                repeats=chained_repeats(repeats))
+            step_ours = lambda x: att.scaled_dot_product_attention(x, k, v, scale=scale, mask=mask)  # noqa: E731
+            step_mlx = lambda x: mx.fast.scaled_dot_product_attention(x, k, v, scale=scale, mask=mask)  # noqa: E731
+            c_ours, c_mlx = measure_chained_pair(step_ours, step_mlx, q, repeats=chained_repeats(repeats))
             row.update({"ours_chained_ms": c_ours * 1e3, "mlx_chained_ms": c_mlx * 1e3, "ratio_chained": c_mlx / c_ours})
+            # the chain in its steady state (the host encoding ahead of the GPU)
+            row.update(marginal_fields(*measure_marginal_pair(step_ours, step_mlx, q, repeats=chained_repeats(repeats)),
+                                       q.nbytes * 2 + k.nbytes + v.nbytes))
     if op == "attention_prefill":
         flops = 4.0 * b * hq * d * _visible_pairs(lq, lk, mask)
         peak = roof["fp32_tflops"] if dtype == mx.float32 else roof["bf16_tflops" if dtype == mx.bfloat16 else "fp16_tflops"]

@@ -39,7 +39,8 @@ import mlx.core as mx
 import numpy as np
 
 from xlstm_kernels.benchmarks.kind import bench_kind
-from xlstm_kernels.benchmarks.timing import chained_repeats, measure_chained_pair, throughput
+from xlstm_kernels.benchmarks.timing import (chained_repeats, marginal_fields, measure_chained_pair,
+                                             measure_marginal_pair, throughput)
 from xlstm_kernels import runtime, tiles
 from xlstm_kernels.ops.rope import rope
 
@@ -151,6 +152,8 @@ def _case_row(backend, shape, dims, traditional, offset_kind, dtype, rng, roof, 
     tp.update({"ours_chained_ms": c_ours * 1e3, "mlx_chained_ms": c_mlx * 1e3, "ratio_chained": c_mlx / c_ours,
                "gbps_chained": 2.0 * x.nbytes / c_ours / 1e9})
     nbytes = 2.0 * x.nbytes
+    # the chain in its steady state (the host encoding ahead of the GPU)
+    tp.update(marginal_fields(*measure_marginal_pair(ours, theirs, x, repeats=chained_repeats(repeats)), nbytes))
     gbps = nbytes / t_ours / 1e9
     row.update({
         "ours_ms": t_ours * 1e3, "mlx_ms": t_mlx * 1e3, "ratio": t_mlx / t_ours, "gbps": gbps,

@@ -18,8 +18,9 @@ from typing import Any, Callable, Sequence
 
 import mlx.core as mx
 
-__all__ = ["Timing", "measure", "chained_repeats", "measure_chained", "measure_chained_pair", "measure_pipelined",
-           "measure_pipelined_pair", "measure_queued", "measure_step_loop", "sync", "throughput"]
+__all__ = ["Timing", "measure", "chained_repeats", "marginal_calls", "measure_chained", "measure_chained_pair",
+           "marginal_fields", "measure_marginal", "measure_marginal_pair", "measure_pipelined", "measure_pipelined_pair", "measure_queued",
+           "measure_step_loop", "sync", "throughput"]
 
 
 def sync(out: Any) -> Any:
@@ -225,6 +226,101 @@ def measure_chained_pair(ours: Callable[[Any], Any], theirs: Callable[[Any], Any
             b.append(_chain_once(theirs, x0, calls, keep))
             a.append(_chain_once(ours, x0, calls, keep))
     return statistics.median(a), statistics.median(b)
+
+
+# Marginal chains (measure_marginal): MLX's CUDA backend records kernels into a CUDA graph and
+# launches it only once the graph holds more than 100 nodes or about 1000 Mi input elements
+# (H100 and newer; 20 nodes elsewhere: mlx/backend/cuda/device.cpp, get_graph_limits), or when
+# the evaluation ends. A 20-call chain of a norm or RoPE row is one graph: the GPU starts only
+# after the host has encoded every call, so the chain's time is host encoding plus GPU time,
+# not the steady state, where the host encodes the next graph while the GPU runs this one.
+MARGINAL_CALLS = 100  # the shorter chain (n1); the longer is 2 * n1
+MARGINAL_MIN_CALLS = 8  # n1 at least this, whatever the memory cap
+MARGINAL_KEPT_BYTES = 12 << 30  # kept chains: outputs of the longer chain held at once, at most
+
+
+def marginal_calls(out_bytes: int, keep: bool) -> tuple[int, int]:
+    """(n1, n2 = 2 * n1) calls of the two chains :func:`measure_marginal` takes the difference
+    of, for a step whose output takes `out_bytes`: MARGINAL_CALLS, fewer where `keep` would
+    hold more than MARGINAL_KEPT_BYTES of outputs (such calls are large, so MLX's graphs hold
+    few of them), never fewer than MARGINAL_MIN_CALLS."""
+    if out_bytes < 0:
+        raise ValueError(f"marginal_calls: out_bytes must be >= 0, got {out_bytes}")
+    n1 = MARGINAL_CALLS
+    if keep and out_bytes > 0:
+        n1 = min(n1, MARGINAL_KEPT_BYTES // (2 * out_bytes))
+    n1 = max(MARGINAL_MIN_CALLS, n1)
+    return n1, 2 * n1
+
+
+def _out_bytes(out: Any) -> int:
+    """Bytes of a step's output (an array, or a list / tuple of arrays)."""
+    if isinstance(out, mx.array):
+        return out.nbytes
+    if isinstance(out, (list, tuple)):
+        return sum(o.nbytes for o in out if isinstance(o, mx.array))
+    return 0
+
+
+def _chain_seconds(step: Callable[[Any], Any], x0: Any, calls: int, keep: bool) -> float:
+    """Seconds of one evaluated chain of `calls` calls (the evaluation only, as _chain_once)."""
+    return _chain_once(step, x0, calls, keep) * calls
+
+
+def _marginal_once(step: Callable[[Any], Any], x0: Any, calls: tuple[int, int], keep: bool) -> float:
+    """Seconds per call that the longer chain of `calls` takes beyond the shorter one."""
+    n1, n2 = calls
+    return (_chain_seconds(step, x0, n2, keep) - _chain_seconds(step, x0, n1, keep)) / (n2 - n1)
+
+
+def measure_marginal(step: Callable[[Any], Any], x0: Any, *, repeats: int = 5, keep: bool = False,
+                     calls: tuple[int, int] | None = None) -> float:
+    """Seconds per call of a chain (``x = step(x)``, as :func:`measure_chained`) in its steady
+    state: the time a chain of n2 calls takes beyond one of n1 (:func:`marginal_calls`; both
+    built first, then evaluated), over n2 - n1; median of `repeats`, after a warm-up call.
+
+    What the difference removes: the evaluation's start (MLX's CUDA backend launches its
+    first graph only after encoding up to 100 calls, see MARGINAL_CALLS) and its end (the
+    last graph's completion, the wait). What it keeps: each call's device time and the gaps
+    between calls, or the host's encoding per call where that is longer (a small op's
+    steady state is the host's). `calls`: (n1, n2) instead of marginal_calls'."""
+    if repeats < 1:
+        raise ValueError(f"measure_marginal: repeats must be >= 1, got {repeats}")
+    out = step(x0)
+    mx.eval(out)
+    calls = calls or marginal_calls(_out_bytes(out), keep)
+    if not (0 < calls[0] < calls[1]):
+        raise ValueError(f"measure_marginal: calls must be (n1, n2) with 0 < n1 < n2, got {calls}")
+    return statistics.median(_marginal_once(step, x0, calls, keep) for _ in range(repeats))
+
+
+def measure_marginal_pair(ours: Callable[[Any], Any], theirs: Callable[[Any], Any], x0: Any, *,
+                          repeats: int = 5, keep: bool = False) -> tuple[float, float]:
+    """(ours, theirs): seconds per call as :func:`measure_marginal` times them, the two sides
+    interleaved (one pair of chains of each per repeat, the order alternating, as
+    :func:`measure_chained_pair`), medians of `repeats`; both sides take the (n1, n2) that
+    our output's size gives."""
+    if repeats < 1:
+        raise ValueError(f"measure_marginal_pair: repeats must be >= 1, got {repeats}")
+    out = ours(x0)
+    mx.eval(out)
+    mx.eval(theirs(x0))
+    calls = marginal_calls(_out_bytes(out), keep)
+    del out
+    a, b = [], []
+    for i in range(repeats):
+        sides = ((ours, a), (theirs, b)) if i % 2 == 0 else ((theirs, b), (ours, a))
+        for fn, acc in sides:
+            acc.append(_marginal_once(fn, x0, calls, keep))
+    return statistics.median(a), statistics.median(b)
+
+
+def marginal_fields(ours_s: float, mlx_s: float, nbytes: float, keep: bool = False) -> dict[str, Any]:
+    """A bench row's fields of a :func:`measure_marginal_pair` result: ours_marginal_ms,
+    mlx_marginal_ms, ratio_marginal (MLX / ours), gbps_marginal (`nbytes` a call) and
+    marginal_kept (`keep`, as the chains ran: the copy of the row's bytes is timed alike)."""
+    return {"ours_marginal_ms": ours_s * 1e3, "mlx_marginal_ms": mlx_s * 1e3, "ratio_marginal": mlx_s / ours_s,
+            "gbps_marginal": nbytes / ours_s / 1e9, "marginal_kept": bool(keep)}
 
 
 def measure_chained_variants(variants: Sequence[tuple[str, Callable[[], Callable[[Any], Any]]]], x0: Any, *,
