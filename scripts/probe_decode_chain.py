@@ -12,7 +12,10 @@ PROBE_DC_RULES="shipped tg512" names them, tgN: the shipped rule aiming for N gr
 PROBE_DC_MODE=grid: a variant patches ops.attention's SPLIT_KV_MMA_TARGET_GROUPS(_WIDE) (tgN: the block size is 4096
 halved until the grid has N threadgroups) and SPLIT_KV_MMA_MAX_STAGES (stN), and the call
 memo is cleared around it (each chain replays a graph recorded under the variant).
-PROBE_DC_SHAPES="B,Hq,Hkv,Lk,D ..." picks the shapes; dtype bfloat16.
+PROBE_DC_SHAPES="B,Hq,Hkv,Lk,D ..." picks the shapes; dtype bfloat16. PROBE_DC_MARGINAL=1 (session 26):
+each time is the chain's steady state (timing.measure_marginal: a 2n-call chain's time beyond an
+n-call one; MLX's CUDA backend launches its first graph only after up to 100 encoded calls, so a
+20-call chain also counts the host's encoding); bsN rules: N keys a block on every shape.
 """
 
 from __future__ import annotations
@@ -52,8 +55,14 @@ def _groups_rule(groups: int):
     return lambda per_block, lk, target=None: _shipped_rule(per_block, lk, groups)
 
 
+def _fixed_rule(bs: int):
+    """Every call `bs` keys a block, whatever the shape (session 26's marginal chains)."""
+    return lambda per_block, lk, target=None: bs
+
+
 RULES = {"shipped": _shipped_rule, "max32": _floor_rule(64, 32), "max32 min128": _floor_rule(128, 32),
          "max16 min128": _floor_rule(128, 16)}
+RULES.update({f"bs{bs}": _fixed_rule(bs) for bs in (64, 128, 256, 512, 1024, 2048)})
 # PROBE_DC_RULES="shipped tg512": the rules compared (tgN: _groups_rule(N))
 _names = os.environ.get("PROBE_DC_RULES", "").split()
 if _names:
@@ -113,7 +122,8 @@ def main() -> None:
             return ours
 
         times = measure_chained_variants([(n, (lambda n=n, g=g, s=s: prepare(n, g, s))) for n, g, s in variants], q,
-                                         calls=CALLS, repeats=REPEATS)
+                                         calls=CALLS, repeats=REPEATS,
+                                         marginal=os.environ.get("PROBE_DC_MARGINAL", "0") == "1")
         times = {n: [t * 1e6 for t in ts] for n, ts in times.items()}
         _use(None, None, saved)
         m = statistics.median(times["mlx"])

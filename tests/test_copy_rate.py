@@ -148,6 +148,10 @@ def test_same_bytes_copy_annotation():
      ("below", "parity")),
     ({"meets_copy": True, "meets_ratio": False, "ratio_steady": 0.87}, ("met", "below")),
     ({"meets_copy": False, "meets_ratio": False, "ratio_steady": 0.5}, ("below", "below")),  # no copy@size
+    # a copy of the row's bytes beats the large copy: its chain runs from the cache
+    ({"meets_copy": True, "meets_ratio": True, "ratio_steady": 2.1, "copy_same_bytes_pct": 124.7}, ("cached", "met")),
+    ({"meets_copy": False, "meets_ratio": True, "ratio_steady": 1.1, "copy_same_bytes_pct": 100.5},
+     ("cached", "met")),
 ])
 def test_miss_reasons_names_what_a_row_misses(extra, want):
     assert copy_rate.miss_reasons(extra) == want

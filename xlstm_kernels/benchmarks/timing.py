@@ -324,7 +324,8 @@ def marginal_fields(ours_s: float, mlx_s: float, nbytes: float, keep: bool = Fal
 
 
 def measure_chained_variants(variants: Sequence[tuple[str, Callable[[], Callable[[Any], Any]]]], x0: Any, *,
-                             calls: int = 20, repeats: int = 11, keep: bool = False) -> dict[str, list[float]]:
+                             calls: int = 20, repeats: int = 11, keep: bool = False,
+                             marginal: bool = False) -> dict[str, list[float]]:
     """Seconds per call of chains (as :func:`measure_chained` times them) of several
     variants, interleaved: every repeat runs one chain of each variant, the order rotated
     by one place per repeat, so that the machine's drift falls on all of them alike (the
@@ -334,7 +335,9 @@ def measure_chained_variants(variants: Sequence[tuple[str, Callable[[], Callable
     cleared memos) and returns the step; it runs before each of the variant's chains,
     followed by one call and a two-call chain that are not timed (they compile kernels and
     record any replayed graph). Returns name -> the `repeats` times, in repeat order (a
-    caller picks the statistic: :func:`fastest_quarter` is the steadiest on a GPU)."""
+    caller picks the statistic: :func:`fastest_quarter` is the steadiest on a GPU).
+    `marginal`: each time is :func:`measure_marginal`'s (the chain's steady state; its
+    (n1, n2) from the step's output size) instead of a `calls`-call chain's."""
     if calls < 1 or repeats < 1 or not variants:
         raise ValueError(f"measure_chained_variants: calls and repeats must be >= 1 and variants not empty, got "
                          f"{calls}, {repeats}, {len(variants)}")
@@ -344,8 +347,12 @@ def measure_chained_variants(variants: Sequence[tuple[str, Callable[[], Callable
         for name, prepare in list(variants[shift:]) + list(variants[:shift]):
             step = prepare()
             mx.eval(step(x0))
-            mx.eval(step(step(x0)))
-            times[name].append(_chain_once(step, x0, calls, keep))
+            out = step(step(x0))
+            mx.eval(out)
+            if marginal:
+                times[name].append(_marginal_once(step, x0, marginal_calls(_out_bytes(out), keep), keep))
+            else:
+                times[name].append(_chain_once(step, x0, calls, keep))
     return times
 
 
