@@ -8,6 +8,10 @@ threadgroups of 256), and a chained call costs ~3-4 us more than MLX's rope. Var
 patch ops.rope's ROWS_PER_THREAD (nN) and pairs_per_thread (p/k: the 16-byte-run P divided by k), the memo
 cleared around each; every repeat runs one chain (20 calls) of each variant and of MLX's
 op, the order rotating. Rows: the fastest quarter (q25) and median us per call.
+PROBE_RS_MARGINAL=1 (session 26): each time is the chain's steady state (timing.measure_marginal)
+instead of a 20-call chain's (which also counts the host's encoding: MLX's CUDA backend launches
+its first graph only after up to 100 encoded calls). PROBE_RS_BATCH=1: one offset per sequence;
+PROBE_RS_WIDEN=0: small offset arrays not copied to device memory (ops.rope.SMALL_OFFSETS_BYTES = 0).
 """
 
 from __future__ import annotations
@@ -60,8 +64,13 @@ def main() -> None:
         x = mx.random.normal(shape).astype(dtype)
         mx.eval(x)
         d = shape[-1]
-        ours = lambda a: xk.rope(a, d, traditional=trad, base=10000.0, offset=4095)  # noqa: E731
-        mlx = lambda a: mx.fast.rope(a, d, traditional=trad, base=10000.0, scale=1.0, offset=4095)  # noqa: E731
+        off = 4095
+        if os.environ.get("PROBE_RS_BATCH", "0") == "1":  # one offset per sequence (an int32 array)
+            off = mx.array([4095 - 17 * i for i in range(shape[0])], dtype=mx.int32)
+        if os.environ.get("PROBE_RS_WIDEN", "1") == "0":  # offsets of <= 8 bytes read where MLX put them
+            rope_ops.SMALL_OFFSETS_BYTES = 0
+        ours = lambda a: xk.rope(a, d, traditional=trad, base=10000.0, offset=off)  # noqa: E731
+        mlx = lambda a: mx.fast.rope(a, d, traditional=trad, base=10000.0, scale=1.0, offset=off)  # noqa: E731
         ref = mlx(x).astype(mx.float32)
         errs = {}
 
@@ -75,7 +84,7 @@ def main() -> None:
             return ours
 
         times = measure_chained_variants([(v[0], (lambda v=v: prepare(*v))) for v in variants], x, calls=CALLS,
-                                         repeats=REPEATS)
+                                         repeats=REPEATS, marginal=os.environ.get("PROBE_RS_MARGINAL", "0") == "1")
         times = {k: [t * 1e6 for t in ts] for k, ts in times.items()}
         _use(_rows, 1)
         rope_ops.pairs_per_thread = _ppt

@@ -292,8 +292,10 @@ def test_rms_vjp_units_fill_one_wave_on_cuda(monkeypatch):
     groups, tpr = units("rms", 4096, mx.bfloat16, "emulate")
     assert tpr == norm_mod.VJP_THREADS
     assert groups == 16384 // -(-16384 // (norm_mod.VJP_TARGET_THREADS // tpr))
-    # LayerNorm stages on CUDA as RMSNorm does (LN_VJP_STAGED_CUDA); unstaged, the emulator's layout
-    staged_units = norm_mod.RMS_VJP_SMS_CUDA * norm_mod.RMS_VJP_STAGED_UNITS_PER_SM
+    # LayerNorm stages on CUDA as RMSNorm does (LN_VJP_STAGED_CUDA), its 32-element threads at
+    # LN_VJP_STAGED_REGISTERS (two units a SM); unstaged, the emulator's layout
+    staged_units = norm_mod.RMS_VJP_SMS_CUDA * (65536 // (norm_mod.LN_VJP_STAGED_REGISTERS
+                                                          * norm_mod.RMS_VJP_STAGED_THREADS_CUDA))
     assert units("ln", 4096, mx.bfloat16, "cuda") == (staged_units, norm_mod.RMS_VJP_STAGED_THREADS_CUDA)
     monkeypatch.setattr(norm_mod, "LN_VJP_STAGED_CUDA", False)
     assert units("ln", 4096, mx.bfloat16, "cuda") == units("ln", 4096, mx.bfloat16, "emulate")
@@ -445,6 +447,29 @@ def test_rms_vjp_staged_units_per_sm(monkeypatch):
     assert groups == norm_mod.RMS_VJP_SMS_CUDA * 6 // 8
 
 
+def test_ln_vjp_wide_threads_register_hint(monkeypatch):
+    """LayerNorm's staged units whose threads hold LN_VJP_WIDE_READS or more elements are
+    planned at LN_VJP_STAGED_REGISTERS (16-bit rows of 4096: two units a SM, not three);
+    narrower LayerNorm threads and every RMSNorm unit keep RMS_VJP_STAGED_REGISTERS; units
+    that the shared memory holds to one a SM stay at one."""
+    monkeypatch.setattr(norm_mod, "_plans_for_cuda", lambda: True)
+    assert norm_mod.LN_VJP_STAGED_REGISTERS == 255 and norm_mod.LN_VJP_WIDE_READS == 32
+
+    def plan(kind, n, dt, rows=4096):
+        x = mx.zeros((rows, n), dtype=dt)
+        _, kw, groups = norm_mod._vjp_plan(kind, x, mx.zeros((n,), dtype=dt), kind == "ln", x, EPS)
+        t = dict(kw["template"])
+        return t["N_READS"], t["XK_MIN_BLOCKS"], groups
+
+    assert plan("ln", 4096, mx.bfloat16) == (32, 2, norm_mod.RMS_VJP_SMS_CUDA * 2)
+    assert plan("ln", 4096, mx.float16) == (32, 2, norm_mod.RMS_VJP_SMS_CUDA * 2)
+    assert plan("rms", 4096, mx.bfloat16) == (32, 3, norm_mod.RMS_VJP_SMS_CUDA * 3)  # RMSNorm: no bias sums
+    assert plan("ln", 2048, mx.bfloat16) == (16, 3, norm_mod.RMS_VJP_SMS_CUDA * 3)  # 16 elements a thread
+    assert plan("ln", 4096, mx.float32)[1] == 1 and plan("ln", 8192, mx.bfloat16)[1] == 1  # shared memory: one
+    monkeypatch.setattr(norm_mod, "LN_VJP_STAGED_REGISTERS", 160)  # the hint as before session 26
+    assert plan("ln", 4096, mx.bfloat16)[1:] == (3, norm_mod.RMS_VJP_SMS_CUDA * 3)
+
+
 def test_vjp_stages_plan(monkeypatch):
     """Stages of the staged backward by the bytes of a row's x and g: RMS_VJP_STAGES, two where
     RMS_VJP_TWO_STAGES holds the row, fewer where RMS_VJP_STAGE_BYTES runs out, at least two;
@@ -457,7 +482,7 @@ def test_vjp_stages_plan(monkeypatch):
     assert [st(b) for b in (4096, 4097, 32768)] == [6, 6, 4]  # 32 KiB rows: four fill 128 KiB
     monkeypatch.setattr(norm_mod, "RMS_VJP_STAGES", 4)
     for kind, n, dt, ns, per_sm in (("rms", 4096, mx.float32, 4, 1), ("rms", 1024, mx.float32, 2, 3),
-                                    ("ln", 1024, mx.bfloat16, 4, 3), ("ln", 4096, mx.bfloat16, 2, 3)):
+                                    ("ln", 1024, mx.bfloat16, 4, 3), ("ln", 4096, mx.bfloat16, 2, 2)):
         x = mx.zeros((4096, n), dtype=dt)
         _, kw, groups = norm_mod._vjp_plan(kind, x, mx.zeros((n,), dtype=dt), kind == "ln", x, EPS)
         t = dict(kw["template"])
@@ -1022,7 +1047,8 @@ def test_ln_vjp_staged(kernel_backend, monkeypatch, fresh_norm_calls, dtype, n, 
     spec, kw, groups = norm_mod._vjp_plan("ln", x, w, has_b, g, EPS, nh)
     t = dict(kw["template"])
     assert spec.kernel == "layer_norm_vjp" and t["STAGED"] and t["NF"] == n and t["STRIDED"], t
-    per_sm = 6 if n * dt.size == 1024 else 3  # 64-thread units for 1 KiB rows
+    # 64-thread units for 1 KiB rows; 32 elements a thread (16-bit rows of 4096): two units a SM
+    per_sm = 6 if n * dt.size == 1024 else (2 if n // 128 >= norm_mod.LN_VJP_WIDE_READS else 3)
     assert kw["threadgroup"][0] == (64 if per_sm == 6 else 128)
     assert kw["shared_memory"] >= 4 * n * dt.size and groups == (max(1, per_sm // nh) if (has_w or has_b) else 7)
 

@@ -238,6 +238,15 @@ LN_VJP_MAX_THREADS_CUDA = 1024
 # ... and its units stage their next row as the RMSNorm backward's do (RMS_VJP_STAGED_*
 # layout and limits; session 17). False: the cached layout above.
 LN_VJP_STAGED_CUDA = True
+# ... with threads of LN_VJP_WIDE_READS or more elements planned at LN_VJP_STAGED_REGISTERS
+# registers (RMS_VJP_STAGED_REGISTERS otherwise): such a thread holds its weight runs, dw and
+# db sums (3 x 32 floats) across the unit's rows, more than the ~170 registers that three
+# 128-thread units a SM leave; at 255, two units a SM. Where the stages' shared memory allows
+# only one unit a SM (float32 rows of 4096, any row of 8192+), nothing changes. H100,
+# scripts/probe_vjp_chain.py at marginal chains (PROBE_VC_MARGINAL=1, session 26), bfloat16
+# 4096x4096: 45.9 -> 40.5 us (three units -> two, 73 -> 83% of copy).
+LN_VJP_STAGED_REGISTERS = 255
+LN_VJP_WIDE_READS = 32
 
 
 # ---------------------------------------------------------------------------------------
@@ -482,14 +491,15 @@ def _plans_for_cuda() -> bool:
     return current_backend() == "cuda"
 
 
-def _staged_units_per_sm(tpr: int, smem_bytes: int) -> int:
+def _staged_units_per_sm(tpr: int, smem_bytes: int, registers: int | None = None) -> int:
     """Units of the staged RMSNorm backward (`tpr` threads, `smem_bytes` of threadgroup
     memory each) to plan per SM: RMS_VJP_STAGED_UNITS_PER_SM, or RMS_VJP_STAGED_THREADS_PER_SM
-    threads' worth of narrower units, fewer where their registers (at the
-    RMS_VJP_STAGED_REGISTERS hint) or shared memory do not fit one SM; at least 1."""
+    threads' worth of narrower units, fewer where their registers (at the `registers` hint,
+    default RMS_VJP_STAGED_REGISTERS) or shared memory do not fit one SM; at least 1."""
+    registers = RMS_VJP_STAGED_REGISTERS if registers is None else registers
     per = max(RMS_VJP_STAGED_UNITS_PER_SM, RMS_VJP_STAGED_THREADS_PER_SM // tpr)
-    if RMS_VJP_STAGED_REGISTERS > 0:
-        per = min(per, 65536 // (RMS_VJP_STAGED_REGISTERS * tpr))
+    if registers > 0:
+        per = min(per, 65536 // (registers * tpr))
     return max(1, min(per, RMS_VJP_SMEM_PER_SM_CUDA // (smem_bytes + 1024)))
 
 
@@ -540,12 +550,13 @@ def _vjp_plan(
             stages = _vjp_stages(2 * n * dtype.size)
             stage_bytes += 2 * (stages - 2) * n * dtype.size
     full = kind == "rms" and not lay.looped and FULL_ROWS and lay.tpr * lay.n_reads == n
+    regs = LN_VJP_STAGED_REGISTERS if kind == "ln" and lay.n_reads >= LN_VJP_WIDE_READS else RMS_VJP_STAGED_REGISTERS
     if weight is None and not has_bias:
         rpg = 1  # no partials to keep small: one row per unit, most parallelism
     else:
         target = VJP_TARGET_THREADS
         if staged:
-            target = RMS_VJP_SMS_CUDA * _staged_units_per_sm(lay.tpr, stage_bytes) * lay.tpr
+            target = RMS_VJP_SMS_CUDA * _staged_units_per_sm(lay.tpr, stage_bytes, regs) * lay.tpr
         elif rms_cuda and not lay.looped and lay.tpr == threads:
             target = RMS_VJP_TARGET_THREADS_CUDA
         target_units = max(1, target // lay.tpr)
@@ -575,8 +586,8 @@ def _vjp_plan(
         template.append(("NS", stages))
         if kind == "ln":
             template.append(("MOM", bool(staged and LN_MOMENTS)))
-        if staged and RMS_VJP_STAGED_REGISTERS > 0:
-            template.append(("XK_MIN_BLOCKS", _staged_units_per_sm(lay.tpr, stage_bytes)))
+        if staged and regs > 0:
+            template.append(("XK_MIN_BLOCKS", _staged_units_per_sm(lay.tpr, stage_bytes, regs)))
         elif full:
             template += _occupancy_hint(VJP_REGISTERS, lay.tpr * lay.rows_per_tg)
     r = lay.rows_per_tg

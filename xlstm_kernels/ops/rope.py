@@ -431,6 +431,32 @@ def _build_call(x, dims, traditional, base, scale, offset, freqs, replay: bool =
         offs, fr = inputs(offset, freqs)
         if not isinstance(offs, mx.array):
             offs = _offset_array(offs, backend)
+        elif backend == "cuda" and offs.nbytes <= SMALL_OFFSETS_BYTES and x.nbytes >= SMALL_OFFSETS_MIN_X_BYTES:
+            offs = _device_offsets(offs)
         return f(x, offs, fr)
 
     return call
+
+
+#: Offset arrays of at most this many bytes (one or two sequences' int32 offsets) go through
+#: :func:`_device_offsets` on cuda before the kernel reads them, where x has at least
+#: SMALL_OFFSETS_MIN_X_BYTES: the copy's own read of the managed scalar costs ~12 us, hidden
+#: behind the previous call's kernel only where that one is long (a CUDA graph runs the copy,
+#: which depends on nothing in the chain, beside it). H100, marginal chains (session 26),
+#: bf16 per-sequence offsets, without -> with the copy: 2x32x4096x128 60.4 / 61.2 -> 55.0 /
+#: 54.1 us, 2x32x2048x128 38.5 / 39.8 -> 33.5 / 33.4; decode 1x32x1x128 3.9 / 4.1 -> 15.9 /
+#: 15.3 and 2x32x1x128 4.3 / 4.2 -> 16.6 / 16.2 (hence the floor on x).
+SMALL_OFFSETS_BYTES = 8
+SMALL_OFFSETS_MIN_X_BYTES = 32 << 20
+
+
+def _device_offsets(offs: mx.array) -> mx.array:
+    """`offs` (B,) int32 as row 0 of a (3, B) array made by one add kernel (12 B bytes: MLX
+    allocates it in device memory). MLX's CUDA allocator keeps every array of at most 8
+    bytes in a managed scalar pool; each threadgroup of the RoPE kernel that reads such an
+    offset waits for the host link. H100, scripts/probe_rope_small.py at marginal chains
+    (session 26), bf16, per-sequence offsets against one int offset: 2x32x4096x128 62.6
+    against 51.0 us, 2x32x2048x128 39.6 against 28.0; 4x32x4096x128 (16 bytes of offsets,
+    device memory once read) 95.1 against 94.9. Where it pays: SMALL_OFFSETS_MIN_X_BYTES."""
+    zeros = const_array([0, 0, 0], mx.int32)  # a device constant, made once per stream
+    return (offs.reshape(1, -1) + zeros.reshape(3, 1))[0]
