@@ -69,7 +69,8 @@ PATCHES = {
     "consec": {"RMS_VJP_STAGED_STRIDED": False},
     "mom0": {"LN_MOMENTS": False},
     "s6b": {"RMS_VJP_STAGES": 6, "RMS_VJP_STAGE_BYTES": 196608},
-    "ln160": {"LN_VJP_STAGED_REGISTERS": 160},  # before session 26: LayerNorm units at RMSNorm's register hint  # 4096-element float32 rows: six stages
+    "ln160": {"LN_VJP_STAGED_REGISTERS": 160},
+    "mr16": {"RMS_VJP_STAGED_MAX_READS": 16},  # twice the threads a staged row, 16 elements each  # before session 26: LayerNorm units at RMSNorm's register hint  # 4096-element float32 rows: six stages
 }
 FLOORS = ("add", "copy", "mlx")
 # PROBE_VC_MARGINAL=1 (session 26): each time is the chain's steady state (what a chain of 2n calls

@@ -479,3 +479,19 @@ def test_device_offsets_keep_the_values(values):
     wide = rope_ops._device_offsets(offs)
     assert wide.shape == offs.shape and wide.dtype == mx.int32
     assert np.array_equal(np.asarray(wide), np.asarray(values, dtype=np.int32))
+
+
+def test_device_offsets_reuses_the_last_arrays_copy():
+    """With a `last` entry, the copy made for the same given array on the same stream is
+    reused; another array (equal values or not) gets a copy of its own."""
+    from xlstm_kernels.ops import rope as rope_ops
+
+    a = mx.array([7, 9], dtype=mx.int32)
+    b = mx.array([7, 9], dtype=mx.int32)
+    last = [None]
+    wa = rope_ops._device_offsets(a, last, a)
+    assert rope_ops._device_offsets(a, last, a) is wa
+    wb = rope_ops._device_offsets(b, last, b)
+    assert wb is not wa and last[0][0] is b
+    assert np.array_equal(np.asarray(wb), np.asarray(b)) and np.array_equal(np.asarray(wa), np.asarray(a))
+    assert rope_ops._device_offsets(a, None) is not wa  # no entry: a new copy

@@ -427,12 +427,14 @@ def _build_call(x, dims, traditional, base, scale, offset, freqs, replay: bool =
 
         return call_int_cuda
 
+    _last_offsets: list = [None]  # (offsets array given, stream, its device copy) of the last call
+
     def call(x, offset, freqs):
         offs, fr = inputs(offset, freqs)
         if not isinstance(offs, mx.array):
             offs = _offset_array(offs, backend)
         elif backend == "cuda" and offs.nbytes <= SMALL_OFFSETS_BYTES and x.nbytes >= SMALL_OFFSETS_MIN_X_BYTES:
-            offs = _device_offsets(offs)
+            offs = _device_offsets(offs, _last_offsets, offset)
         return f(x, offs, fr)
 
     return call
@@ -450,13 +452,26 @@ SMALL_OFFSETS_BYTES = 8
 SMALL_OFFSETS_MIN_X_BYTES = 32 << 20
 
 
-def _device_offsets(offs: mx.array) -> mx.array:
+def _device_offsets(offs: mx.array, last: list | None = None, key: Any = None) -> mx.array:
     """`offs` (B,) int32 as row 0 of a (3, B) array made by one add kernel (12 B bytes: MLX
     allocates it in device memory). MLX's CUDA allocator keeps every array of at most 8
     bytes in a managed scalar pool; each threadgroup of the RoPE kernel that reads such an
     offset waits for the host link. H100, scripts/probe_rope_small.py at marginal chains
     (session 26), bf16, per-sequence offsets against one int offset: 2x32x4096x128 62.6
     against 51.0 us, 2x32x2048x128 39.6 against 28.0; 4x32x4096x128 (16 bytes of offsets,
-    device memory once read) 95.1 against 94.9. Where it pays: SMALL_OFFSETS_MIN_X_BYTES."""
+    device memory once read) 95.1 against 94.9. Where it pays: SMALL_OFFSETS_MIN_X_BYTES.
+
+    `last` (a one-element list the caller keeps) and `key` (the array the caller was given):
+    the copy made for the last `key` on the same stream is reused (a model's layers rotate q
+    and k with one offsets array; MLX arrays do not change, and the entry holds `key`, so
+    its id is not reused). The entry is one tuple, replaced whole (threads may share it)."""
+    stream = mx.default_stream(mx.default_device()) if last is not None else None
+    if last is not None:
+        entry = last[0]
+        if entry is not None and entry[0] is key and entry[1] == stream:
+            return entry[2]
     zeros = const_array([0, 0, 0], mx.int32)  # a device constant, made once per stream
-    return (offs.reshape(1, -1) + zeros.reshape(3, 1))[0]
+    wide = (offs.reshape(1, -1) + zeros.reshape(3, 1))[0]
+    if last is not None:
+        last[0] = (key, stream, wide)
+    return wide
