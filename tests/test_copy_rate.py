@@ -152,6 +152,11 @@ def test_same_bytes_copy_annotation():
     ({"meets_copy": True, "meets_ratio": True, "ratio_steady": 2.1, "copy_same_bytes_pct": 124.7}, ("cached", "met")),
     ({"meets_copy": False, "meets_ratio": True, "ratio_steady": 1.1, "copy_same_bytes_pct": 100.5},
      ("cached", "met")),
+    # the row itself beats the large copy (its input still in the cache), whatever its copy@size
+    ({"meets_copy": True, "meets_ratio": True, "ratio_steady": 1.2, "pct_copy": 113.6, "copy_same_bytes_pct": 86.4},
+     ("cached", "met")),
+    ({"meets_copy": True, "meets_ratio": True, "ratio_steady": 1.2, "pct_copy": 99.9, "copy_same_bytes_pct": 86.4},
+     ("met", "met")),
 ])
 def test_miss_reasons_names_what_a_row_misses(extra, want):
     assert copy_rate.miss_reasons(extra) == want

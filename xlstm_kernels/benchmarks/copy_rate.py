@@ -184,14 +184,15 @@ def targeted(row: dict) -> bool:
 
 def miss_reasons(extra: dict, parity: float = 0.98) -> tuple[str, str]:
     """(copy bar, ratio bar) of one row that annotate_rows judged (its ``extra``), each
-    ``met`` or why not. Copy: ``cached`` where a chained copy of the row's own bytes
-    (``copy_same_bytes_pct``) beats the large copy's rate (above 100%: its chain is served
-    from the last-level cache, so the row's share says nothing about device memory);
+    ``met`` or why not. Copy: ``cached`` where the row itself or a chained copy of its own
+    bytes (``copy_same_bytes_pct``) beats the large copy's rate (above 100%: the chain is
+    served from the last-level cache in part, so the row's share says nothing about device
+    memory);
     ``unreachable`` where that copy reaches less than COPY_TARGET_PCT, so no kernel can meet
     the bar at that size; else ``met`` or ``below``. Ratio: ``parity`` from `parity` up;
     else ``below``."""
     same = extra.get("copy_same_bytes_pct")
-    if same is not None and same > 100.0:
+    if (same is not None and same > 100.0) or extra.get("pct_copy", 0.0) > 100.0:
         copy = "cached"
     elif extra["meets_copy"]:
         copy = "met"
@@ -267,8 +268,8 @@ def target_summary(rows: Sequence[dict], copy: dict | None) -> list[str]:
         both = e.get("meets_copy") and e.get("meets_ratio")
         why = "met" if both else "not met: " + ", ".join(
             w for w, bad in (("bandwidth", not e.get("meets_copy")), ("ratio", not e.get("meets_ratio"))) if bad)
-        if e.get("copy_same_bytes_pct", 0.0) > 100.0:
-            why += " (cached: a copy of these bytes beats the large copy)"
+        if e.get("copy_same_bytes_pct", 0.0) > 100.0 or e["pct_copy"] > 100.0:
+            why += " (cached: this row or a copy of its bytes beats the large copy)"
         ratio = e.get("ratio_steady")
         lines.append(f"  {str(r.get('op')):<26} {str(r.get('shape')):<20} {str(r.get('dtype')):<9} "
                      f"{e.get('steady', '-'):<12} {e['pct_copy']:6.1f} {e.get('mlx_pct_copy', float('nan')):9.1f} "

@@ -170,8 +170,11 @@ def measure_chained(step: Callable[[Any], Any], x0: Any, *, calls: int = 20, rep
     `repeats`, after a warm-up call). A decode loop's shape: no call can start before the
     last one ends, where ``measure_queued``'s independent calls may overlap on the GPU (a
     CUDA graph runs independent kernels concurrently), which flatters kernels that leave
-    most of the GPU idle. Host time that the evaluation itself spends (encoding kernels)
-    overlaps the GPU's work as in a model loop; the graph building does not count.
+    most of the GPU idle. The graph building does not count; the evaluation's own host time
+    (encoding kernels) does where the GPU waits for it: on MLX's CUDA backend a chain of 20
+    calls of up to ~50 MB each is one CUDA graph, launched only after every call is encoded,
+    so its time is the host's encoding plus the GPU's (session 26). :func:`measure_marginal`
+    times the steady state instead.
 
     `keep`: every call's output stays referenced until the end, as a transformer's residual
     stream stays alive past the norm that reads it. Without it MLX may donate a call's
