@@ -10,7 +10,7 @@ variant, the order rotating, and each row is the median over PROBE_DC_REPEATS re
 PROBE_DC_MODE=rules (default): block-size rules (RULES, patching ops.attention._mma_block_for;
 PROBE_DC_RULES="shipped tg512" names them, tgN: the shipped rule aiming for N groups).
 PROBE_DC_MODE=grid: a variant patches ops.attention's SPLIT_KV_MMA_TARGET_GROUPS(_WIDE) (tgN: the block size is 4096
-halved until the grid has N threadgroups) and SPLIT_KV_MMA_MAX_STAGES (stN), and the call
+halved until the grid has N threadgroups; PROBE_DC_GROUPS) and SPLIT_KV_MMA_MAX_STAGES (stN; PROBE_DC_STAGES), and the call
 memo is cleared around it (each chain replays a graph recorded under the variant).
 PROBE_DC_SHAPES="B,Hq,Hkv,Lk,D ..." picks the shapes; dtype bfloat16. PROBE_DC_MARGINAL=1 (session 26):
 each time is the chain's steady state (timing.measure_marginal: a 2n-call chain's time beyond an
@@ -34,8 +34,8 @@ from xlstm_kernels.ops import attention as att
 
 CALLS = 20
 REPEATS = int(os.environ.get("PROBE_DC_REPEATS", "9"))
-GROUPS = (128, 256, 512, 1024)
-STAGES = (2, 3, 4)
+GROUPS = tuple(int(v) for v in os.environ.get("PROBE_DC_GROUPS", "128 256 512 1024").split())
+STAGES = tuple(int(v) for v in os.environ.get("PROBE_DC_STAGES", "2 3 4").split())
 _shipped_rule = att._mma_block_for
 
 
