@@ -126,6 +126,46 @@ def _timed(step, g0) -> float:
     return (_chain(step, g0, n2) * n2 - _chain(step, g0, n1) * n1) / (n2 - n1)
 
 
+def time_variants(kind, nh, x, w, b, g, half, chosen, repeats, saved, timed=None) -> dict:
+    """name -> seconds a call of each of `chosen`'s variants of one case, interleaved (the
+    order rotated by one place per repeat): ``add`` (MLX's x + g), ``copy`` (copy_words of
+    `half`), ``mlx`` (MLX's VJP), or ours under PATCHES[name] (module constants patched,
+    the call memo cleared; `saved` restores them). `timed`: step, x0 -> seconds a call
+    (default a 20-call chain). Restores the module constants at the end."""
+    timed = timed or _chain
+
+    def prepare(name):
+        for k, v in saved.items():
+            setattr(norm_mod, k, v)
+        norm_mod._CALLS.clear()
+        if name == "add":
+            return lambda gg: [x + gg]
+        if name == "copy":
+            return None
+        if name == "mlx":
+            return _vjp_step(kind, nh, x, w, b, ours=False)
+        for k, v in PATCHES[name].items():
+            setattr(norm_mod, k, v)
+        return _vjp_step(kind, nh, x, w, b, ours=True)
+
+    times = {name: [] for name in chosen}
+    for r in range(repeats):
+        for name in chosen[r % len(chosen):] + chosen[:r % len(chosen)]:
+            step = prepare(name)
+            if step is None:  # copy_words of the same bytes, chained
+                cstep = lambda gg: [copy_words(gg, "cuda")]  # noqa: E731
+                mx.eval(cstep(half))
+                times[name].append(timed(cstep, half))
+                continue
+            mx.eval(step(g))
+            mx.eval(step(step(g)[0]))
+            times[name].append(timed(step, g))
+    for k, v in saved.items():
+        setattr(norm_mod, k, v)
+    norm_mod._CALLS.clear()
+    return times
+
+
 def main() -> None:
     chosen = os.environ.get("PROBE_VC_VARIANTS", "add copy mlx base u2 t64 t32 t256 consec").split()
     repeats = int(os.environ.get("PROBE_VC_REPEATS", "9"))
@@ -142,36 +182,7 @@ def main() -> None:
         half = mx.random.uniform(shape=(nbytes // 8,))
         mx.eval(half)
 
-        def prepare(name):
-            for k, v in saved.items():
-                setattr(norm_mod, k, v)
-            norm_mod._CALLS.clear()
-            if name == "add":
-                return lambda gg: [x + gg]
-            if name == "copy":
-                return None
-            if name == "mlx":
-                return _vjp_step(kind, nh, x, w, b, ours=False)
-            for k, v in PATCHES[name].items():
-                setattr(norm_mod, k, v)
-            return _vjp_step(kind, nh, x, w, b, ours=True)
-
-        times = {name: [] for name in chosen}
-        for r in range(repeats):
-            order = chosen[r % len(chosen):] + chosen[:r % len(chosen)]
-            for name in order:
-                step = prepare(name)
-                if step is None:  # copy_words of the same bytes, chained
-                    cstep = lambda gg: [copy_words(gg, "cuda")]  # noqa: E731
-                    mx.eval(cstep(half))
-                    times[name].append(_timed(cstep, half))
-                    continue
-                mx.eval(step(g))
-                mx.eval(step(step(g)[0]))
-                times[name].append(_timed(step, g))
-        for k, v in saved.items():
-            setattr(norm_mod, k, v)
-        norm_mod._CALLS.clear()
+        times = time_variants(kind, nh, x, w, b, g, half, chosen, repeats, saved, _timed)
         label = f"{kind} {rows}x{nh}x{n}" if nh > 1 else f"{kind} {rows}x{n}"
         for name in chosen:
             t = fastest_quarter(times[name])

@@ -31,7 +31,7 @@ import mlx.core as mx
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import probe_vjp_chain as pvc  # noqa: E402
 
-from xlstm_kernels.benchmarks.copy_rate import copy_words, measure_copy_rate  # noqa: E402
+from xlstm_kernels.benchmarks.copy_rate import measure_copy_rate  # noqa: E402
 from xlstm_kernels.benchmarks.timing import fastest_quarter  # noqa: E402
 from xlstm_kernels.ops import norm as norm_mod  # noqa: E402
 
@@ -78,33 +78,7 @@ def chain() -> None:
         half = mx.random.uniform(shape=(nbytes // 8,))
         mx.eval(half)
 
-        def prepare(name):
-            for k, v in saved.items():
-                setattr(norm_mod, k, v)
-            norm_mod._CALLS.clear()
-            if name == "add":
-                return lambda gg: [x + gg]
-            if name == "copy":
-                return None
-            for k, v in pvc.PATCHES[name].items():
-                setattr(norm_mod, k, v)
-            return pvc._vjp_step(kind, 1, x, w, b, ours=True)
-
-        times = {name: [] for name in chosen}
-        for r in range(repeats):
-            for name in chosen[r % len(chosen):] + chosen[:r % len(chosen)]:
-                step = prepare(name)
-                if step is None:
-                    cstep = lambda gg: [copy_words(gg, "cuda")]  # noqa: E731
-                    mx.eval(cstep(half))
-                    times[name].append(pvc._chain(cstep, half))
-                    continue
-                mx.eval(step(g))
-                mx.eval(step(step(g)[0]))
-                times[name].append(pvc._chain(step, g))
-        for k, v in saved.items():
-            setattr(norm_mod, k, v)
-        norm_mod._CALLS.clear()
+        times = pvc.time_variants(kind, 1, x, w, b, g, half, chosen, repeats, saved)
         for name in chosen:
             t = fastest_quarter(times[name])
             pts.setdefault((kind, n, name), []).append((nbytes, t))
