@@ -1679,7 +1679,7 @@ for (int c = 0; c < NE; ++c) {
 //         klen (.., .., Lk, ..): only its shape is read, axis 2 carries Lk by value
 //         (o_part's carries n_blocks): the op passes the call's k itself (no new array per
 //         key length: a growing KV cache), or an empty (1, 1, Lk, 0) array
-// outputs: o (rows, DV) T.  template: T, DV
+// outputs: o (rows, DV) T.  template: T, DV, RB (blocks whose loads go out together)
 // params: [rows, 0, block_size, 0]
 constexpr int NC = (DV + 31) / 32;  // columns per lane
 const long rows = params[0], nb = long(o_part_shape[1]), bs = params[2], Lk = long(klen_shape[2]);
@@ -1707,13 +1707,26 @@ if (row < rows) {  // uniform per simdgroup
     den += wt;
     const int cnt = int(metal::min(nb - s0, 32L));
     const device float* ps = pr + s0 * DV;
-    XK_ATTN_UNROLL4
-    for (int i = 0; i < cnt; ++i) {
-      const float w = simd_shuffle(wt, ushort(i));
-      for (int c = 0; c < NC; ++c) {
-        const int d = int(lane) + 32 * c;
-        if (DV % 32 == 0 || d < DV) {
-          num[c] += w * ps[long(i) * DV + d];
+    // RB blocks' columns loaded before any is added (RB loads a column in flight; blocks past
+    // cnt load nothing), then added in block order: the same sums for every RB
+    for (int i0 = 0; i0 < cnt; i0 += RB) {
+      float val[RB][NC];
+      XK_ATTN_UNROLL
+      for (int j = 0; j < RB; ++j) {
+        XK_ATTN_UNROLL
+        for (int c = 0; c < NC; ++c) {
+          const int d = int(lane) + 32 * c;
+          val[j][c] = (i0 + j < cnt && (DV % 32 == 0 || d < DV)) ? ps[long(i0 + j) * DV + d] : 0.0f;
+        }
+      }
+      XK_ATTN_UNROLL
+      for (int j = 0; j < RB; ++j) {
+        const float w = simd_shuffle(wt, ushort(metal::min(i0 + j, 31)));
+        if (i0 + j < cnt) {
+          XK_ATTN_UNROLL
+          for (int c = 0; c < NC; ++c) {
+            num[c] += w * val[j][c];
+          }
         }
       }
     }

@@ -65,11 +65,14 @@ RULES = {"shipped": _shipped_rule, "max32": _floor_rule(64, 32), "max32 min128":
 RULES.update({f"bs{bs}": _fixed_rule(bs) for bs in (64, 128, 256, 512, 1024, 2048)})
 # PROBE_DC_RULES="shipped tg512": the rules compared (tgN: _groups_rule(N))
 _names = os.environ.get("PROBE_DC_RULES", "").split()
-if _names:
-    RULES = {n: (_groups_rule(int(n[2:])) if n.startswith("tg") else RULES[n]) for n in _names}
+if _names:  # rbN (session 26): the shipped rule with pass 2 loading N blocks at a time (REDUCE_BATCH)
+    RULES = {n: (_groups_rule(int(n[2:])) if n.startswith("tg") else _shipped_rule if n.startswith("rb") else RULES[n])
+             for n in _names}
+_REDUCE_BATCH = att.REDUCE_BATCH
 
 
-def _use(groups: int | None, stages: int | None, saved: dict, rule=None) -> None:
+def _use(groups: int | None, stages: int | None, saved: dict, rule=None, name: str = "") -> None:
+    att.REDUCE_BATCH = int(name[2:]) if name.startswith("rb") else _REDUCE_BATCH
     att.SPLIT_KV_MMA_TARGET_GROUPS = groups or saved["SPLIT_KV_MMA_TARGET_GROUPS"]
     att.SPLIT_KV_MMA_TARGET_GROUPS_WIDE = groups or saved["SPLIT_KV_MMA_TARGET_GROUPS_WIDE"]
     att.SPLIT_KV_MMA_MAX_STAGES = stages or saved["SPLIT_KV_MMA_MAX_STAGES"]
@@ -113,7 +116,7 @@ def main() -> None:
         def prepare(name, g, s):
             if name == "mlx":
                 return mlx
-            _use(g, s, saved, RULES.get(name))
+            _use(g, s, saved, RULES.get(name), name)
             if name not in errs:
                 o = ours(q).astype(mx.float32)
                 errs[name] = (mx.abs(o - ref).max() / mx.abs(ref).max()).item()

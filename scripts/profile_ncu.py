@@ -89,6 +89,8 @@ def _cases():
         "decode_b1_ours_reduce": (lambda: decode(True, b=1, lk=16384), "attention_reduce"),
         "decode_b1_mlx": (lambda: decode(False, b=1, lk=16384), "sdpav_2pass_1|sdpav_1pass"),
         "decode_b1_mlx_2": (lambda: decode(False, b=1, lk=16384), "sdpav_2pass_2"),
+        # MLX 0.32.4 runs this decode on cuDNN (a flash fprop kernel and a lean reduction; session 26)
+        "decode_b1_mlx_cudnn": (lambda: decode(False, b=1, lk=16384), "cudnn|lean_reduction"),
         # prefill attention (causal, 2x32x2048x128 fp16, GQA 4): the tile prefill
         # (attention_prefill_mma, session 8) and the 8x8 kernel it replaced on CUDA
         "prefill_ours": (lambda: prefill(True), "attention_prefill"),

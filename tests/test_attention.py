@@ -723,6 +723,30 @@ def test_partial_lse_and_reduce(kernel_backend, walk):
     assert_close(out, np_attention(q, k, v, 0.125, "causal"), mx.float16, "attention_reduce")
 
 
+@pytest.mark.parametrize("dv", [64, 40])
+@pytest.mark.parametrize("nb", [7, 45])  # one pass of 32 blocks, or two (13 in the second)
+def test_reduce_batch_gives_the_same_bits(kernel_backend, monkeypatch, nb, dv):
+    """Pass 2 loading RB blocks' partial rows at a time (REDUCE_BATCH: 1, 3, 4, 8, 32, over
+    block counts that RB does not divide and head dims not a multiple of 32) adds them in
+    block order: the same bits for every RB, and the weighted mean of the rows (float64)."""
+    if kernel_backend == "reference":
+        pytest.skip("attention_reduce is a kernel; the reference backend has none")
+    rng = np.random.default_rng(seed_of("reduce-batch", nb, dv))
+    rows, bs = 3, 16
+    o_part = mx.array(rng.standard_normal((1, rows, 1, nb, dv)).astype(np.float32))
+    lse_np = rng.standard_normal((1, rows, 1, nb)).astype(np.float32) * 3.0
+    lse = mx.array(lse_np)
+    outs = {}
+    for rb in (1, 3, 4, 8, 32):
+        monkeypatch.setattr(att, "REDUCE_BATCH", rb)
+        outs[rb] = np.asarray(att.attention_reduce(o_part, lse, block_size=bs, num_keys=nb * bs, dtype=mx.float32))
+    for rb, out in outs.items():
+        assert np.array_equal(out, outs[4]), rb
+    w = np.exp(lse_np.astype(np.float64) - lse_np.max(axis=-1, keepdims=True))
+    want = (w[..., None] * np.asarray(o_part, dtype=np.float64)).sum(-2) / w.sum(-1)[..., None]
+    assert rel_err(outs[4].astype(np.float64), want) < 1e-5
+
+
 @pytest.mark.parametrize("dtype_name", ["float32", "float16"])
 def test_decode_loop_with_a_growing_cache(kernel_backend, dtype_name, monkeypatch):
     """A decode loop's KV cache grows a key a step (k_cache[:, :, :lk]): every step is a new

@@ -800,6 +800,16 @@ def _partial_mma_launch(q, k, v, m: _Mask, scale: float, block_size: int, backen
     )
 
 
+#: Split-KV pass 2: key blocks whose partial rows a lane loads before it adds any (the
+#: kernel's RB; the sums are the same for every value). H100, marginal chains
+#: (scripts/probe_decode_chain.py PROBE_DC_RULES="shipped rb8 rb16 rb32", session 26), bf16,
+#: median us, 4 -> 8: 1x32x8x16384 39.3 -> 37.7, 1x32x8x4096 18.3 -> 17.5; 1x32x32x16384 D 64,
+#: 8x32x8x8192 and 1x32x32x4096 within 0.3 us; 16 and 32 no better. Nsight Compute had pass 2
+#: of 1x32x8x16384 at 16 us (caches flushed: its 8 threadgroups wait on one block's loads
+#: after another).
+REDUCE_BATCH = 8
+
+
 def _reduce_launch(o_part, lse, block_size: int, num_keys: int, dtype, klen=None) -> tuple[KernelSpec, dict]:
     """(spec, launch kwargs) of the split-KV pass 2; `klen`: an array whose axis 2 is
     `num_keys` (the call's k), else an empty one is made."""
@@ -815,7 +825,7 @@ def _reduce_launch(o_part, lse, block_size: int, num_keys: int, dtype, klen=None
         output_dtypes=[dtype],
         grid=(32, rows, 1),
         threadgroup=(32, min(4, rows), 1),
-        template=[("T", dtype), ("DV", dv)],
+        template=[("T", dtype), ("DV", dv), ("RB", REDUCE_BATCH)],
     )
 
 
