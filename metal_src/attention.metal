@@ -1292,7 +1292,7 @@ for (int e = int(tid); e < R * DV; e += NT) {
 // Split-KV decode, pass 1 on simdgroup matrices (on CUDA, half / bfloat: tensor-core
 // mma.m16n8k16, ldmatrix, movmatrix and cp.async). Same outputs as attention_partial
 // (o_part, lse; attention_reduce merges them), another schedule:
-// * one threadgroup = ONE simdgroup per (key block, key/value head and group of R <= 16 of
+// * one threadgroup = NW simdgroups per (key block, key/value head and group of R <= 16 of
 //   its query rows, batch); the G * Lq query rows of a kv head (flat index g * Lq + i, as in
 //   attention_partial) are the columns of RM (1 or 2) 8-column fragments (columns past R:
 //   zero queries whose results are dropped), so every K / V byte of the block is read from
@@ -1311,14 +1311,21 @@ for (int e = int(tid); e < R * DV; e += NT) {
 //   lane-partial until the end), P^T converted to T in registers as right operands
 //   (xk_frag_set_b: one movmatrix on CUDA); O^T is rescaled only when some row's max moved
 //   (exactly the same values).
+// * NW > 1: simdgroup sg walks tiles sg, sg + NW, ... of the block through its own ST
+//   stages (more warps in flight per key block, the same number of blocks for pass 2);
+//   then the simdgroups' states (running max, sum, unnormalised O) meet in threadgroup
+//   memory (over the stages, after a barrier) and the threadgroup merges them per
+//   (row, column). NW == 1 writes its state directly, as before.
 // T = float runs the same schedule on float fragments (exact float32 products).
 // Keys at or past a row's limit do not exist for it (-inf), as in attention_partial; the
 // copies clamp rows past the block's last visible key to it (their P is 0). Head dims are
 // zero-padded to DP / DVP (multiples of 8) in the tiles.
-// Threadgroup (32, 1, 1); grid (32 * n_blocks, Hkv * ceil(G * Lq / R), B).
+// Threadgroup (32 * NW, 1, 1); grid (32 * NW * n_blocks, Hkv * ceil(G * Lq / R), B).
+// Threadgroup memory: max(NW * ST stages, NW > 1 ? NW * NQ * (DVP + 2) floats : 0) (on
+// CUDA the launch's dynamic shared memory).
 // inputs: q, k, v (T); mask (MT); params (int64); scale (float).
 // outputs: o_part (B, Hq, Lq, n_blocks, DV) float; lse (B, Hq, Lq, n_blocks) float
-// template: T, MT, D, DV, MASK, R, RM, KT, ST
+// template: T, MT, D, DV, MASK, R, RM, KT, ST, NW
 constexpr int DP = (D + 7) / 8 * 8;
 constexpr int DVP = (DV + 7) / 8 * 8;
 constexpr int TD = DP / 8;   // 8-element blocks of a q / k row
@@ -1334,7 +1341,10 @@ constexpr int NE = 2 * RM;  // query rows per lane: fc, fc + 1 of each row block
 constexpr int V16 = 16 / int(sizeof(T));
 constexpr int CWK = D % V16 == 0 ? V16 : (V16 > 4 && D % 4 == 0) ? 4 : D % 2 == 0 ? 2 : 1;  // copy runs
 constexpr int CWV = DV % V16 == 0 ? V16 : (V16 > 4 && DV % 4 == 0) ? 4 : DV % 2 == 0 ? 2 : 1;
-static_assert(KT % 16 == 0 && RM >= 1 && RM <= 2 && R <= NQ, "attention_partial_mma: bad tile");
+constexpr int STAGE_WORDS = (NW * ST * STAGE * int(sizeof(T)) + 15) / 16;
+constexpr int MERGE_WORDS = NW > 1 ? (NW * NQ * (DVP + 2) + 3) / 4 : 0;  // float O, max, sum per simdgroup
+constexpr int TG_WORDS = STAGE_WORDS > MERGE_WORDS ? STAGE_WORDS : MERGE_WORDS;
+static_assert(KT % 16 == 0 && RM >= 1 && RM <= 2 && R <= NQ && NW >= 1, "attention_partial_mma: bad tile");
 static_assert(NQ * LDK <= ST * STAGE, "attention_partial_mma: q staging does not fit the stages");
 
 const long Hq = params[0], Hkv = params[1], Lq = params[2], Lk = long(k_shape[2]);
@@ -1344,6 +1354,7 @@ const long G = Hq / Hkv;
 const long nrows = G * Lq;
 const long nrg = (nrows + R - 1) / R;
 const uint lane = thread_index_in_simdgroup;
+const uint sg = simdgroup_index_in_threadgroup;
 const long blk = threadgroup_position_in_grid.x;
 const long hk = long(threadgroup_position_in_grid.y) / nrg;
 const long gr0 = (long(threadgroup_position_in_grid.y) % nrg) * R;
@@ -1359,9 +1370,13 @@ const long j0 = blk * bs;
 const long j1 = metal::min(j0 + bs, Lk);
 const long msk = params[7];
 
-// 16-byte words: every tile row starts 16-byte aligned.
-threadgroup vec<float, 4> xk_tiles[(ST * STAGE * int(sizeof(T)) + 15) / 16];
-threadgroup T* tiles = reinterpret_cast<threadgroup T*>(xk_tiles);
+// 16-byte words: every tile row starts 16-byte aligned. Simdgroup sg's stages at sg * ST * STAGE.
+#ifdef XK_THREADGROUP_DYNAMIC
+threadgroup vec<float, 4>* xk_tiles = XK_THREADGROUP_DYNAMIC(TG_WORDS, vec<float, 4>);
+#else
+threadgroup vec<float, 4> xk_tiles[TG_WORDS];
+#endif
+threadgroup T* tiles = reinterpret_cast<threadgroup T*>(xk_tiles) + int(sg) * (ST * STAGE);
 
 // Key limits: rows past the group see no key, a causal row no key past its diagonal. The
 // tiles run over [j0, jend), jend the largest limit; tiles below every limit need no
@@ -1395,13 +1410,15 @@ for (int c = 0; c < NE; ++c) {
 }
 
 const bool al = xk_async_runs_aligned<CWK>(kp, ldk) && xk_async_runs_aligned<CWV>(vp, ldv) && ek == 1 && ev == 1;
-const int ntiles = int((jend - j0 + KT - 1) / KT);
+const int btiles = int((jend - j0 + KT - 1) / KT);                      // the block's tiles
+const int ntiles = btiles > int(sg) ? (btiles - int(sg) + NW - 1) / NW : 0;  // this simdgroup's: sg, sg + NW, ...
 
-// Tile t (keys j0 + t * KT ...) lives in stage t % ST; tiles 0 .. ST - 2 go out first.
+// The simdgroup's tile t (keys j0 + (sg + t * NW) * KT ...) lives in its stage t % ST;
+// tiles 0 .. ST - 2 go out first.
 for (int t = 0; t < ST - 1; ++t) {
   if (t < ntiles) {
     threadgroup T* st = tiles + t * STAGE;
-    const long kt0 = j0 + long(t) * KT;
+    const long kt0 = j0 + long(int(sg) + t * NW) * KT;
     if (al) {
       xk_attn_copy_rows<true, KT, D, CWK, LDK>(st, kp, ldk, ek, kt0, jend - 1, lane);
       xk_attn_copy_rows<true, KT, DV, CWV, LDV>(st + K_TILE, vp, ldv, ev, kt0, jend - 1, lane);
@@ -1478,7 +1495,7 @@ for (int t = 0; t < ntiles; ++t) {
   const int tl = ST > 1 ? t + ST - 1 : t;  // the tile copied now
   if (tl < ntiles) {
     threadgroup T* st = tiles + sl * STAGE;
-    const long kl0 = j0 + long(tl) * KT;
+    const long kl0 = j0 + long(int(sg) + tl * NW) * KT;
     if (al) {
       xk_attn_copy_rows<true, KT, D, CWK, LDK>(st, kp, ldk, ek, kl0, jend - 1, lane);
       xk_attn_copy_rows<true, KT, DV, CWV, LDV>(st + K_TILE, vp, ldv, ev, kl0, jend - 1, lane);
@@ -1494,7 +1511,7 @@ for (int t = 0; t < ntiles; ++t) {
   }
   const threadgroup T* Ks = tiles + sc * STAGE;
   const threadgroup T* Vs = Ks + K_TILE;
-  const long kt0 = j0 + long(t) * KT;
+  const long kt0 = j0 + long(int(sg) + t * NW) * KT;
   sc = sc + 1 == ST ? 0 : sc + 1;
   sl = sl + 1 == ST ? 0 : sl + 1;
 
@@ -1643,24 +1660,75 @@ for (int t = 0; t < ntiles; ++t) {
 
 // The block's normalised output and log-sum-exp per row (as attention_partial): lane
 // element e of Ot[r][tv] is output column tv * 8 + fr of query row 8r + fc + e.
-XK_ATTN_UNROLL
-for (int c = 0; c < NE; ++c) {
-  const float lsum = xk_frag_col_sum(l_i[c]);
-  if (qok[c]) {
+if (NW > 1) {
+  // Every simdgroup's state into threadgroup memory (over all stages: after the barrier),
+  // then per (row, column) of the group: o = sum_s w_s O_s / sum_s w_s l_s, w_s =
+  // exp2(m_s - M), M = max_s m_s (0 where every m_s is -inf: NaN sums propagate).
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  threadgroup float* mo = reinterpret_cast<threadgroup float*>(xk_tiles);  // [NW][NQ][DVP]
+  threadgroup float* mm = mo + NW * NQ * DVP;                               // [NW][NQ] running max
+  threadgroup float* ml = mm + NW * NQ;                                     // [NW][NQ] sum
+  XK_ATTN_UNROLL
+  for (int c = 0; c < NE; ++c) {
+    const float lsum = xk_frag_col_sum(l_i[c]);
     const int r = c / 2;
     const int e = c % 2;
-    const long row = row0 + 8 * r + fc + e;
-    device float* op = o_part + (row * nb + blk) * DV;
-    const bool some = !(lsum <= 0.0f);  // NaN propagates
+    const int ri = 8 * r + fc + e;
     XK_ATTN_UNROLL
     for (int tv = 0; tv < TV; ++tv) {
-      const int d = tv * 8 + fr;
-      if (d < DV) {
-        op[d] = some ? xk_frag_get(Ot[r][tv])[e] / lsum : 0.0f;
-      }
+      mo[(int(sg) * NQ + ri) * DVP + tv * 8 + fr] = xk_frag_get(Ot[r][tv])[e];
     }
     if (fr == 0) {
-      lse[row * nb + blk] = some ? (m_i[c] + metal::log2(lsum)) * XK_LN2 : -INFINITY;
+      mm[int(sg) * NQ + ri] = m_i[c];
+      ml[int(sg) * NQ + ri] = lsum;
+    }
+  }
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  const int tid = int(thread_index_in_threadgroup);
+  for (int e = tid; e < R * DV; e += 32 * NW) {
+    const int ri = e / DV;
+    const int d = e % DV;
+    if (gr0 + ri < nrows) {
+      float mx = -INFINITY;
+      for (int w = 0; w < NW; ++w) {
+        mx = metal::max(mx, mm[w * NQ + ri]);
+      }
+      const float mu = mx == -INFINITY ? 0.0f : mx;
+      float lsum = 0.0f;
+      float acc = 0.0f;
+      for (int w = 0; w < NW; ++w) {
+        const float wt = metal::fast::exp2(mm[w * NQ + ri] - mu);
+        lsum += wt * ml[w * NQ + ri];
+        acc += wt * mo[(w * NQ + ri) * DVP + d];
+      }
+      const long row = row0 + ri;
+      const bool some = !(lsum <= 0.0f);  // NaN propagates
+      o_part[(row * nb + blk) * DV + d] = some ? acc / lsum : 0.0f;
+      if (d == 0) {
+        lse[row * nb + blk] = some ? (mx + metal::log2(lsum)) * XK_LN2 : -INFINITY;
+      }
+    }
+  }
+} else {
+  XK_ATTN_UNROLL
+  for (int c = 0; c < NE; ++c) {
+    const float lsum = xk_frag_col_sum(l_i[c]);
+    if (qok[c]) {
+      const int r = c / 2;
+      const int e = c % 2;
+      const long row = row0 + 8 * r + fc + e;
+      device float* op = o_part + (row * nb + blk) * DV;
+      const bool some = !(lsum <= 0.0f);  // NaN propagates
+      XK_ATTN_UNROLL
+      for (int tv = 0; tv < TV; ++tv) {
+        const int d = tv * 8 + fr;
+        if (d < DV) {
+          op[d] = some ? xk_frag_get(Ot[r][tv])[e] / lsum : 0.0f;
+        }
+      }
+      if (fr == 0) {
+        lse[row * nb + blk] = some ? (m_i[c] + metal::log2(lsum)) * XK_LN2 : -INFINITY;
+      }
     }
   }
 }

@@ -9,13 +9,16 @@ calls, each taking the last one's output as its query) of MLX's SDPA and of ever
 variant, the order rotating, and each row is the median over PROBE_DC_REPEATS repeats.
 PROBE_DC_MODE=rules (default): block-size rules (RULES, patching ops.attention._mma_block_for;
 PROBE_DC_RULES="shipped tg512" names them, tgN: the shipped rule aiming for N groups).
-PROBE_DC_MODE=grid: a variant patches ops.attention's SPLIT_KV_MMA_TARGET_GROUPS(_WIDE) (tgN: the block size is 4096
+PROBE_DC_MODE=grid: a variant patches ops.attention's SPLIT_KV_MMA_TARGET_GROUPS (tgN: the block size is 4096
 halved until the grid has N threadgroups; PROBE_DC_GROUPS) and SPLIT_KV_MMA_MAX_STAGES (stN; PROBE_DC_STAGES), and the call
 memo is cleared around it (each chain replays a graph recorded under the variant).
 PROBE_DC_SHAPES="B,Hq,Hkv,Lk,D ..." picks the shapes; dtype bfloat16. PROBE_DC_MARGINAL=1 (session 26):
 each time is the chain's steady state (timing.measure_marginal: a 2n-call chain's time beyond an
 n-call one; MLX's CUDA backend launches its first graph only after up to 100 encoded calls, so a
 20-call chain also counts the host's encoding); bsN rules: N keys a block on every shape.
+Dotted rule names combine tokens (session 27): "nw4.bs1024" runs 4 simdgroups per tile pass 1
+threadgroup (SPLIT_KV_MMA_WARPS) at 1024 keys a block; "nw2" the shipped block rule; "nw4.tg128.st2"
+aims for 128 threadgroups at 2 stages.
 """
 
 from __future__ import annotations
@@ -62,19 +65,41 @@ def _fixed_rule(bs: int):
 
 RULES = {"shipped": _shipped_rule, "max32": _floor_rule(64, 32), "max32 min128": _floor_rule(128, 32),
          "max16 min128": _floor_rule(128, 16)}
-RULES.update({f"bs{bs}": _fixed_rule(bs) for bs in (64, 128, 256, 512, 1024, 2048)})
+RULES.update({f"bs{bs}": _fixed_rule(bs) for bs in (64, 128, 256, 512, 1024, 2048, 4096)})
 # PROBE_DC_RULES="shipped tg512": the rules compared (tgN: _groups_rule(N))
 _names = os.environ.get("PROBE_DC_RULES", "").split()
-if _names:  # rbN (session 26): the shipped rule with pass 2 loading N blocks at a time (REDUCE_BATCH)
-    RULES = {n: (_groups_rule(int(n[2:])) if n.startswith("tg") else _shipped_rule if n.startswith("rb") else RULES[n])
-             for n in _names}
 _REDUCE_BATCH = att.REDUCE_BATCH
+_WARPS = att.SPLIT_KV_MMA_WARPS
+
+
+def _token(name: str, prefix: str) -> int | None:
+    """N of the first token prefixN of a dotted rule name ("nw4.bs1024": nw 4, bs 1024)."""
+    for tok in name.split("."):
+        if tok.startswith(prefix) and tok[len(prefix):].isdigit():
+            return int(tok[len(prefix):])
+    return None
+
+
+def _rule_of(name: str):
+    """A rule name's block-size rule: tgN, bsN or a RULES name among its dotted tokens, else
+    the shipped rule. rbN (session 26): pass 2 loads N blocks at a time (REDUCE_BATCH); nwN
+    (session 27): the tile pass 1 runs N simdgroups per threadgroup (SPLIT_KV_MMA_WARPS)."""
+    for tok in name.split("."):
+        if tok.startswith("tg") and tok[2:].isdigit():
+            return _groups_rule(int(tok[2:]))
+        if tok in RULES:
+            return RULES[tok]
+    return _shipped_rule
+
+
+if _names:
+    RULES = {n: _rule_of(n) for n in _names}
 
 
 def _use(groups: int | None, stages: int | None, saved: dict, rule=None, name: str = "") -> None:
-    att.REDUCE_BATCH = int(name[2:]) if name.startswith("rb") else _REDUCE_BATCH
+    att.REDUCE_BATCH = _token(name, "rb") or _REDUCE_BATCH
+    att.SPLIT_KV_MMA_WARPS = _token(name, "nw") or _WARPS
     att.SPLIT_KV_MMA_TARGET_GROUPS = groups or saved["SPLIT_KV_MMA_TARGET_GROUPS"]
-    att.SPLIT_KV_MMA_TARGET_GROUPS_WIDE = groups or saved["SPLIT_KV_MMA_TARGET_GROUPS_WIDE"]
     att.SPLIT_KV_MMA_MAX_STAGES = stages or saved["SPLIT_KV_MMA_MAX_STAGES"]
     att._mma_block_for = rule or _shipped_rule
     att._CALLS.clear()
@@ -91,9 +116,10 @@ def main() -> None:
         (1, 32, 32, 4096, 128), (4, 32, 8, 2048, 128)]
     if os.environ.get("PROBE_DC_SHAPES"):
         shapes = [tuple(int(v) for v in s.split(",")) for s in os.environ["PROBE_DC_SHAPES"].split()]
-    saved = {k: getattr(att, k) for k in ("SPLIT_KV_MMA_TARGET_GROUPS", "SPLIT_KV_MMA_TARGET_GROUPS_WIDE",
+    saved = {k: getattr(att, k) for k in ("SPLIT_KV_MMA_TARGET_GROUPS",
                                           "SPLIT_KV_MMA_MAX_STAGES")}
-    print(f"shipped: groups {saved['SPLIT_KV_MMA_TARGET_GROUPS']}, stages {saved['SPLIT_KV_MMA_MAX_STAGES']}; "
+    print(f"shipped: groups {saved['SPLIT_KV_MMA_TARGET_GROUPS']}, stages {saved['SPLIT_KV_MMA_MAX_STAGES']}, "
+          f"warps {_WARPS}; "
           f"{CALLS} chained calls, median of {REPEATS} interleaved repeats, us per call")
     rows = []
     t0 = time.perf_counter()
@@ -116,12 +142,13 @@ def main() -> None:
         def prepare(name, g, s):
             if name == "mlx":
                 return mlx
-            _use(g, s, saved, RULES.get(name), name)
+            _use(g, s or _token(name, "st"), saved, RULES.get(name), name)
             if name not in errs:
                 o = ours(q).astype(mx.float32)
                 errs[name] = (mx.abs(o - ref).max() / mx.abs(ref).max()).item()
                 bs = att._auto_block_size_mma(q, k, v, "cuda")
-                plans[name] = f"bs{bs} nb{-(-lk // bs)}"
+                nw = att._mma_warps(hq // hkv, d, d, q.dtype, "cuda")
+                plans[name] = f"bs{bs} nb{-(-lk // bs)} w{nw}"
             return ours
 
         times = measure_chained_variants([(n, (lambda n=n, g=g, s=s: prepare(n, g, s))) for n, g, s in variants], q,

@@ -458,8 +458,12 @@ def test_split_kv_chunks(kernel_backend, monkeypatch, dtype_name, d, mask_kind, 
             assert t["NSG"] == 8
         else:
             assert (t["R"], t["RM"], t["KT"]) == (4, 1, 16)
-            if kernel_backend == "emulate":  # 32 KiB of stages
-                assert t["ST"] == (1 if dtype_name == "float32" and d == 128 else att.SPLIT_KV_MMA_MAX_STAGES)
+            if kernel_backend == "emulate":  # 32 KiB: 4 simdgroups' stages of 4.5 KiB, else 2 or 1 of 8.5 / 16.5 KiB
+                wide = (d == 128) + (dtype_name == "float32")
+                assert (t["NW"], t["ST"]) == {0: (4, 1), 1: (2, 1), 2: (1, 1)}[wide]
+            elif kernel_backend == "cuda":  # 48 KiB of stages per simdgroup: two of float32 D = 128 (16.5 KiB)
+                wide = d == 128 and dtype_name == "float32"
+                assert (t["NW"], t["ST"]) == (att.SPLIT_KV_MMA_WARPS, 2 if wide else att.SPLIT_KV_MMA_MAX_STAGES)
 
 
 # Split-KV pass 1 over all the query rows of a key/value head: (Hq / Hkv) query heads x
@@ -557,12 +561,15 @@ def test_split_kv_mma_rows(kernel_backend, monkeypatch, case, mask_kind):
 
 @pytest.mark.parametrize("stages, tile", [(1, 16), (2, 16), (3, 16), (2, 32)])
 @pytest.mark.parametrize("dtype_name, mask_kind", [("float16", "causal"), ("bfloat16", "bool"), ("float32", "none")])
-def test_split_kv_mma_stages(kernel_backend, monkeypatch, stages, tile, dtype_name, mask_kind):
+@pytest.mark.parametrize("warps", [1, 2])
+def test_split_kv_mma_stages(kernel_backend, monkeypatch, stages, tile, dtype_name, mask_kind, warps):
     """1, 2 and 3 stages in flight, each refilled several times (a block of 200 keys is 13
     tiles of 16 or 7 of 32, the last one partial; 3 blocks, the last one partial), Lq = 2
-    with causal rows whose visible keys end at different tiles."""
+    with causal rows whose visible keys end at different tiles; one or two simdgroups a
+    threadgroup (each with its own stages)."""
     monkeypatch.setattr(att, "SPLIT_KV_MMA_MAX_STAGES", stages)
     monkeypatch.setattr(att, "SPLIT_KV_MMA_TILE", tile)
+    monkeypatch.setattr(att, "SPLIT_KV_MMA_WARPS", warps)
     set_walk(monkeypatch, "mma")
     dtype = DTYPES[dtype_name]
     b, hq, hkv, lq, lk, d = 1, 4, 2, 2, 530, 64
@@ -574,8 +581,11 @@ def test_split_kv_mma_stages(kernel_backend, monkeypatch, stages, tile, dtype_na
     assert_close(out, np_attention(q, k, v, d**-0.5, mask), dtype, f"split-KV tiles, {stages} stages")
     if kernel_backend != "reference":
         stage_bytes = tile * 2 * (d + 16 // dtype.size) * dtype.size  # K and V rows of D + 16 bytes
-        fit = (48 if kernel_backend == "cuda" else 32) * 1024 // stage_bytes
-        assert (spy.templates[0]["ST"], spy.templates[0]["KT"]) == (min(stages, fit), tile)
+        if kernel_backend != "cuda" and 32 * 1024 // warps < stage_bytes:
+            warps = 1  # float32 tiles of 32 keys: 17 KiB a stage, one simdgroup in 32 KiB
+        fit = (48 * 1024 if kernel_backend == "cuda" else 32 * 1024 // warps) // stage_bytes  # per simdgroup
+        t = spy.templates[0]
+        assert (t["ST"], t["KT"], t["NW"]) == (min(stages, fit), tile, warps)
 
 
 @pytest.mark.parametrize("dtype_name", ["float16", "float32"])
@@ -604,6 +614,55 @@ def test_split_kv_mma_nan_like_lane_walk(kernel_backend, monkeypatch, dtype_name
     assert rel_err(outs["mma"][fin], outs["lane"][fin]) < tolerance(dtype)
 
 
+@pytest.mark.parametrize("warps", [2, 3, 4])
+@pytest.mark.parametrize("dtype_name, mask_kind", [("float16", "causal"), ("bfloat16", "additive"), ("float32", "bool")])
+def test_split_kv_mma_warps(kernel_backend, monkeypatch, warps, dtype_name, mask_kind):
+    """NW simdgroups per tile pass 1 threadgroup, each walking every NW-th tile of the block,
+    merged in threadgroup memory: blocks of 200 keys (13 tiles of 16, uneven over the
+    simdgroups), a last block of 20 keys (2 tiles: some simdgroups walk nothing), Lq = 3
+    causal rows ending in different tiles, 12 query rows of a kv head (RM = 2)."""
+    monkeypatch.setattr(att, "SPLIT_KV_MMA_WARPS", warps)
+    set_walk(monkeypatch, "mma")
+    dtype = DTYPES[dtype_name]
+    b, hq, hkv, lq, lk, d = 2, 8, 2, 3, 420, 40
+    seed = seed_of("mma warps", warps, dtype_name)
+    q, k, v = make_qkv(b, hq, hkv, lq, lk, d, d, dtype, seed)
+    mask = make_mask(mask_kind, b, hq, lq, lk, dtype, seed, layout="head" if mask_kind == "additive" else "default")
+    spy = LaunchSpy(monkeypatch)
+    out = att.attention_decode_split_kv(q, k, v, scale=d**-0.5, mask=mask, block_size=200)
+    assert_close(out, np_attention(q, k, v, d**-0.5, mask), dtype, f"split-KV tiles, {warps} simdgroups")
+    if kernel_backend != "reference":
+        t = spy.templates[0]
+        assert spy.kernels == ["attention_partial_mma", "attention_reduce"]
+        assert (t["NW"], t["R"], t["RM"]) == (warps, 12, 2)
+
+
+def test_split_kv_mma_warps_plan(monkeypatch):
+    """Stages per simdgroup within the backend's budget (48 KiB each and 227 KiB in all on
+    cuda, 32 KiB in all elsewhere), the merge buffer counted, and fewer simdgroups where
+    SPLIT_KV_MMA_WARPS' stages do not fit."""
+    h = mx.float16
+    assert att._mma_plan(4, 128, 128, h, "cuda", 4) == (4, 1, 16, 3)  # 4 x 3 x 8.5 KiB
+    assert att._mma_plan(4, 128, 128, h, "cuda", 8) == (4, 1, 16, 3)  # 204 KiB
+    assert att._mma_plan(4, 128, 128, h, "cuda", 16) == (4, 1, 16, 1)  # 14 KiB each
+    assert att._mma_plan(4, 128, 128, h, "emulate", 2) == (4, 1, 16, 1)
+    assert att._mma_plan(4, 128, 128, h, "emulate", 4) is None
+    assert att._mma_plan(16, 64, 64, h, "emulate", 4) == (16, 2, 16, 1)  # stages 18 KiB, merge 16.5 KiB
+    assert att._mma_plan(16, 64, 64, h, "emulate", 8) is None  # 8 x 4.5 KiB of stages
+    assert att._mma_bytes(16, 16, 64, h, 1, 4) == 4 * 16 * 66 * 4  # narrow K: the merge buffer is the larger
+    assert att._mma_plan(16, 8, 256, h, "emulate", 2) is None  # merge 2 x 16 x 258 floats > 32 KiB
+    assert att._mma_bytes(4, 128, 128, h, 3, 1) == 3 * 16 * 272 * 2
+    monkeypatch.setattr(att, "SPLIT_KV_MMA_WARPS", 4)
+    assert att._mma_warps(4, 128, 128, h, "cuda") == 4
+    assert att._mma_warps(4, 128, 128, h, "emulate") == 2
+    assert att._mma_warps(4, 256, 256, mx.float32, "emulate") == 1  # the tile pass 1 does not run there
+    q, k = mx.zeros((1, 32, 1, 128), dtype=h), mx.zeros((1, 8, 4096, 128), dtype=h)
+    _, kw = att._partial_mma_launch(q, k, k, att._Mask(0), 0.1, 512, "cuda")
+    assert (kw["grid"], kw["threadgroup"], kw["shared_memory"]) == ((128 * 8, 8, 1), (128, 1, 1), 4 * 3 * 16 * 272 * 2)
+    _, kw = att._partial_mma_launch(q, k, k, att._Mask(0), 0.1, 512, "emulate")
+    assert (kw["grid"], kw["threadgroup"], kw["shared_memory"]) == ((64 * 8, 8, 1), (64, 1, 1), 0)
+
+
 def test_split_kv_mma_plan(monkeypatch):
     """Rows per group, stages per backend budget, the automatic block size, and the lane
     walk where one stage of tiles does not fit."""
@@ -625,25 +684,24 @@ def test_split_kv_mma_plan(monkeypatch):
         q, k = mx.zeros((b, hq, 1, d), dtype=h), mx.zeros((b, hkv, lk, d), dtype=h)
         bs = att._auto_block_size_mma(q, k, k, backend)
         _, kw = att._partial_mma_launch(q, k, k, att._Mask(0), 0.1, bs, backend)
-        return bs, kw["grid"][0] // 32 * kw["grid"][1] * kw["grid"][2]
+        assert kw["threadgroup"] == (32 * att.SPLIT_KV_MMA_WARPS, 1, 1)
+        return bs, kw["grid"][0] // kw["threadgroup"][0] * kw["grid"][1] * kw["grid"][2]
 
-    # D = 128 in 16 bits: wide heads, SPLIT_KV_MMA_TARGET_GROUPS_WIDE (256) groups
-    assert att._mma_target_groups(128, 128, h) == 256 and att._mma_target_groups(64, 64, h) == 512
-    assert att._mma_target_groups(64, 64, mx.float32) == 256
-    assert plan(64, 32, 8, 8192) == (4096, 1024)  # the largest block already gives >= 256 groups
-    assert plan(8, 32, 8, 8192) == (2048, 256)  # halved until 256 groups
+    # SPLIT_KV_MMA_TARGET_GROUPS (128) threadgroups of SPLIT_KV_MMA_WARPS (4) simdgroups
+    assert plan(64, 32, 8, 8192) == (4096, 1024)  # the largest block already gives >= 128 threadgroups
+    assert plan(8, 32, 8, 8192) == (4096, 128)
     assert plan(4, 32, 8, 32768) == (4096, 256)
-    assert plan(16, 32, 8, 4096) == (2048, 256)
-    assert plan(1, 32, 32, 4096) == (512, 256)
-    # D = 64: SPLIT_KV_MMA_TARGET_GROUPS (512)
-    assert plan(1, 32, 32, 16384, d=64) == (1024, 512)
-    assert plan(8, 32, 8, 8192, d=64) == (1024, 512)
-    # one sequence of few kv heads: at most SPLIT_KV_MMA_MAX_BLOCKS (32) blocks, fewer groups
-    assert plan(1, 32, 8, 4096) == (128, 256)
-    assert plan(1, 32, 8, 16384) == (512, 256)
-    assert plan(1, 32, 8, 2048) == (64, 256)  # 32 blocks of 64 already
+    assert plan(16, 32, 8, 4096) == (4096, 128)
+    assert plan(1, 32, 32, 4096) == (1024, 128)  # halved until 128 threadgroups
+    assert plan(1, 32, 32, 16384, d=64) == (4096, 128)  # every head width alike
+    # one sequence of few kv heads
+    assert plan(1, 32, 8, 4096) == (256, 128)
+    assert plan(1, 32, 8, 16384) == (1024, 128)
+    assert plan(1, 32, 8, 2048) == (128, 128)
     assert plan(1, 32, 8, 1 << 20) == (4096, 2048)  # never above SPLIT_KV_MMA_MAX_BLOCK
     assert plan(1, 32, 8, 100) == (64, 16)  # never below 64
+    monkeypatch.setattr(att, "SPLIT_KV_MMA_TARGET_GROUPS", 2048)
+    assert plan(1, 32, 8, 16384) == (512, 256)  # at most SPLIT_KV_MMA_MAX_BLOCKS (32) blocks
     q = mx.zeros((1, 4, 1, 256), dtype=mx.float32)
     k = mx.zeros((1, 2, 64, 256), dtype=mx.float32)
     assert att._use_mma(True, q, k, k, "emulate") is False and att._use_mma(True, q, k, k, "cuda") is True
@@ -1235,6 +1293,25 @@ def test_check_schedules_split_kv_mma(backend, dtype_name, mask_kind):
     spec, kwargs = att._reduce_launch(o_part, lse, 80, 75, dtype)
     (out,) = runtime.get_kernel(spec, "emulate")(**kwargs)
     assert_close(out.reshape(1, 4, 2, 64), np_attention(q, k, v, 0.125, mask), dtype, "split-KV tiles (schedules)")
+
+
+@pytest.mark.emulator_only
+@pytest.mark.parametrize("warps, d, backend_plan", [(4, 64, "emulate"), (4, 128, "cuda")])
+def test_check_schedules_split_kv_mma_warps(backend, warps, d, backend_plan):
+    """The tile pass 1 with several simdgroups per threadgroup under every schedule: the
+    simdgroups' own stages, the barrier before their states meet over those stages, the
+    merge. backend_plan "cuda": the plan CUDA runs (3 stages of D = 128 per simdgroup,
+    102 KiB of dynamic shared memory, which the emulated launch models)."""
+    dtype = mx.bfloat16
+    q, k, v = make_qkv(1, 8, 2, 1, 300, d, d, dtype, seed_of("sched-mma-warps", warps, d))
+    mask = make_mask("causal", 1, 8, 1, 300, dtype, 5)
+    spec, kwargs = att._partial_mma_launch(q, k, v, _mask_obj(mask, q, k), 0.125, 176, backend_plan, warps=warps)
+    assert kwargs["threadgroup"] == (32 * warps, 1, 1)
+    o_part, lse = emulate.check_schedules(runtime.get_kernel(spec, "emulate"), **kwargs)
+    spec, kwargs = att._reduce_launch(o_part, lse, 176, 300, dtype)
+    (out,) = runtime.get_kernel(spec, "emulate")(**kwargs)
+    assert_close(out.reshape(1, 8, 1, d), np_attention(q, k, v, 0.125, mask), dtype,
+                 f"split-KV tiles, {warps} simdgroups (schedules)")
 
 
 @pytest.mark.emulator_only

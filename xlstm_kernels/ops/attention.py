@@ -59,15 +59,16 @@ Kernels (``metal_src/attention.metal``):
   That pass 1 is the lane walk (``attention_partial``). The default for float16 / bfloat16
   on cuda (and the emulator) is the tile pass 1 ``attention_partial_mma`` (knob
   ``split_kv_mma``; float32 and Apple GPUs keep the lane walk unless the knob says
-  otherwise): one simdgroup per (key block, kv head, group
+  otherwise): one threadgroup per (key block, kv head, group
   of up to 16 query rows), keys as the rows of simdgroup-matrix products (S^T = K Q^T,
   O^T = V^T P^T: tensor-core m16n8k16 on CUDA, 16 keys per product) over K / V tiles of
   ``SPLIT_KV_MMA_TILE`` (16) keys streamed through up to ``SPLIT_KV_MMA_MAX_STAGES`` (3)
   threadgroup-memory stages (cp.async on CUDA; 48 KiB budget there, 32 KiB elsewhere);
+  ``SPLIT_KV_MMA_WARPS`` (4) such simdgroups per threadgroup share a key block (each
+  every 4th tile, its own stages; their states merged in threadgroup memory; fewer
+  simdgroups where their stages do not fit: 227 KiB in all on cuda, 32 KiB elsewhere);
   block size automatic from ``SPLIT_KV_MMA_MAX_BLOCK`` (4096) halved (down to 64) until the
-  grid has ``SPLIT_KV_MMA_TARGET_GROUPS`` (512) threadgroups (``SPLIT_KV_MMA_TARGET_GROUPS_WIDE``,
-  256, for heads whose K and V rows of one key pass ``SPLIT_KV_MMA_WIDE_KEY_BYTES``, 256:
-  D = 128 in 16 bits), then doubled while the keys make more than
+  grid has ``SPLIT_KV_MMA_TARGET_GROUPS`` (128) threadgroups, then doubled while the keys make more than
   ``SPLIT_KV_MMA_MAX_BLOCKS`` (32) blocks. Where one stage does not fit
   (float32 with head dims near 256 on 32 KiB) the lane walk runs. Split-KV is chosen
   automatically for
@@ -677,29 +678,22 @@ _APPLE_STAGE_BUDGET_BYTES = 32 * 1024
 #: head form several groups, spread evenly.
 SPLIT_KV_MMA_MAX_ROWS = 16
 #: Block sizes of the tile pass 1 when none is set: SPLIT_KV_MMA_MAX_BLOCK halved (down to
-#: 64) until the grid has SPLIT_KV_MMA_TARGET_GROUPS one-simdgroup threadgroups (about 4
-#: per SM of a 132-SM H100 / H200). One simdgroup's walk is latency-bound (about 10 GB/s
-#: of K and V alone), so a call needs several per SM. H200, fp16 D 128, us per call of
-#: chained calls (each call's query is the last one's output, as in a decode loop; MLX's
-#: op in parentheses), 128 -> 512 groups at 3 stages: 8x32x8x8192 216 -> 111 (117),
-#: 4x32x8x32768 236 -> 178 (188), 16x32x8x4096 212 -> 101 (105), 1x32x32x4096 93 -> 58
-#: (54), 1x32x8x16384 90 -> 70 (54). Session 5 had picked 128 by the eval time of
-#: independent queued calls, which overlap on the GPU (a one-call grid of 128 simdgroups
-#: leaves most of it idle) and so favoured long walks. Session 21, H100, bf16, 512 -> 256
-#: groups (blocks twice as long), chains interleaved with MLX's, q25 (scripts/
-#: probe_decode_chain.py PROBE_DC_MODE=grid, probe-decode-chain-cuda-h100-session21.txt):
-#: 1-3% faster on GQA shapes (8x32x8x8192 111.3 -> 110.0, 4x32x8x32768 204.7 -> 199.7) and
-#: 1x32x32x4096 (45.5 -> 44.0), but 13% slower on 1x32x32x16384 D 64 (63.4 -> 72.4): kept for
-#: narrow heads; wide heads take SPLIT_KV_MMA_TARGET_GROUPS_WIDE (session 22).
+#: 64) until the grid has SPLIT_KV_MMA_TARGET_GROUPS threadgroups (of SPLIT_KV_MMA_WARPS
+#: simdgroups each). One simdgroup's walk is latency-bound, so a call needs several per SM.
+#: History (one-simdgroup threadgroups): session 14 (H200) raised the target from 128 to
+#: 512 groups (8x32x8x8192 216 -> 111 us a call, 1x32x32x4096 93 -> 58); sessions 21-22
+#: (H100) took 256 for heads whose K and V rows of a key pass 256 bytes (D = 128 in 16
+#: bits). Session 27 (H100, bf16, marginal chains interleaved with MLX's op,
+#: scripts/probe_decode_chain.py, probe-decode-chain-warps-cuda-h100-session27.txt): 4
+#: simdgroups a threadgroup, aiming for 128 threadgroups on every head width, against
+#: the one-simdgroup plan, us per call (MLX's op in parentheses): 1x32x8 heads D 128 at
+#: 1024 keys 19.2 -> 17.7 (31.9), 4096 25.0 -> 21.7 (34.1), 8192 23.2 -> 19.2 (32.9), 16384
+#: 38.1 -> 34.2 (32.3), 32768 62.9 -> 57.8 (55.4); 1x32x32x16384 D 64 56.0 -> 53.6 (55.4);
+#: 1x32x32x4096 34.3 -> 32.0 (34.0); 4x32x8x2048 19.0 -> 16.4 (39.7); 8x32x8x8192 104.5 ->
+#: 102.4 (121.2); 16x32x8x4096 104.3 -> 101.3 (99.6); 4x32x8x32768 195.1 -> 197.5 (194.7).
+#: Fewer, longer key blocks with the same warps in flight also leave pass 2 less to merge.
 SPLIT_KV_MMA_MAX_BLOCK = 4096
-SPLIT_KV_MMA_TARGET_GROUPS = 512
-#: ... and this many for wide heads: K and V rows of one key of more than
-#: SPLIT_KV_MMA_WIDE_KEY_BYTES (D = DV = 128 in 16 bits: 512 bytes), whose walks keep twice
-#: the bytes of a D = 64 walk in flight per stage, so that half as many threadgroups hold
-#: as many bytes in flight. Session 21's H100 chains (above) had 256 groups 0-3% faster on
-#: every D = 128 shape measured (GQA and 1x32x32x4096) and 13% slower on D = 64.
-SPLIT_KV_MMA_TARGET_GROUPS_WIDE = 256
-SPLIT_KV_MMA_WIDE_KEY_BYTES = 256
+SPLIT_KV_MMA_TARGET_GROUPS = 128
 #: ... and at most this many key blocks per (batch, kv head, row group), where that leaves
 #: fewer groups: one decode sequence (few kv heads) gets fewer, longer walks. Session 17,
 #: H200, bf16 1x32x8 heads D 128, chained calls interleaved with MLX
@@ -710,19 +704,57 @@ SPLIT_KV_MMA_WIDE_KEY_BYTES = 256
 SPLIT_KV_MMA_MAX_BLOCKS = 32
 
 
-def _mma_plan(rows: int, d: int, dv: int, dtype: mx.Dtype, backend: str) -> tuple[int, int, int, int] | None:
+#: Simdgroups per threadgroup of the tile pass 1 (its NW): each walks every NW-th tile of
+#: the block through its own stages, and the threadgroup merges their states, so that a
+#: key block has NW warps in flight with no more blocks for pass 2 (see _mma_warps; fewer
+#: where their stages do not fit, e.g. 2 for D = 128 in 32 KiB). Session 27, H100 (see
+#: SPLIT_KV_MMA_TARGET_GROUPS): 4 at 3 stages (102 KiB at D = 128: two threadgroups an SM)
+#: beat 1, 2 and 8 at the same block size and at the block sizes each does best with;
+#: 2 and 4 stages no better.
+SPLIT_KV_MMA_WARPS = 4
+#: A CUDA threadgroup's whole shared memory (sm_90: 227 KiB of dynamic shared memory); the
+#: tile pass 1's NW simdgroups' stages (each within _MMA_STAGE_BUDGET) share it.
+_CUDA_SHARED_BYTES = 227 * 1024
+
+
+def _mma_bytes(rows_per_group: int, d: int, dv: int, dtype: mx.Dtype, st: int, warps: int) -> int:
+    """Threadgroup bytes of the tile pass 1: `warps` x `st` stages of K / V tiles, or (more
+    than one simdgroup) their merge buffer, float O, max and sum per query row of each."""
+    itemsize = 4 if dtype == mx.float32 else 2
+    pad = 16 // itemsize
+    stages = warps * st * SPLIT_KV_MMA_TILE * (_round8(d) + _round8(dv) + 2 * pad) * itemsize
+    merge = warps * 8 * -(-rows_per_group // 8) * (_round8(dv) + 2) * 4 if warps > 1 else 0
+    return -(-max(stages, merge) // 16) * 16
+
+
+def _mma_plan(rows: int, d: int, dv: int, dtype: mx.Dtype, backend: str,
+              warps: int = 1) -> tuple[int, int, int, int] | None:
     """(R, RM, KT, ST) of the tile pass 1 for `rows` = (Hq / Hkv) * Lq query rows per kv
-    head, or None where one stage of K and V tiles does not fit the backend's budget."""
+    head and `warps` simdgroups per threadgroup, or None where one stage of K and V tiles
+    per simdgroup (and their merge buffer) does not fit the backend's budget: a stage
+    budget per simdgroup (48 KiB on cuda), 227 KiB in all on cuda, 32 KiB in all elsewhere."""
     itemsize = 4 if dtype == mx.float32 else 2
     pad = 16 // itemsize
     kt = SPLIT_KV_MMA_TILE
     stage = kt * (_round8(d) + _round8(dv) + 2 * pad) * itemsize
-    st = min(SPLIT_KV_MMA_MAX_STAGES, _MMA_STAGE_BUDGET.get(backend, _APPLE_STAGE_BUDGET_BYTES) // stage)
-    if st < 1:
-        return None
+    total = _CUDA_SHARED_BYTES if backend == "cuda" else _APPLE_STAGE_BUDGET_BYTES
+    per_warp = min(_MMA_STAGE_BUDGET.get(backend, _APPLE_STAGE_BUDGET_BYTES), total // warps)
+    st = min(SPLIT_KV_MMA_MAX_STAGES, per_warp // stage)
     groups = -(-rows // SPLIT_KV_MMA_MAX_ROWS)
     r = -(-rows // groups)
+    if st < 1 or _mma_bytes(r, d, dv, dtype, st, warps) > total:
+        return None
     return r, -(-r // 8), kt, st
+
+
+def _mma_warps(rows: int, d: int, dv: int, dtype: mx.Dtype, backend: str) -> int:
+    """Simdgroups per threadgroup of the tile pass 1: SPLIT_KV_MMA_WARPS, halved while
+    its stages do not fit the backend's threadgroup memory (1 always fits where the tile
+    pass 1 runs)."""
+    w = SPLIT_KV_MMA_WARPS
+    while w > 1 and _mma_plan(rows, d, dv, dtype, backend, w) is None:
+        w //= 2
+    return w
 
 
 def _mma_default(dtype: mx.Dtype, backend: str) -> bool:
@@ -747,21 +779,14 @@ def _auto_block_size_mma(q, k, v, backend: str) -> int:
     hkv, lk = k.shape[1], k.shape[2]
     rows = hq // hkv * lq
     r = _mma_plan(rows, d, v.shape[3], q.dtype, backend)[0]
-    return _mma_block_for(b * hkv * -(-rows // r), lk, _mma_target_groups(d, v.shape[3], q.dtype))
-
-
-def _mma_target_groups(d: int, dv: int, dtype: mx.Dtype) -> int:
-    """Threadgroups the tile pass 1's automatic block size aims for, by the bytes of one
-    key's K and V rows (SPLIT_KV_MMA_TARGET_GROUPS, or ..._WIDE for wide heads)."""
-    wide = (d + dv) * (4 if dtype == mx.float32 else 2) > SPLIT_KV_MMA_WIDE_KEY_BYTES
-    return SPLIT_KV_MMA_TARGET_GROUPS_WIDE if wide else SPLIT_KV_MMA_TARGET_GROUPS
+    return _mma_block_for(b * hkv * -(-rows // r), lk)
 
 
 def _mma_block_for(per_block: int, lk: int, target: int | None = None) -> int:
     """The tile pass 1's automatic block size for `lk` keys, where each key block makes
     `per_block` threadgroups (batch x kv heads x row groups): SPLIT_KV_MMA_MAX_BLOCK halved
     (down to 64) while the grid has fewer than `target` threadgroups (default
-    SPLIT_KV_MMA_TARGET_GROUPS; :func:`_mma_target_groups`), then raised (by powers of two,
+    SPLIT_KV_MMA_TARGET_GROUPS), then raised (by powers of two,
     up to SPLIT_KV_MMA_MAX_BLOCK) until the keys make at most SPLIT_KV_MMA_MAX_BLOCKS blocks."""
     target = SPLIT_KV_MMA_TARGET_GROUPS if target is None else target
     bs = SPLIT_KV_MMA_MAX_BLOCK
@@ -772,31 +797,38 @@ def _mma_block_for(per_block: int, lk: int, target: int | None = None) -> int:
     return bs
 
 
-def _partial_mma_launch(q, k, v, m: _Mask, scale: float, block_size: int, backend: str) -> tuple[KernelSpec, dict]:
-    """(spec, launch kwargs) of the tile pass 1: one simdgroup per (key block, key/value
-    head and group of R of its query rows, batch)."""
+def _partial_mma_launch(q, k, v, m: _Mask, scale: float, block_size: int, backend: str,
+                        warps: int | None = None) -> tuple[KernelSpec, dict]:
+    """(spec, launch kwargs) of the tile pass 1: one threadgroup of `warps` simdgroups
+    (default :func:`_mma_warps`) per (key block, key/value head and group of R of its query
+    rows, batch)."""
     b, hq, lq, d = q.shape
     hkv, lk, dv = k.shape[1], k.shape[2], v.shape[3]
     rows = hq // hkv * lq
-    plan = _mma_plan(rows, d, dv, q.dtype, backend)
+    nw = _mma_warps(rows, d, dv, q.dtype, backend) if warps is None else warps
+    plan = _mma_plan(rows, d, dv, q.dtype, backend, nw)
     if plan is None:
         raise ValueError(f"split-KV tile pass 1: one stage of {SPLIT_KV_MMA_TILE} keys of head dims ({d}, {dv}) in "
-                         f"{q.dtype} does not fit the threadgroup memory of backend {backend!r}")
+                         f"{q.dtype} for each of {nw} simdgroups does not fit the threadgroup memory of backend "
+                         f"{backend!r}")
     r, rm, kt, st = plan
     nrg = -(-rows // r)
     nb = -(-lk // block_size)
     mbuf = m.kernel_buffer()
     params = _params([hq, hkv, lq, 0, *m.strides, block_size, 0])  # Lk, n_blocks: k_shape, the grid
-    check_int32("scaled_dot_product_attention", "the split-KV grid x (32 threads * key blocks)",
-                32 * nb, f"k has shape {tuple(k.shape)}")
+    check_int32("scaled_dot_product_attention", "the split-KV grid x (threads per block * key blocks)",
+                32 * nw * nb, f"k has shape {tuple(k.shape)}")
     return PARTIAL_MMA, dict(
         inputs=[q, k, v, mbuf, params, _scale_array(scale)],
         output_shapes=[(b, hq, lq, nb, dv), (b, hq, lq, nb)],
         output_dtypes=[mx.float32, mx.float32],
-        grid=(32 * nb, hkv * nrg, b),
-        threadgroup=(32, 1, 1),
+        grid=(32 * nw * nb, hkv * nrg, b),
+        threadgroup=(32 * nw, 1, 1),
         template=[("T", q.dtype), ("MT", mbuf.dtype), ("D", d), ("DV", dv), ("MASK", m.kind),
-                  ("R", r), ("RM", rm), ("KT", kt), ("ST", st)],
+                  ("R", r), ("RM", rm), ("KT", kt), ("ST", st), ("NW", nw)],
+        # cuda: the buffer is the launch's dynamic shared memory (the emulator and Metal
+        # declare it statically, within 32 KiB)
+        shared_memory=_mma_bytes(r, d, dv, q.dtype, st, nw) if backend == "cuda" else 0,
     )
 
 
@@ -889,8 +921,7 @@ def _block_size_rule(q, k, v, block_size: int | None, mma: bool, backend: str):
     if mma:
         rows = hq // hkv * lq
         per_block = b * hkv * -(-rows // _mma_plan(rows, d, dv, q.dtype, backend)[0])
-        target = _mma_target_groups(d, dv, q.dtype)
-        return lambda lk: _mma_block_for(per_block, lk, target)
+        return lambda lk: _mma_block_for(per_block, lk)
     per_block = _partial_groups(b, hq, hkv, lq, 1, d, dv, q.dtype, 1)  # groups per key block
     top, target = SPLIT_KV_BLOCK_SIZE, SPLIT_KV_TARGET_GROUPS
 
