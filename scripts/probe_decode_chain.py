@@ -18,7 +18,7 @@ n-call one; MLX's CUDA backend launches its first graph only after up to 100 enc
 20-call chain also counts the host's encoding); bsN rules: N keys a block on every shape.
 Dotted rule names combine tokens (session 27): "nw4.bs1024" runs 4 simdgroups per tile pass 1
 threadgroup (SPLIT_KV_MMA_WARPS) at 1024 keys a block; "nw2" the shipped block rule; "nw4.tg128.st2"
-aims for 128 threadgroups at 2 stages.
+aims for 128 threadgroups at 2 stages; ktN: tiles of N keys (SPLIT_KV_MMA_TILE).
 """
 
 from __future__ import annotations
@@ -70,6 +70,7 @@ RULES.update({f"bs{bs}": _fixed_rule(bs) for bs in (64, 128, 256, 512, 1024, 204
 _names = os.environ.get("PROBE_DC_RULES", "").split()
 _REDUCE_BATCH = att.REDUCE_BATCH
 _WARPS = att.SPLIT_KV_MMA_WARPS
+_TILE = att.SPLIT_KV_MMA_TILE
 
 
 def _token(name: str, prefix: str) -> int | None:
@@ -99,6 +100,7 @@ if _names:
 def _use(groups: int | None, stages: int | None, saved: dict, rule=None, name: str = "") -> None:
     att.REDUCE_BATCH = _token(name, "rb") or _REDUCE_BATCH
     att.SPLIT_KV_MMA_WARPS = _token(name, "nw") or _WARPS
+    att.SPLIT_KV_MMA_TILE = _token(name, "kt") or _TILE
     att.SPLIT_KV_MMA_TARGET_GROUPS = groups or saved["SPLIT_KV_MMA_TARGET_GROUPS"]
     att.SPLIT_KV_MMA_MAX_STAGES = stages or saved["SPLIT_KV_MMA_MAX_STAGES"]
     att._mma_block_for = rule or _shipped_rule
