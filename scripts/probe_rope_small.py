@@ -5,7 +5,8 @@ interleaved with MLX (session 17).
 
 At 32x32x1x128 bf16 the kernel runs 2048 threads (N = 4 rows x P = 8 pairs each: 8
 threadgroups of 256), and a chained call costs ~3-4 us more than MLX's rope. Variants
-patch ops.rope's ROWS_PER_THREAD (nN) and pairs_per_thread (p/k: the 16-byte-run P divided by k), the memo
+patch ops.rope's ROWS_PER_THREAD (nN) and pairs_per_thread (p/k: the 16-byte-run P divided by k; the
+shipped cuda plan is n4 p/2, 8-byte runs: ops.rope.RUN_BYTES), the memo
 cleared around each; every repeat runs one chain (20 calls) of each variant and of MLX's
 op, the order rotating. Rows: the fastest quarter (q25) and median us per call.
 PROBE_RS_MARGINAL=1 (session 26): each time is the chain's steady state (timing.measure_marginal)
