@@ -559,6 +559,18 @@ def test_split_kv_mma_rows(kernel_backend, monkeypatch, case, mask_kind):
         assert (t["R"], t["RM"], -(-(hq // hkv * lq) // t["R"])) == expect
 
 
+def _split_kv_tiles(monkeypatch, shape, dtype, seed, mask_kind, block_size, layout="default"):
+    """The split-KV decode on the tile pass 1 over fresh inputs of shape (B, Hq, Hkv, Lq, Lk,
+    D = DV): (q, k, v, mask, the launch spy, the output)."""
+    b, hq, hkv, lq, lk, d = shape
+    set_walk(monkeypatch, "mma")
+    q, k, v = make_qkv(b, hq, hkv, lq, lk, d, d, dtype, seed)
+    mask = make_mask(mask_kind, b, hq, lq, lk, dtype, seed, layout=layout)
+    spy = LaunchSpy(monkeypatch)
+    out = att.attention_decode_split_kv(q, k, v, scale=d**-0.5, mask=mask, block_size=block_size)
+    return q, k, v, mask, spy, out
+
+
 @pytest.mark.parametrize("stages, tile", [(1, 16), (2, 16), (3, 16), (2, 32)])
 @pytest.mark.parametrize("dtype_name, mask_kind", [("float16", "causal"), ("bfloat16", "bool"), ("float32", "none")])
 @pytest.mark.parametrize("warps", [1, 2])
@@ -570,14 +582,10 @@ def test_split_kv_mma_stages(kernel_backend, monkeypatch, stages, tile, dtype_na
     monkeypatch.setattr(att, "SPLIT_KV_MMA_MAX_STAGES", stages)
     monkeypatch.setattr(att, "SPLIT_KV_MMA_TILE", tile)
     monkeypatch.setattr(att, "SPLIT_KV_MMA_WARPS", warps)
-    set_walk(monkeypatch, "mma")
     dtype = DTYPES[dtype_name]
-    b, hq, hkv, lq, lk, d = 1, 4, 2, 2, 530, 64
-    seed = seed_of("mma stages", stages, dtype_name)
-    q, k, v = make_qkv(b, hq, hkv, lq, lk, d, d, dtype, seed)
-    mask = make_mask(mask_kind, b, hq, lq, lk, dtype, seed)
-    spy = LaunchSpy(monkeypatch)
-    out = att.attention_decode_split_kv(q, k, v, scale=d**-0.5, mask=mask, block_size=200)
+    d = 64
+    q, k, v, mask, spy, out = _split_kv_tiles(monkeypatch, (1, 4, 2, 2, 530, d), dtype,
+                                              seed_of("mma stages", stages, dtype_name), mask_kind, 200)
     assert_close(out, np_attention(q, k, v, d**-0.5, mask), dtype, f"split-KV tiles, {stages} stages")
     if kernel_backend != "reference":
         stage_bytes = tile * 2 * (d + 16 // dtype.size) * dtype.size  # K and V rows of D + 16 bytes
@@ -622,14 +630,11 @@ def test_split_kv_mma_warps(kernel_backend, monkeypatch, warps, dtype_name, mask
     simdgroups), a last block of 20 keys (2 tiles: some simdgroups walk nothing), Lq = 3
     causal rows ending in different tiles, 12 query rows of a kv head (RM = 2)."""
     monkeypatch.setattr(att, "SPLIT_KV_MMA_WARPS", warps)
-    set_walk(monkeypatch, "mma")
     dtype = DTYPES[dtype_name]
-    b, hq, hkv, lq, lk, d = 2, 8, 2, 3, 420, 40
-    seed = seed_of("mma warps", warps, dtype_name)
-    q, k, v = make_qkv(b, hq, hkv, lq, lk, d, d, dtype, seed)
-    mask = make_mask(mask_kind, b, hq, lq, lk, dtype, seed, layout="head" if mask_kind == "additive" else "default")
-    spy = LaunchSpy(monkeypatch)
-    out = att.attention_decode_split_kv(q, k, v, scale=d**-0.5, mask=mask, block_size=200)
+    d = 40
+    q, k, v, mask, spy, out = _split_kv_tiles(monkeypatch, (2, 8, 2, 3, 420, d), dtype,
+                                              seed_of("mma warps", warps, dtype_name), mask_kind, 200,
+                                              layout="head" if mask_kind == "additive" else "default")
     assert_close(out, np_attention(q, k, v, d**-0.5, mask), dtype, f"split-KV tiles, {warps} simdgroups")
     if kernel_backend != "reference":
         t = spy.templates[0]
