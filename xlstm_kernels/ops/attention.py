@@ -665,8 +665,9 @@ def _partial_launch(q, k, v, m: _Mask, scale: float, block_size: int) -> tuple[K
 #: The tile pass 1 (``attention_partial_mma``): keys per tile (a multiple of 16) ...
 SPLIT_KV_MMA_TILE = 16
 #: ... at most this many threadgroup-memory stages (tile t + ST - 1 is copied while tile t
-#: is computed), as many as fit the backend's budget: 48 KiB on cuda (CUDA's static shared
-#: memory per block), 32 KiB elsewhere (Apple GPUs, the emulator).
+#: is computed), as many as fit the backend's budget: 48 KiB per simdgroup on cuda (once
+#: CUDA's static shared memory per block; the stages are dynamic shared memory since session
+#: 27, 227 KiB in all), 32 KiB per threadgroup elsewhere (Apple GPUs, the emulator).
 #: A decode step's latency (chained calls, scripts/probe_decode.py, H200, session 14) wants
 #: more bytes in flight per SM than two stages of a one-simdgroup walk give: with 512
 #: groups, 3 stages ran as fast as 4 and up to 25% faster than 2. (Session 5 had picked 2
