@@ -1664,6 +1664,7 @@ if (NW > 1) {
   // Every simdgroup's state into threadgroup memory (over all stages: after the barrier),
   // then per (row, column) of the group: o = sum_s w_s O_s / sum_s w_s l_s, w_s =
   // exp2(m_s - M), M = max_s m_s (0 where every m_s is -inf: NaN sums propagate).
+  xk_async_wait<0>();  // no copy in flight (the loop waited for every real one; the last groups are empty)
   threadgroup_barrier(mem_flags::mem_threadgroup);
   threadgroup float* mo = reinterpret_cast<threadgroup float*>(xk_tiles);  // [NW][NQ][DVP]
   threadgroup float* mm = mo + NW * NQ * DVP;                               // [NW][NQ] running max
