@@ -291,6 +291,21 @@ def test_dynamic_shared_memory_per_launch_signature(recorder):
             k(**ok, shared_memory=bad)
 
 
+def test_dynamic_shared_memory_within_this_gpu(recorder, monkeypatch):
+    """A launch asking for more dynamic shared memory than this GPU's block may have (99 KiB
+    on sm_89) is refused with the limit named, before MLX sees it."""
+    from xlstm_kernels.cuda import limits
+
+    monkeypatch.setattr(limits, "_arch", ["sm_89"])
+    k = ck.CudaKernel("copy", ["x", "n"], ["y"], COPY)
+    x = mx.zeros((256,))
+    ok = dict(inputs=[x, mx.array(256)], output_shapes=[(256,)], output_dtypes=[mx.float32], grid=(256, 1, 1),
+              threadgroup=(256, 1, 1))
+    k(**ok, shared_memory=99 * 1024)
+    with pytest.raises(ck.CudaKernelError, match=r"expected 0 to 101376 bytes .*sm_89"):
+        k(**ok, shared_memory=99 * 1024 + 16)
+
+
 def test_gemm_simd_takes_its_tiles_from_dynamic_shared_memory(recorder, monkeypatch):
     """On cuda, gemm_simd's stage buffer is the launch's dynamic shared memory: the op asks
     for exactly its STAGES x stage bytes (beyond CUDA's 48 KiB of static memory when a

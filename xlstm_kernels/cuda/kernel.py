@@ -60,6 +60,7 @@ import mlx.core as mx
 
 from ..emulate.kernel import _as_array, check_counts, launch_shape
 from ..emulate.translate import _TG_DECL, _blank_comments, _c_string, rewrite_half_literals
+from . import limits
 from .constants import device_array
 from .text_files import as_include
 
@@ -483,9 +484,10 @@ class CudaKernel:
         """(cuda_kernel object, xk_grid input (None for an exact grid), CUDA grid in threads, block) of one launch
         signature, or _EMPTY for an empty grid; checks the arguments as Metal's wrapper does."""
         shared_memory = int(shared_memory)
-        if not 0 <= shared_memory <= _MAX_DYNAMIC_SHARED:
-            raise CudaKernelError(f"[{self.name}] shared_memory={shared_memory}: expected 0 to {_MAX_DYNAMIC_SHARED} "
-                                  "bytes (227 KiB, an sm_90 block's most)")
+        most = limits.shared_bytes_per_block()
+        if not 0 <= shared_memory <= most:
+            raise CudaKernelError(f"[{self.name}] shared_memory={shared_memory}: expected 0 to {most} bytes (the "
+                                  f"dynamic shared memory a block may have on this GPU, {limits.architecture()})")
         g, t, n_threads = launch_shape(grid, threadgroup)
         template_key = _template_key(template)
         if 0 in g:
@@ -516,7 +518,6 @@ class CudaKernel:
 
 
 _EMPTY = object()  # the plan of a launch with an empty grid
-_MAX_DYNAMIC_SHARED = 232448  # dynamic shared memory per block on sm_90 (227 KiB)
 
 
 MIN_BLOCKS_TEMPLATE = "XK_MIN_BLOCKS"

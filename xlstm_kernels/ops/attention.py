@@ -66,7 +66,8 @@ Kernels (``metal_src/attention.metal``):
   threadgroup-memory stages (cp.async on CUDA; 48 KiB budget there, 32 KiB elsewhere);
   ``SPLIT_KV_MMA_WARPS`` (4) such simdgroups per threadgroup share a key block (each
   every 4th tile, its own stages; their states merged in threadgroup memory; fewer
-  simdgroups where their stages do not fit: 227 KiB in all on cuda, 32 KiB elsewhere);
+  simdgroups where their stages do not fit: 227 KiB in all on an sm_90 GPU, 99 KiB on
+  sm_86 / sm_89, 32 KiB elsewhere);
   block size automatic from ``SPLIT_KV_MMA_MAX_BLOCK`` (4096) halved (down to 64) until the
   grid has ``SPLIT_KV_MMA_TARGET_GROUPS`` (128) threadgroups, then doubled while the keys make more than
   ``SPLIT_KV_MMA_MAX_BLOCKS`` (32) blocks. Where one stage does not fit
@@ -111,6 +112,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
+from ..cuda import limits as cuda_limits
 from ..runtime import KernelSpec, const_array, current_backend, launch, prepare_launch
 from ..tiles.gemm import dtype_name
 from ..tiles.knobs import (ALIAS_SPLIT_MIN_KEYS, attention_block_k_bytes, attention_fits, knob_shape_class,
@@ -476,10 +478,15 @@ def _prefill_launch(q, k, v, m: _Mask, scale: float, block_q=None, block_k=None)
     )
 
 
-#: Threadgroup memory the tile prefill (attention_prefill_mma) may use, per backend: CUDA's
-#: dynamic shared memory per block (227 KiB on sm_90; two blocks of the default tiles fit an
-#: SM), 32 KiB elsewhere (Apple GPUs, the emulator).
-_PREFILL_MMA_BUDGET = {"cuda": 227 * 1024}
+def _tg_budget(backend: str) -> int:
+    """Threadgroup memory a tile kernel (the tile prefill, the tile pass 1) may take on
+    `backend`: on cuda the dynamic shared memory a block may have on this GPU
+    (:func:`xlstm_kernels.cuda.limits.shared_bytes_per_block`: 227 KiB on sm_90, where two
+    blocks of the default prefill tiles fit an SM; 99 KiB on sm_86 / sm_89), 32 KiB
+    elsewhere (Apple GPUs, the emulator)."""
+    return cuda_limits.shared_bytes_per_block() if backend == "cuda" else _TG_MEMORY
+
+
 #: Simdgroup layouts (WM simdgroups x RB blocks of 16 query rows each) of the tile prefill,
 #: largest first: a call takes the first whose BQ = 16 * RB * WM does not exceed its query
 #: length rounded up to 16 (else the smallest), then falls back along the list until the
@@ -514,7 +521,7 @@ def _prefill_mma_plan(lq: int, d: int, dv: int, dtype: mx.Dtype, backend: str) -
     the backend's threadgroup memory)."""
     if dtype == mx.float32:
         return None
-    budget = _PREFILL_MMA_BUDGET.get(backend, _TG_MEMORY)
+    budget = _tg_budget(backend)
     if PREFILL_MMA_TILES is not None:
         wm, rb, bk, st = PREFILL_MMA_TILES
         if bk % 16 or bk % wm or min(wm, rb, st) < 1 or 32 * wm > 1024:
@@ -713,11 +720,6 @@ SPLIT_KV_MMA_MAX_BLOCKS = 32
 #: beat 1, 2 and 8 at the same block size and at the block sizes each does best with;
 #: 2 and 4 stages no better.
 SPLIT_KV_MMA_WARPS = 4
-#: A CUDA threadgroup's whole shared memory (sm_90: 227 KiB of dynamic shared memory); the
-#: tile pass 1's NW simdgroups' stages (each within _MMA_STAGE_BUDGET) share it.
-_CUDA_SHARED_BYTES = 227 * 1024
-
-
 def _mma_bytes(rows_per_group: int, d: int, dv: int, dtype: mx.Dtype, st: int, warps: int) -> int:
     """Threadgroup bytes of the tile pass 1: `warps` x `st` stages of K / V tiles, or (more
     than one simdgroup) their merge buffer, float O, max and sum per query row of each."""
@@ -733,12 +735,13 @@ def _mma_plan(rows: int, d: int, dv: int, dtype: mx.Dtype, backend: str,
     """(R, RM, KT, ST) of the tile pass 1 for `rows` = (Hq / Hkv) * Lq query rows per kv
     head and `warps` simdgroups per threadgroup, or None where one stage of K and V tiles
     per simdgroup (and their merge buffer) does not fit the backend's budget: a stage
-    budget per simdgroup (48 KiB on cuda), 227 KiB in all on cuda, 32 KiB in all elsewhere."""
+    budget per simdgroup (48 KiB on cuda), within :func:`_tg_budget` in all (227 KiB on
+    sm_90, 99 KiB on sm_86 / sm_89; 32 KiB on Apple GPUs and the emulator)."""
     itemsize = 4 if dtype == mx.float32 else 2
     pad = 16 // itemsize
     kt = SPLIT_KV_MMA_TILE
     stage = kt * (_round8(d) + _round8(dv) + 2 * pad) * itemsize
-    total = _CUDA_SHARED_BYTES if backend == "cuda" else _APPLE_STAGE_BUDGET_BYTES
+    total = _tg_budget(backend)
     per_warp = min(_MMA_STAGE_BUDGET.get(backend, _APPLE_STAGE_BUDGET_BYTES), total // warps)
     st = min(SPLIT_KV_MMA_MAX_STAGES, per_warp // stage)
     groups = -(-rows // SPLIT_KV_MMA_MAX_ROWS)

@@ -51,6 +51,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
+from ..cuda import limits as cuda_limits
 from ..runtime import KernelSpec, const_array, current_backend, launch, prepare_launch
 from ..tiles.knobs import resolve_knobs
 from ._callcache import CallCache, replayable
@@ -226,7 +227,6 @@ RMS_VJP_STAGE_L1 = False
 # x and g lost: float32 16384x1024 RMSNorm 80.9 -> 83.6 and 86.4 -> 89.3, LayerNorm 82.5 -> 88.8.
 RMS_VJP_STAGES = 4
 RMS_VJP_TWO_STAGES = (8192, 16384)
-RMS_VJP_SMEM_PER_SM_CUDA = 228 * 1024  # shared memory of an sm_90 SM (1 KiB of it reserved per block)
 RMS_VJP_RED_BYTES = 2 * 64 * 4  # rms_norm_vjp's reduction scratch (red)
 # layer_norm_vjp's (red_a, red_b, red_c, red2, and red_m: two sets of four moments' parts)
 LN_VJP_RED_BYTES = 32 * 4 + 32 * 4 + 32 * 8 + 2 * 64 * 4 + 2 * 4 * 32 * 4
@@ -460,14 +460,14 @@ def _forward_stage_units(n: int, lay: _Layout, itemsize: int, rows: int) -> tupl
     occupancy hint); RMS_VJP_SMS_CUDA SMs x the units that fit one (shared memory, 2048
     threads, RMS_FWD_STAGED_UNITS_PER_SM), at most one per row."""
     stage = 2 * n * itemsize
-    if not (RMS_FWD_STAGED_CUDA and _plans_for_cuda()) or lay.one_simd or stage > RMS_FWD_STAGE_BYTES:
+    if not (RMS_FWD_STAGED_CUDA and _plans_for_cuda()) or lay.one_simd or stage > _stage_cap(RMS_FWD_STAGE_BYTES):
         return 0, 0
     regs = _forward_registers(lay.n_reads * itemsize)  # the unstaged kernel's hint (0: none)
     resident = min(32, 2048 // lay.tpr, 65536 // (regs * lay.tpr) if regs else 32)
     if not RMS_FWD_STAGED_MIN_WAVES < rows / (RMS_VJP_SMS_CUDA * max(1, resident)) <= RMS_FWD_STAGED_MAX_WAVES:
         return 0, 0
     per = max(1, min(RMS_FWD_STAGED_UNITS_PER_SM,
-                     RMS_VJP_SMEM_PER_SM_CUDA // (stage + RMS_FWD_RED_BYTES + 1024), 2048 // lay.tpr))
+                     _smem_per_sm() // (stage + RMS_FWD_RED_BYTES + 1024), 2048 // lay.tpr))
     return max(1, min(rows, RMS_VJP_SMS_CUDA * per)), per
 
 
@@ -491,6 +491,19 @@ def _plans_for_cuda() -> bool:
     return current_backend() == "cuda"
 
 
+def _smem_per_sm() -> int:
+    """Shared memory of one SM of this CUDA GPU (228 KiB on sm_90, 1 KiB of it reserved per
+    block; :mod:`xlstm_kernels.cuda.limits`)."""
+    return cuda_limits.shared_bytes_per_sm()
+
+
+def _stage_cap(budget: int) -> int:
+    """`budget` (a staged kernel's bytes of stages), within the dynamic shared memory a block
+    may have on this CUDA GPU, 2 KiB kept for the kernels' reduction scratch (227 KiB on
+    sm_90: the budgets as measured; 99 KiB on sm_86 / sm_89)."""
+    return min(budget, cuda_limits.shared_bytes_per_block() - 2048)
+
+
 def _staged_units_per_sm(tpr: int, smem_bytes: int, registers: int | None = None) -> int:
     """Units of the staged RMSNorm backward (`tpr` threads, `smem_bytes` of threadgroup
     memory each) to plan per SM: RMS_VJP_STAGED_UNITS_PER_SM, or RMS_VJP_STAGED_THREADS_PER_SM
@@ -500,7 +513,7 @@ def _staged_units_per_sm(tpr: int, smem_bytes: int, registers: int | None = None
     per = max(RMS_VJP_STAGED_UNITS_PER_SM, RMS_VJP_STAGED_THREADS_PER_SM // tpr)
     if registers > 0:
         per = min(per, 65536 // (registers * tpr))
-    return max(1, min(per, RMS_VJP_SMEM_PER_SM_CUDA // (smem_bytes + 1024)))
+    return max(1, min(per, _smem_per_sm() // (smem_bytes + 1024)))
 
 
 def _vjp_stages(pair_bytes: int) -> int:
@@ -510,7 +523,7 @@ def _vjp_stages(pair_bytes: int) -> int:
     lo, hi = RMS_VJP_TWO_STAGES
     if lo <= pair_bytes <= hi:
         return 2
-    return max(2, min(RMS_VJP_STAGES, RMS_VJP_STAGE_BYTES // pair_bytes))
+    return max(2, min(RMS_VJP_STAGES, _stage_cap(RMS_VJP_STAGE_BYTES) // pair_bytes))
 
 
 def _vjp_plan(
@@ -541,7 +554,7 @@ def _vjp_plan(
     stage_bytes = 4 * n * dtype.size + (RMS_VJP_RED_BYTES if kind == "rms" else LN_VJP_RED_BYTES)
     stage_ok = (RMS_VJP_STAGED_CUDA if kind == "rms" else LN_VJP_STAGED_CUDA) and cuda
     stages = 2
-    if stage_ok and FULL_ROWS and 4 * n * dtype.size <= RMS_VJP_STAGE_BYTES:
+    if stage_ok and FULL_ROWS and 4 * n * dtype.size <= _stage_cap(RMS_VJP_STAGE_BYTES):
         sthreads = max(RMS_VJP_STAGED_THREADS_CUDA, _pow2_at_least(-(-n // RMS_VJP_STAGED_MAX_READS)))
         slay = _layout(n, m * num_heads, itemsize=dtype.size, vjp=True, vjp_threads=sthreads,
                        max_reads=RMS_VJP_STAGED_MAX_READS)
