@@ -444,8 +444,9 @@ def _check_written(kernel: str, name: str, o: np.ndarray) -> None:
             f"[{kernel}] output '{name}': {count} of {o.size} elements still hold the poison bit pattern "
             f"(first at index {tuple(int(i) for i in first)}): no thread wrote them, or they were computed "
             "from poisoned memory (threadgroup memory or an output read before any thread wrote it: a "
-            "missing barrier?). Outputs are uninitialised on Metal: check that the grid, counted in "
-            "threads, covers every output element, or pass init_value."
+            "missing barrier? an asynchronous copy's destination read before its xk_async_wait?). Outputs "
+            "are uninitialised on Metal: check that the grid, counted in threads, covers every output "
+            "element, or pass init_value."
         )
 
 

@@ -204,7 +204,15 @@ struct Fiber {
   const char* file;  // wait site
   uint32_t line, column;
   xk_collective* op;
+  xk_thread_slot_t slot;  // kernel code's per-thread state (the pending async copies)
 };
+
+// Frees a thread's slot (its kernel library is loaded while the launch runs).
+void slot_release(Fiber& f) {
+  if (f.slot.data && f.slot.release) f.slot.release(f.slot.data);
+  f.slot.data = nullptr;
+  f.slot.release = nullptr;
+}
 
 struct Launch;
 
@@ -428,6 +436,7 @@ bool run_group(Worker* w, uint64_t gid) {
     f.state = READY;
     f.op = nullptr;
     f.file = nullptr;
+    slot_release(f);  // the thread that ran here before (a thread that stopped on an error)
     ctx_make(&f.ctx, w->stacks + size_t(t) * w->stack_stride + page_size(), w->stack_stride - page_size(),
              fiber_main);
   }
@@ -583,6 +592,7 @@ bool worker_setup(Worker* w, Launch* L) {
 }
 
 void worker_teardown(Worker* w) {
+  for (Fiber& f : w->fibers) slot_release(f);
   if (w->stacks) munmap(w->stacks, w->stacks_map);
   if (w->tg_map) munmap(w->tg_map, w->tg_map_size + page_size());
   if (w->altstack) munmap(w->altstack, 1 << 16);
@@ -637,6 +647,7 @@ XK_EXPORT void xk_collective_wait(xk_collective* op) {
 }
 
 XK_EXPORT char* xk_threadgroup_memory(void) { return tl_worker->tg_mem; }
+XK_EXPORT xk_thread_slot_t* xk_thread_slot(void) { return &tl_worker->cur->slot; }
 XK_EXPORT uint32_t xk_lane(void) { return tl_worker->cur->attrs.thread_index_in_simdgroup; }
 XK_EXPORT uint32_t xk_simd_width(void) {
   const xk_thread_attrs& a = tl_worker->cur->attrs;

@@ -60,10 +60,19 @@ struct xk_collective {
   uint64_t arg; /* lane index, delta or mask, by operation */
 };
 
+/* Kernel code's state of one thread (the emulator's pending async copies): `data` is
+   kernel code's; the runtime calls `release(data)` before the fiber runs another thread
+   and when the launch ends (a thread that ended normally released it itself). */
+typedef struct {
+  void* data;
+  void (*release)(void*);
+} xk_thread_slot_t;
+
 /* ---- services the runtime provides to kernel code ---- */
 void xk_threadgroup_barrier(const char* file, uint32_t line, uint32_t column);
 void xk_collective_wait(xk_collective* op);
 char* xk_threadgroup_memory(void);
+xk_thread_slot_t* xk_thread_slot(void); /* the running thread's slot */
 uint32_t xk_lane(void);       /* thread_index_in_simdgroup of the running thread */
 uint32_t xk_simd_width(void); /* lanes that exist in its simdgroup (<= 32) */
 /* Report an error found in kernel code. From a thread: ends that thread and the

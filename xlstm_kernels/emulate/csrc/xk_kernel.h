@@ -3,6 +3,8 @@
 // (msl_sync.h), the parts of MLX's utils.h prelude kernels use, and the storage
 // behind rewritten `threadgroup` declarations.
 #pragma once
+#include <stdlib.h>
+
 #include "msl_sync.h"
 #include "msl_types.h"
 
@@ -51,6 +53,90 @@ template <typename U>
 struct Limits {
   static constexpr U max() { return metal::numeric_limits<U>::max(); }
 };
+
+// ---------------------------------------------------------------------------
+// Asynchronous copies (the bodies' xk_async_copy family, metal_src/_memory.metal), as late
+// as CUDA's cp.async may land them: a copy reads its source when issued, fills its
+// destination with 0xFF bytes (NaN in every float type) and lands only at the
+// xk_async_wait<G> that completes its group: all but the G most recent groups the
+// thread committed (copies not yet committed stay pending). So a read before the wait sees
+// NaN, a store into a pending destination is overwritten when the copy lands, and copies
+// still pending when the thread ends never land. Metal runs the portable, synchronous form.
+// ---------------------------------------------------------------------------
+#define XK_ASYNC_COPY
+namespace {
+struct xk_async_rec {
+  unsigned char* dst;
+  unsigned n, group;
+  unsigned char bytes[64];
+};
+struct xk_async_state {
+  xk_async_rec* recs;
+  unsigned count, cap, open;  // open: the group new copies join (groups below it are committed)
+};
+void xk_async_release(void* p) {
+  xk_async_state* s = static_cast<xk_async_state*>(p);
+  free(s->recs);
+  free(s);
+}
+inline xk_async_state* xk_async_me() {
+  xk_thread_slot_t* slot = xk_thread_slot();
+  if (!slot->data) {
+    slot->data = calloc(1, sizeof(xk_async_state));
+    slot->release = xk_async_release;
+  }
+  return static_cast<xk_async_state*>(slot->data);
+}
+inline void xk_async_push(void* dst, const void* src, unsigned n) {
+  xk_async_state* s = xk_async_me();
+  if (s->count == s->cap) {
+    s->cap = s->cap ? 2 * s->cap : 16;
+    s->recs = static_cast<xk_async_rec*>(realloc(s->recs, s->cap * sizeof(xk_async_rec)));
+  }
+  xk_async_rec& r = s->recs[s->count++];
+  r.dst = static_cast<unsigned char*>(dst);
+  r.n = n;
+  r.group = s->open;
+  memcpy(r.bytes, src, n);
+  memset(dst, 0xFF, n);
+}
+}  // namespace
+template <int N, typename T>
+inline void xk_async_copy(threadgroup T* dst, const device T* src) {
+  static_assert(N * sizeof(T) <= 64, "xk_async_copy: at most 64 bytes a copy");
+  xk_async_push(dst, src, unsigned(N * sizeof(T)));
+}
+template <int N, typename T>
+inline void xk_async_copy_aligned(threadgroup T* dst, const device T* src) {
+  xk_async_copy<N>(dst, src);
+}
+template <int N, typename T>
+inline void xk_async_copy_aligned_l1(threadgroup T* dst, const device T* src) {
+  xk_async_copy<N>(dst, src);
+}
+template <int N, typename T>
+inline bool xk_async_runs_aligned(const device T* src, long ld) {
+  (void)src;
+  (void)ld;
+  return true;
+}
+inline void xk_async_commit() { xk_async_me()->open++; }
+template <int G>
+inline void xk_async_wait() {
+  xk_async_state* s = xk_async_me();
+  constexpr unsigned g = G < 0 ? 0u : unsigned(G);  // as CUDA's wait_group (a negative G: all)
+  const unsigned done = s->open > g ? s->open - g : 0u;  // groups [0, done) complete
+  unsigned k = 0;
+  for (unsigned i = 0; i < s->count; ++i) {
+    xk_async_rec& r = s->recs[i];
+    if (r.group < done) {
+      memcpy(r.dst, r.bytes, r.n);
+    } else {
+      s->recs[k++] = r;
+    }
+  }
+  s->count = k;
+}
 
 // ---------------------------------------------------------------------------
 // Threadgroup storage. `threadgroup float a[16][17];` in a body is rewritten (on
