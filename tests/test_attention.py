@@ -1320,6 +1320,24 @@ def test_check_schedules_split_kv_mma_warps(backend, warps, d, backend_plan):
 
 
 @pytest.mark.emulator_only
+def test_split_kv_mma_plan_of_a_99_kib_gpu_runs(backend, monkeypatch):
+    """The tile pass 1 as an sm_89 GPU gets it (99 KiB a block: 4 simdgroups x 2 stages of
+    D = 128, 68 KiB), run through the emulator as that CUDA launch, under every schedule."""
+    from xlstm_kernels.cuda import limits
+
+    monkeypatch.setattr(limits, "_arch", ["sm_89"])
+    dtype = mx.float16
+    q, k, v = make_qkv(1, 8, 2, 1, 300, 128, 128, dtype, seed_of("sm89 plan"))
+    spec, kwargs = att._partial_mma_launch(q, k, v, _mask_obj(None, q, k), 0.125, 176, "cuda")
+    t = dict(kwargs["template"])
+    assert (t["NW"], t["ST"], kwargs["shared_memory"]) == (4, 2, 4 * 2 * 16 * 272 * 2)
+    o_part, lse = emulate.check_schedules(runtime.get_kernel(spec, "emulate"), **kwargs)
+    spec, kwargs = att._reduce_launch(o_part, lse, 176, 300, dtype)
+    (out,) = runtime.get_kernel(spec, "emulate")(**kwargs)
+    assert_close(out.reshape(1, 8, 1, 128), np_attention(q, k, v, 0.125, None), dtype, "split-KV tiles, sm_89 plan")
+
+
+@pytest.mark.emulator_only
 @pytest.mark.parametrize("d, dv, dtype_name, mask_kind", [(36, 20, "float32", "additive"), (64, 64, "float16", "bool")])
 def test_bounds(backend, d, dv, dtype_name, mask_kind):
     """Every kernel against guard pages: tile edges, vector loads, mask strides."""
