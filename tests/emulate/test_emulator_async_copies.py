@@ -82,3 +82,44 @@ def test_a_store_into_a_pending_destination_is_overwritten_when_the_copy_lands()
     assert np.array_equal(y, x)
     x, y = _run(_kernel("async_wait_then_store", "xk_async_wait<0>(); tile[t] = 0.0f; tile[32 + t] = 0.0f;"))
     assert not y.any()
+
+
+def _one_thread(name: str, body: str):
+    kernel = metal_kernel(name=name, input_names=["x"], output_names=["y"], source=body)
+    x = np.arange(16, dtype=np.float32)
+    (y,) = kernel(inputs=[mx.array(x)], output_shapes=[(4,)], output_dtypes=[mx.float32], grid=(1, 1, 1),
+                  threadgroup=(1, 1, 1))
+    return x, np.asarray(y)
+
+
+def test_other_copies_are_synchronous_as_on_cuda():
+    """Copies cp.async does not take run synchronously, as CUDA's header runs them: 32 bytes,
+    and an xk_async_copy from a misaligned source."""
+    x, y = _one_thread("async_sync_forms", """
+threadgroup float tile[16];
+xk_async_copy_aligned<8>(tile, x);      // 32 bytes: no cp.async
+xk_async_copy<4>(tile + 8, x + 9);      // 16 bytes from an address 4 bytes past alignment
+y[0] = tile[1]; y[1] = tile[7]; y[2] = tile[8]; y[3] = tile[11];
+""")
+    assert list(y) == [1.0, 7.0, 9.0, 12.0]
+
+
+def test_runs_aligned_answers_as_cuda():
+    x, y = _one_thread("async_runs_aligned", """
+y[0] = xk_async_runs_aligned<4>(x, 16) ? 1.0f : 0.0f;       // 16-byte runs, rows of 64 bytes
+y[1] = xk_async_runs_aligned<4>(x + 1, 16) ? 1.0f : 0.0f;   // the base 4 bytes off
+y[2] = xk_async_runs_aligned<4>(x, 18) ? 1.0f : 0.0f;       // rows of 72 bytes
+y[3] = xk_async_runs_aligned<8>(x + 1, 3) ? 1.0f : 0.0f;    // 32-byte runs: never a cp.async
+""")
+    assert list(y) == [1.0, 0.0, 0.0, 1.0]
+
+
+@pytest.mark.parametrize("what, body, message", [
+    ("misaligned", "threadgroup float tile[8];\nxk_async_copy_aligned<4>(tile, x + 1);", "not aligned"),
+    ("not_threadgroup", "float local[4];\nxk_async_copy_aligned<4>(local, x);", "not in threadgroup memory"),
+])
+def test_aligned_copy_preconditions_are_checked(what, body, message):
+    """xk_async_copy_aligned is a bare cp.async on CUDA: a destination outside threadgroup
+    memory or a misaligned address is an error there, and is reported here."""
+    with pytest.raises(EmulatorError, match=message):
+        _one_thread(f"async_pre_{what}", body + "\ny[0] = 0.0f; y[1] = 0.0f; y[2] = 0.0f; y[3] = 0.0f;")

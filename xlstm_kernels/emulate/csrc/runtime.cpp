@@ -207,12 +207,8 @@ struct Fiber {
   xk_thread_slot_t slot;  // kernel code's per-thread state (the pending async copies)
 };
 
-// Frees a thread's slot (its kernel library is loaded while the launch runs).
-void slot_release(Fiber& f) {
-  if (f.slot.data && f.slot.release) f.slot.release(f.slot.data);
-  f.slot.data = nullptr;
-  f.slot.release = nullptr;
-}
+// Bytes of each thread's slot (runtime-owned: no allocation inside a fiber).
+constexpr size_t kSlotBytes = 16384;
 
 struct Launch;
 
@@ -221,6 +217,7 @@ struct Worker {
   Context sched;
   std::vector<Fiber> fibers;
   char* stacks = nullptr;  // n fibers * (guard page + stack)
+  char* slots = nullptr;   // n fibers * kSlotBytes (xk_thread_slot)
   size_t stack_stride = 0;
   size_t stacks_map = 0;
   char* tg_map = nullptr;  // threadgroup memory; its end abuts a guard page
@@ -436,7 +433,9 @@ bool run_group(Worker* w, uint64_t gid) {
     f.state = READY;
     f.op = nullptr;
     f.file = nullptr;
-    slot_release(f);  // the thread that ran here before (a thread that stopped on an error)
+    f.slot.data = w->slots + size_t(t) * kSlotBytes;  // zeroed: no state left by the last thread here
+    f.slot.bytes = kSlotBytes;
+    memset(f.slot.data, 0, 64);
     ctx_make(&f.ctx, w->stacks + size_t(t) * w->stack_stride + page_size(), w->stack_stride - page_size(),
              fiber_main);
   }
@@ -587,13 +586,15 @@ bool worker_setup(Worker* w, Launch* L) {
   if (!w->tg_map) return false;
   mprotect(w->tg_map + tg, ps, PROT_NONE);
   w->tg_mem = w->tg_map + tg - round_up(d->tg_bytes, 16);
+  w->slots = static_cast<char*>(map_or_die(kSlotBytes * n));
+  if (!w->slots) return false;
   w->altstack = static_cast<char*>(map_or_die(1 << 16));
   return w->altstack != nullptr;
 }
 
 void worker_teardown(Worker* w) {
-  for (Fiber& f : w->fibers) slot_release(f);
   if (w->stacks) munmap(w->stacks, w->stacks_map);
+  if (w->slots) munmap(w->slots, kSlotBytes * w->fibers.size());
   if (w->tg_map) munmap(w->tg_map, w->tg_map_size + page_size());
   if (w->altstack) munmap(w->altstack, 1 << 16);
 }

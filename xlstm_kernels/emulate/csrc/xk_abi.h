@@ -60,12 +60,12 @@ struct xk_collective {
   uint64_t arg; /* lane index, delta or mask, by operation */
 };
 
-/* Kernel code's state of one thread (the emulator's pending async copies): `data` is
-   kernel code's; the runtime calls `release(data)` before the fiber runs another thread
-   and when the launch ends (a thread that ended normally released it itself). */
+/* Kernel code's state of one thread (the emulator's pending async copies): `bytes` of
+   storage the runtime owns, 16-byte aligned, its first 64 bytes zeroed when the thread
+   starts (kernel code allocates nothing inside a fiber). */
 typedef struct {
   void* data;
-  void (*release)(void*);
+  size_t bytes;
 } xk_thread_slot_t;
 
 /* ---- services the runtime provides to kernel code ---- */

@@ -3,8 +3,6 @@
 // (msl_sync.h), the parts of MLX's utils.h prelude kernels use, and the storage
 // behind rewritten `threadgroup` declarations.
 #pragma once
-#include <stdlib.h>
-
 #include "msl_sync.h"
 #include "msl_types.h"
 
@@ -55,90 +53,6 @@ struct Limits {
 };
 
 // ---------------------------------------------------------------------------
-// Asynchronous copies (the bodies' xk_async_copy family, metal_src/_memory.metal), as late
-// as CUDA's cp.async may land them: a copy reads its source when issued, fills its
-// destination with 0xFF bytes (NaN in every float type) and lands only at the
-// xk_async_wait<G> that completes its group: all but the G most recent groups the
-// thread committed (copies not yet committed stay pending). So a read before the wait sees
-// NaN, a store into a pending destination is overwritten when the copy lands, and copies
-// still pending when the thread ends never land. Metal runs the portable, synchronous form.
-// ---------------------------------------------------------------------------
-#define XK_ASYNC_COPY
-namespace {
-struct xk_async_rec {
-  unsigned char* dst;
-  unsigned n, group;
-  unsigned char bytes[64];
-};
-struct xk_async_state {
-  xk_async_rec* recs;
-  unsigned count, cap, open;  // open: the group new copies join (groups below it are committed)
-};
-void xk_async_release(void* p) {
-  xk_async_state* s = static_cast<xk_async_state*>(p);
-  free(s->recs);
-  free(s);
-}
-inline xk_async_state* xk_async_me() {
-  xk_thread_slot_t* slot = xk_thread_slot();
-  if (!slot->data) {
-    slot->data = calloc(1, sizeof(xk_async_state));
-    slot->release = xk_async_release;
-  }
-  return static_cast<xk_async_state*>(slot->data);
-}
-inline void xk_async_push(void* dst, const void* src, unsigned n) {
-  xk_async_state* s = xk_async_me();
-  if (s->count == s->cap) {
-    s->cap = s->cap ? 2 * s->cap : 16;
-    s->recs = static_cast<xk_async_rec*>(realloc(s->recs, s->cap * sizeof(xk_async_rec)));
-  }
-  xk_async_rec& r = s->recs[s->count++];
-  r.dst = static_cast<unsigned char*>(dst);
-  r.n = n;
-  r.group = s->open;
-  memcpy(r.bytes, src, n);
-  memset(dst, 0xFF, n);
-}
-}  // namespace
-template <int N, typename T>
-inline void xk_async_copy(threadgroup T* dst, const device T* src) {
-  static_assert(N * sizeof(T) <= 64, "xk_async_copy: at most 64 bytes a copy");
-  xk_async_push(dst, src, unsigned(N * sizeof(T)));
-}
-template <int N, typename T>
-inline void xk_async_copy_aligned(threadgroup T* dst, const device T* src) {
-  xk_async_copy<N>(dst, src);
-}
-template <int N, typename T>
-inline void xk_async_copy_aligned_l1(threadgroup T* dst, const device T* src) {
-  xk_async_copy<N>(dst, src);
-}
-template <int N, typename T>
-inline bool xk_async_runs_aligned(const device T* src, long ld) {
-  (void)src;
-  (void)ld;
-  return true;
-}
-inline void xk_async_commit() { xk_async_me()->open++; }
-template <int G>
-inline void xk_async_wait() {
-  xk_async_state* s = xk_async_me();
-  constexpr unsigned g = G < 0 ? 0u : unsigned(G);  // as CUDA's wait_group (a negative G: all)
-  const unsigned done = s->open > g ? s->open - g : 0u;  // groups [0, done) complete
-  unsigned k = 0;
-  for (unsigned i = 0; i < s->count; ++i) {
-    xk_async_rec& r = s->recs[i];
-    if (r.group < done) {
-      memcpy(r.dst, r.bytes, r.n);
-    } else {
-      s->recs[k++] = r;
-    }
-  }
-  s->count = k;
-}
-
-// ---------------------------------------------------------------------------
 // Threadgroup storage. `threadgroup float a[16][17];` in a body is rewritten (on
 // the same line) to `typedef float xk_tg_t3[16][17]; auto& a = xk_tg<xk_tg_t3, 3>();`.
 // Each declaration gets its own 16-byte-aligned slot, laid out once when the
@@ -170,6 +84,115 @@ inline T& xk_tg() {
 extern "C" __attribute__((visibility("default"))) unsigned xk_tg_total(void) { return xk_tg_total_; }
 extern "C" __attribute__((visibility("default"))) unsigned xk_tg_size(int id) {
   return id >= 0 && id < XK_TG_DECLS ? xk_tg_sizes_[id] : 0;
+}
+
+// ---------------------------------------------------------------------------
+// Asynchronous copies (the bodies' xk_async_copy family, metal_src/_memory.metal) as
+// CUDA runs them (xlstm_kernels/cuda/simdgroup_matrix.h): a copy of 4, 8 or 16 bytes into
+// threadgroup memory from an address aligned to its size is a cp.async, landing as late as
+// cp.async may: its source is read when issued, its destination holds 0xFF bytes (NaN in
+// every float type) until the xk_async_wait<G> that completes its group (all but the G
+// most recent groups the thread committed; copies not yet committed stay pending), and
+// copies still pending when the thread ends never land. So a read before the wait sees
+// NaN, and a store into a pending destination is overwritten when the copy lands. Other
+// copies are synchronous, as on CUDA; xk_async_copy_aligned's preconditions (threadgroup
+// destination, aligned addresses) are checked, and xk_async_runs_aligned answers as CUDA's
+// does, so misaligned data takes the branch it takes there. Metal runs the portable,
+// synchronous forms. The state lives in the runtime's per-thread slot (xk_thread_slot).
+// ---------------------------------------------------------------------------
+#define XK_ASYNC_COPY
+namespace {
+struct xk_async_rec {
+  unsigned char* dst;
+  unsigned n, group;
+  unsigned char bytes[16];
+};
+struct xk_async_state {
+  unsigned count, open;  // pending records; the group new copies join (those below it are committed)
+  unsigned pad_[2];
+  xk_async_rec recs[1];  // as many as the slot holds
+};
+inline xk_async_state* xk_async_me() { return static_cast<xk_async_state*>(xk_thread_slot()->data); }
+inline unsigned xk_async_capacity() {
+  return unsigned((xk_thread_slot()->bytes - offsetof(xk_async_state, recs)) / sizeof(xk_async_rec));
+}
+inline bool xk_async_in_threadgroup(const void* p, unsigned n) {
+  const char* c = static_cast<const char*>(p);
+  const char* lo = xk_threadgroup_memory();
+  return c >= lo && c + n <= lo + xk_tg_total_;
+}
+inline void xk_async_push(void* dst, const void* src, unsigned n) {
+  xk_async_state* s = xk_async_me();
+  if (s->count == xk_async_capacity()) {
+    xk_error("more asynchronous copies pending in one thread than the emulator keeps (commit and wait sooner)");
+  }
+  xk_async_rec& r = s->recs[s->count++];
+  r.dst = static_cast<unsigned char*>(dst);
+  r.n = n;
+  r.group = s->open;
+  memcpy(r.bytes, src, n);
+  memset(dst, 0xFF, n);
+}
+// Whether CUDA's cp.async takes a copy of B bytes from src to dst.
+template <unsigned B>
+inline bool xk_async_takes(const void* dst, const void* src) {
+  return (B == 4 || B == 8 || B == 16) && xk_async_in_threadgroup(dst, B) &&
+         ((reinterpret_cast<size_t>(dst) | reinterpret_cast<size_t>(src)) & size_t(B - 1)) == 0;
+}
+}  // namespace
+template <int N, typename T>
+inline void xk_async_copy(threadgroup T* dst, const device T* src) {
+  constexpr unsigned B = unsigned(N * sizeof(T));
+  if (xk_async_takes<B>(dst, src)) {
+    xk_async_push(dst, src, B);
+  } else {
+    for (int k = 0; k < N; ++k) dst[k] = src[k];
+  }
+}
+template <int N, typename T>
+inline void xk_async_copy_aligned(threadgroup T* dst, const device T* src) {
+  constexpr unsigned B = unsigned(N * sizeof(T));
+  if (B == 4 || B == 8 || B == 16) {
+    if (!xk_async_in_threadgroup(dst, B)) {
+      xk_error("xk_async_copy_aligned: the destination is not in threadgroup memory");
+    }
+    if (((reinterpret_cast<size_t>(dst) | reinterpret_cast<size_t>(src)) & size_t(B - 1)) != 0) {
+      xk_error("xk_async_copy_aligned: an address is not aligned to the copy's size (check "
+               "xk_async_runs_aligned first)");
+    }
+    xk_async_push(dst, src, B);
+  } else {
+    for (int k = 0; k < N; ++k) dst[k] = src[k];
+  }
+}
+template <int N, typename T>
+inline void xk_async_copy_aligned_l1(threadgroup T* dst, const device T* src) {
+  xk_async_copy_aligned<N>(dst, src);
+}
+template <int N, typename T>
+inline bool xk_async_runs_aligned(const device T* src, long ld) {
+  constexpr size_t B = size_t(N) * sizeof(T);
+  if (B == 4 || B == 8 || B == 16) {
+    return ((reinterpret_cast<size_t>(src) | size_t(ld) * sizeof(T)) & (B - 1)) == 0;
+  }
+  return true;
+}
+inline void xk_async_commit() { xk_async_me()->open++; }
+template <int G>
+inline void xk_async_wait() {
+  xk_async_state* s = xk_async_me();
+  constexpr unsigned g = G < 0 ? 0u : unsigned(G);  // as CUDA's wait_group (a negative G: all)
+  const unsigned done = s->open > g ? s->open - g : 0u;  // groups [0, done) complete
+  unsigned k = 0;
+  for (unsigned i = 0; i < s->count; ++i) {
+    xk_async_rec& r = s->recs[i];
+    if (r.group < done) {
+      memcpy(r.dst, r.bytes, r.n);
+    } else {
+      s->recs[k++] = r;
+    }
+  }
+  s->count = k;
 }
 
 // ---------------------------------------------------------------------------
