@@ -1738,17 +1738,20 @@ if (NW > 1) {
 // Split-KV decode, pass 2: o = sum_s exp(lse_s - M) o_part_s / sum_s exp(lse_s - M),
 // M = max_s lse_s. One simdgroup per (b, h, query) row. The blocks go 32 at a time: lane
 // l holds block s0 + l's weight, and the simdgroup walks the 32 blocks with the weight
-// broadcast (simd_shuffle), each lane summing its columns lane, lane + 32, ... of DV; the
-// partial rows' loads of several blocks are in flight at once (independent of each
-// other). When every block's lse is at the masked level (every key of the row masked to
-// -FLT_MAX), the blocks are weighted by their key counts instead, which gives the uniform
-// average over all keys of the single-pass kernel.
+// broadcast (simd_shuffle), each lane summing its columns lane, lane + 32, ... of DV. A lane
+// loads RB blocks' columns before it adds any (independent loads, in flight together), and
+// with PF the first RB blocks' loads go out before the lse values are read and reduced, so
+// that a row of at most RB blocks costs one round trip to memory, not two. The sums are in
+// block order: the same bits for every RB and PF. When every block's lse is at the masked
+// level (every key of the row masked to -FLT_MAX), the blocks are weighted by their key
+// counts instead, which gives the uniform average over all keys of the single-pass kernel.
 // Threadgroup (32, R, 1); grid (32, rows, 1).
 // inputs: o_part (rows, n_blocks, DV) float; lse (rows, n_blocks) float; params (int64);
 //         klen (.., .., Lk, ..): only its shape is read, axis 2 carries Lk by value
 //         (o_part's carries n_blocks): the op passes the call's k itself (no new array per
 //         key length: a growing KV cache), or an empty (1, 1, Lk, 0) array
-// outputs: o (rows, DV) T.  template: T, DV, RB (blocks whose loads go out together)
+// outputs: o (rows, DV) T.  template: T, DV, RB (blocks whose loads go out together),
+//          PF (1: the first RB blocks' loads before the lse reduction)
 // params: [rows, 0, block_size, 0]
 constexpr int NC = (DV + 31) / 32;  // columns per lane
 const long rows = params[0], nb = long(o_part_shape[1]), bs = params[2], Lk = long(klen_shape[2]);
@@ -1758,11 +1761,14 @@ if (row < rows) {  // uniform per simdgroup
   const device float* lr = lse + row * nb;
   const device float* pr = o_part + row * nb * DV;
   float mall = -INFINITY;
-  for (long s = long(lane); s < nb; s += 32) {
-    mall = metal::max(mall, lr[s]);
+  bool all_masked = false;
+  if (!PF) {
+    for (long s = long(lane); s < nb; s += 32) {
+      mall = metal::max(mall, lr[s]);
+    }
+    mall = simd_max(mall);
+    all_masked = mall > -INFINITY && mall < -2.0e38f;
   }
-  mall = simd_max(mall);
-  const bool all_masked = mall > -INFINITY && mall < -2.0e38f;
   float num[NC];
   for (int c = 0; c < NC; ++c) {
     num[c] = 0.0f;
@@ -1770,12 +1776,9 @@ if (row < rows) {  // uniform per simdgroup
   float den = 0.0f;
   for (long s0 = 0; s0 < nb; s0 += 32) {
     const long s = s0 + long(lane);
-    const float wt = s >= nb ? 0.0f
-                     : all_masked ? float(metal::min(bs, Lk - s * bs))
-                                  : metal::exp(lr[s] - mall);
-    den += wt;
     const int cnt = int(metal::min(nb - s0, 32L));
     const device float* ps = pr + s0 * DV;
+    float wt = 0.0f;
     // RB blocks' columns loaded before any is added (RB loads a column in flight; blocks past
     // cnt load nothing), then added in block order: the same sums for every RB
     for (int i0 = 0; i0 < cnt; i0 += RB) {
@@ -1787,6 +1790,19 @@ if (row < rows) {  // uniform per simdgroup
           const int d = int(lane) + 32 * c;
           val[j][c] = (i0 + j < cnt && (DV % 32 == 0 || d < DV)) ? ps[long(i0 + j) * DV + d] : 0.0f;
         }
+      }
+      if (PF && s0 == 0 && i0 == 0) {  // uniform: the lse loads follow the first batch's
+        for (long t = long(lane); t < nb; t += 32) {
+          mall = metal::max(mall, lr[t]);
+        }
+        mall = simd_max(mall);
+        all_masked = mall > -INFINITY && mall < -2.0e38f;
+      }
+      if (i0 == 0) {
+        wt = s >= nb ? 0.0f
+             : all_masked ? float(metal::min(bs, Lk - s * bs))
+                          : metal::exp(lr[s] - mall);
+        den += wt;
       }
       XK_ATTN_UNROLL
       for (int j = 0; j < RB; ++j) {

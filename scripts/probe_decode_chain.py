@@ -18,7 +18,8 @@ n-call one; MLX's CUDA backend launches its first graph only after up to 100 enc
 20-call chain also counts the host's encoding); bsN rules: N keys a block on every shape.
 Dotted rule names combine tokens (session 27): "nw4.bs1024" runs 4 simdgroups per tile pass 1
 threadgroup (SPLIT_KV_MMA_WARPS) at 1024 keys a block; "nw2" the shipped block rule; "nw4.tg128.st2"
-aims for 128 threadgroups at 2 stages; ktN: tiles of N keys (SPLIT_KV_MMA_TILE).
+aims for 128 threadgroups at 2 stages; ktN: tiles of N keys (SPLIT_KV_MMA_TILE); pf0 / pf1 (session 28):
+pass 2 without / with its first batch of loads ahead of the lse reduction (REDUCE_PREFETCH).
 """
 
 from __future__ import annotations
@@ -69,6 +70,7 @@ RULES.update({f"bs{bs}": _fixed_rule(bs) for bs in (64, 128, 256, 512, 1024, 204
 # PROBE_DC_RULES="shipped tg512": the rules compared (tgN: _groups_rule(N))
 _names = os.environ.get("PROBE_DC_RULES", "").split()
 _REDUCE_BATCH = att.REDUCE_BATCH
+_PREFETCH = att.REDUCE_PREFETCH
 _WARPS = att.SPLIT_KV_MMA_WARPS
 _TILE = att.SPLIT_KV_MMA_TILE
 
@@ -99,6 +101,8 @@ if _names:
 
 def _use(groups: int | None, stages: int | None, saved: dict, rule=None, name: str = "") -> None:
     att.REDUCE_BATCH = _token(name, "rb") or _REDUCE_BATCH
+    pf = _token(name, "pf")
+    att.REDUCE_PREFETCH = _PREFETCH if pf is None else bool(pf)
     att.SPLIT_KV_MMA_WARPS = _token(name, "nw") or _WARPS
     att.SPLIT_KV_MMA_TILE = _token(name, "kt") or _TILE
     att.SPLIT_KV_MMA_TARGET_GROUPS = groups or saved["SPLIT_KV_MMA_TARGET_GROUPS"]

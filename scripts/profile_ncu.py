@@ -4,6 +4,7 @@
     python3 scripts/profile_ncu.py list                 # the cases and their kernel regexes
     python3 scripts/profile_ncu.py run CASE             # warm-up calls, then the profiled ones
     python3 scripts/profile_ncu.py timed decode:ours,B,HQ,HKV,LK,D[,BS] CALLS   # (cuda_device_run.sh ncutime)
+    python3 scripts/profile_ncu.py timed CASE CALLS     # any case, CALLS evals (ncu's kernel durations)
     bash scripts/cuda_device_run.sh stage2 ncu          # every case under ncu (NCU_CASES to pick)
 
 A case is (what runs, the regex of the kernel(s) to profile): ours and MLX's op at the same
@@ -69,6 +70,16 @@ def _cases():
             return lambda: xk.rope(x, shape[-1], traditional=False, base=10000.0, offset=off)
         return lambda: mx.fast.rope(x, shape[-1], traditional=False, base=10000.0, scale=1.0, offset=off)
 
+    def ln_vjp(ours: bool, dtype, rows=2048, n=8192):
+        x, w, b, g = rnd((rows, n), dtype), rnd((n,), dtype), rnd((n,), dtype), rnd((rows, n), dtype)
+        f = xk.layer_norm if ours else mx.fast.layer_norm
+        return lambda: mx.vjp(lambda a, c, d: f(a, c, d, 1e-5), [x, w, b], [g])[1]
+
+    def scale_copy(shape, dtype):
+        """x * 2 by MLX's elementwise kernel: a read and a write of x's bytes (a copy's traffic)."""
+        x = rnd(shape, dtype)
+        return lambda: x * 2
+
     def gemm(op: str, dtype=mx.float16, m=4096, n=4096, k=4096):
         a = rnd((m, k), dtype)
         if op == "gemm_at_b":
@@ -114,6 +125,11 @@ def _cases():
         "rms_vjp_bf16_mlx": (lambda: rms_vjp(False, mx.bfloat16), "rms_norm_vjp"),
         # session 13: the stage copies through L1 (cp.async.ca, as MLX's kernel) instead of .cg
         "rms_vjp_bf16_ours_l1": (lambda: rms_vjp(True, mx.bfloat16, stage_l1=True), "custom_kernel_rms_norm_vjp"),
+        # session 28: kernel durations with warm caches (timed), beside a copy of the same bytes
+        "ln_vjp_bf16_8k_ours": (lambda: ln_vjp(True, mx.bfloat16), "custom_kernel_layer_norm_vjp|norm_partials"),
+        "ln_vjp_bf16_8k_mlx": (lambda: ln_vjp(False, mx.bfloat16), "layer_norm|vjp"),
+        "copy_bf16_2kx8k": (lambda: scale_copy((2048, 8192), mx.bfloat16), "binary|multiply"),
+        "copy_rope_bf16": (lambda: scale_copy((2, 32, 4096, 128), mx.bfloat16), "binary|multiply"),
         "rope_ours": (lambda: rope(True), "custom_kernel_rope"),
         "rope_mlx": (lambda: rope(False), "rope"),
         # RoPE's decode step (32 sequences x 32 heads, one position each; session 12)
@@ -143,11 +159,12 @@ def _decode_case(spec: str):
 
 
 def _timed(spec: str, calls: int) -> int:
-    """Run a decode case `calls` times after WARM, one eval per call (for ncu's kernel
-    durations with ``--metrics gpu__time_duration.sum``; cuda_device_run.sh ncutime)."""
+    """Run a decode case (``decode:...``) or a named case `calls` times after WARM, one eval
+    per call (for ncu's kernel durations with ``--metrics gpu__time_duration.sum``;
+    cuda_device_run.sh ncutime)."""
     import mlx.core as mx
 
-    fn = _decode_case(spec)[0]()
+    fn = (_decode_case(spec) if spec.startswith("decode:") else _cases()[spec])[0]()
     for _ in range(WARM + calls):
         mx.eval(fn())
     mx.synchronize()

@@ -789,9 +789,11 @@ def test_partial_lse_and_reduce(kernel_backend, walk):
 @pytest.mark.parametrize("dv", [64, 40])
 @pytest.mark.parametrize("nb", [7, 45])  # one pass of 32 blocks, or two (13 in the second)
 def test_reduce_batch_gives_the_same_bits(kernel_backend, monkeypatch, nb, dv):
-    """Pass 2 loading RB blocks' partial rows at a time (REDUCE_BATCH: 1, 3, 4, 8, 32, over
-    block counts that RB does not divide and head dims not a multiple of 32) adds them in
-    block order: the same bits for every RB, and the weighted mean of the rows (float64)."""
+    """Pass 2 loading RB blocks' partial rows at a time (REDUCE_BATCH: 1, 3, 4, 8, 16, 32,
+    over block counts that RB does not divide and head dims not a multiple of 32), with its
+    first batch loaded before or after the lse reduction (REDUCE_PREFETCH), adds them in
+    block order: the same bits for every RB and prefetch, and the weighted mean of the rows
+    (float64)."""
     if kernel_backend == "reference":
         pytest.skip("attention_reduce is a kernel; the reference backend has none")
     rng = np.random.default_rng(seed_of("reduce-batch", nb, dv))
@@ -800,14 +802,17 @@ def test_reduce_batch_gives_the_same_bits(kernel_backend, monkeypatch, nb, dv):
     lse_np = rng.standard_normal((1, rows, 1, nb)).astype(np.float32) * 3.0
     lse = mx.array(lse_np)
     outs = {}
-    for rb in (1, 3, 4, 8, 32):
-        monkeypatch.setattr(att, "REDUCE_BATCH", rb)
-        outs[rb] = np.asarray(att.attention_reduce(o_part, lse, block_size=bs, num_keys=nb * bs, dtype=mx.float32))
-    for rb, out in outs.items():
-        assert np.array_equal(out, outs[4]), rb
+    for rb in (1, 3, 4, 8, 16, 32):
+        for pf in (False, True):
+            monkeypatch.setattr(att, "REDUCE_BATCH", rb)
+            monkeypatch.setattr(att, "REDUCE_PREFETCH", pf)
+            outs[rb, pf] = np.asarray(att.attention_reduce(o_part, lse, block_size=bs, num_keys=nb * bs,
+                                                           dtype=mx.float32))
+    for key, out in outs.items():
+        assert np.array_equal(out, outs[4, False]), key
     w = np.exp(lse_np.astype(np.float64) - lse_np.max(axis=-1, keepdims=True))
     want = (w[..., None] * np.asarray(o_part, dtype=np.float64)).sum(-2) / w.sum(-1)[..., None]
-    assert rel_err(outs[4].astype(np.float64), want) < 1e-5
+    assert rel_err(outs[4, False].astype(np.float64), want) < 1e-5
 
 
 @pytest.mark.parametrize("dtype_name", ["float32", "float16"])
@@ -907,13 +912,16 @@ def test_decode_family_keeps_the_path_rule(kernel_backend, monkeypatch):
         assert seen[:3] == [["attention_prefill"]] * 3 and seen[3:5] == split * 2 and seen[5] == ["attention_prefill"]
 
 
+@pytest.mark.parametrize("prefetch", [False, True])
 @pytest.mark.parametrize("nb,dv", [(3, 5), (33, 64), (70, 130), (64, 128)])
-def test_reduce_many_blocks(kernel_backend, nb, dv):
+def test_reduce_many_blocks(kernel_backend, monkeypatch, nb, dv, prefetch):
     """Pass 2 alone over random partials: 32 blocks at a time (nb past 32 and not a multiple
     of it), columns past a lane's first (DV > 32, and not a multiple of 32); one row with
-    a -inf block, one with every block at the masked level (weighted by key counts)."""
+    a -inf block, one with every block at the masked level (weighted by key counts); the
+    first batch's loads before or after the lse reduction (REDUCE_PREFETCH)."""
     if kernel_backend == "reference":
         pytest.skip("attention_reduce is a kernel; the reference backend has none")
+    monkeypatch.setattr(att, "REDUCE_PREFETCH", prefetch)
     rows, bs = 6, 16
     lk = nb * bs - 5  # the last block holds 11 keys
     rng = np.random.default_rng(seed_of("reduce", nb, dv))

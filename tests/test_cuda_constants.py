@@ -138,3 +138,46 @@ def test_lazy_device_array_takes_one_int32_only():
     for values, dtype in (([1, 2], mx.int32), ([1.5], mx.float32), ([3], mx.int64)):
         with pytest.raises(ValueError, match="one int32 value"):
             constants.device_array(values, dtype, lazy=True)
+
+
+@pytest.mark.parametrize("transform", ["vjp", "grad", "compile"])
+def test_device_array_made_in_a_custom_backward_is_an_evaluated_copy(transform, monkeypatch):
+    """A constant first made inside a custom function's backward (where the ops plan their
+    backward launches) may not be scheduled on this thread (mx.async_eval refuses there):
+    it is made on the helper thread instead of falling back to the host array (managed
+    memory on CUDA, read over the host link at every launch): an evaluated array, cached
+    for later calls outside the transform."""
+    made = []
+    real = constants._made_off_thread
+    monkeypatch.setattr(constants, "_made_off_thread", lambda *a: made.append(1) or real(*a))
+    seen = []
+
+    @mx.custom_function
+    def scale(x):
+        return x * 2.0
+
+    @scale.vjp
+    def scale_vjp(primals, cotangent, output):
+        c = constants.device_array([3, 5], mx.float32)  # planned at the first backward
+        seen.append(c)
+        return cotangent * c
+
+    loss = lambda a: scale(a).sum()  # noqa: E731
+    x = mx.array([1.0, 2.0])
+    if transform == "vjp":
+        _, (g,) = mx.vjp(scale, [x], [mx.array([1.0, 1.0])])
+    elif transform == "grad":
+        g = mx.grad(loss)(x)
+    else:
+        g = mx.compile(mx.grad(loss))(x)
+    np.testing.assert_allclose(np.array(g), [3.0, 5.0])
+    assert made, "the backward's constant was not made on the helper thread"
+    c = seen[0]
+    assert constants.device_array([3, 5], mx.float32) is c  # cached for calls outside the transform
+    np.testing.assert_array_equal(np.array(c * 2), [6.0, 10.0])
+
+
+def test_device_array_falls_back_to_the_host_array_when_the_helper_fails(monkeypatch):
+    monkeypatch.setattr(constants, "_padded_copy", lambda host: (_ for _ in ()).throw(RuntimeError("no stream")))
+    a = constants.device_array([7, 9], mx.int32)
+    np.testing.assert_array_equal(np.array(a), [7, 9])

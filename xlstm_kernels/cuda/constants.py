@@ -14,7 +14,9 @@ forward's chained time from 13.2 to 8.0 us.
 device memory), of which the caller gets a view of the original shape. The copy is
 scheduled with ``mx.async_eval`` (it never waits for the GPU's queued work), and a
 scheduled array is a constant to ``mx.compile`` (the graph replay of memoised calls
-captures it as it is). ``XLSTM_KERNELS_CUDA_DEVICE_CONSTS=0`` turns it off (the host
+captures it as it is). Where a transform traces the calling thread (``mx.async_eval``
+refuses: a backward planned inside ``mx.vjp``), a helper thread makes and evaluates the
+copy (session 28; before, such plans kept the host array). ``XLSTM_KERNELS_CUDA_DEVICE_CONSTS=0`` turns it off (the host
 arrays as they are).
 """
 
@@ -87,7 +89,7 @@ def device_array(values: Any, dtype: mx.Dtype, *, lazy: bool = False) -> mx.arra
     """``mx.array(values, dtype=dtype)`` (`values`: a number or a flat list of numbers) as
     a view of a device-memory copy made on the current stream; the same array object for
     equal arguments on the same thread and stream. The host array where it is off, where
-    the constant is large, or where the copy cannot be scheduled.
+    the constant is large, or where no copy can be made (here or on the helper thread).
 
     `lazy` (one int32 value only): the copy is left in the graph instead of scheduled (no
     ``mx.async_eval``, ~20 us of host time less; one copy kernel): for values that change from step to step (a decode loop's
@@ -128,19 +130,61 @@ def device_array(values: Any, dtype: mx.Dtype, *, lazy: bool = False) -> mx.arra
     if host.nbytes > MAX_BYTES:
         return host
     try:
-        flat = host.reshape(-1)
-        # padded past 8 bytes (not MLX's managed scalar pool) by a concatenation
-        pad = max(1, -(-32 // host.itemsize) - flat.size)
-        padded = mx.concatenate([flat, mx.zeros((pad,), dtype=dtype)])
-        view = padded[: flat.size].reshape(host.shape)
+        view = _padded_copy(host)
         mx.async_eval(view)
-    except Exception:  # noqa: BLE001  (no GPU stream here, or a transform refuses it: the host array)
-        return host
+    except Exception:  # noqa: BLE001  (a transform traces this thread, or no GPU stream here)
+        view = _made_off_thread(values, dtype)
+        if view is None:
+            return host
     if cache is not None:
         if len(cache) >= MAX_ENTRIES:
             cache.clear()
         cache[key] = view
     return view
+
+
+def _padded_copy(host: mx.array) -> mx.array:
+    """A view of `host`'s shape of a device-memory copy of it, padded past 8 bytes (not
+    MLX's managed scalar pool) by a concatenation (unevaluated)."""
+    flat = host.reshape(-1)
+    pad = max(1, -(-32 // host.itemsize) - flat.size)
+    padded = mx.concatenate([flat, mx.zeros((pad,), dtype=host.dtype)])
+    return padded[: flat.size].reshape(host.shape)
+
+
+_helper: list = [None]  # the helper thread's executor, made at first use
+_helper_lock = threading.Lock()
+
+
+def _made_off_thread(values: Any, dtype: mx.Dtype) -> mx.array | None:
+    """The padded device copy of ``mx.array(values, dtype)``, made and evaluated on a helper
+    thread; None where that fails.
+
+    Why: a plan made while a transform traces this thread (the first backward of a
+    signature runs inside ``mx.vjp`` / ``mx.grad``, a replayed call inside
+    ``mx.compile``) may not schedule arrays (``mx.async_eval`` refuses), and the host
+    array it would fall back to is managed memory, which the GPU reads over the host link
+    at every launch. Session 28, H200, Nsight Compute: the LayerNorm backward's partial
+    sums (bf16 2048x8192) spent ~21 us a call waiting for their params so; MLX's tracing
+    state is per thread, so another thread may evaluate the copy meanwhile. The result
+    is an evaluated constant (no graph, not a tracer)."""
+    if _helper[0] is None:
+        with _helper_lock:
+            if _helper[0] is None:
+                import concurrent.futures
+
+                _helper[0] = concurrent.futures.ThreadPoolExecutor(max_workers=1,
+                                                                   thread_name_prefix="xlstm-kernels-consts")
+
+    def make() -> mx.array:
+        view = _padded_copy(mx.array(values, dtype=dtype))
+        mx.eval(view)
+        return view
+
+    try:
+        return _helper[0].submit(make).result()
+    except Exception:  # noqa: BLE001  (no GPU stream on the helper either: the host array)
+        return None
 
 
 def _lazy_copy(values: int, shape: tuple) -> mx.array:

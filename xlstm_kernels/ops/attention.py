@@ -844,6 +844,9 @@ def _partial_mma_launch(q, k, v, m: _Mask, scale: float, block_size: int, backen
 #: of 1x32x8x16384 at 16 us (caches flushed: its 8 threadgroups wait on one block's loads
 #: after another).
 REDUCE_BATCH = 8
+#: Split-KV pass 2: the first REDUCE_BATCH blocks' partial rows are loaded before the row's
+#: lse values are read and reduced (the kernel's PF), so that both go out together.
+REDUCE_PREFETCH = True
 
 
 def _reduce_launch(o_part, lse, block_size: int, num_keys: int, dtype, klen=None) -> tuple[KernelSpec, dict]:
@@ -861,7 +864,7 @@ def _reduce_launch(o_part, lse, block_size: int, num_keys: int, dtype, klen=None
         output_dtypes=[dtype],
         grid=(32, rows, 1),
         threadgroup=(32, min(4, rows), 1),
-        template=[("T", dtype), ("DV", dv), ("RB", REDUCE_BATCH)],
+        template=[("T", dtype), ("DV", dv), ("RB", REDUCE_BATCH), ("PF", int(bool(REDUCE_PREFETCH)))],
     )
 
 
