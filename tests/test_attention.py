@@ -797,9 +797,11 @@ def test_reduce_batch_gives_the_same_bits(kernel_backend, monkeypatch, nb, dv):
     if kernel_backend == "reference":
         pytest.skip("attention_reduce is a kernel; the reference backend has none")
     rng = np.random.default_rng(seed_of("reduce-batch", nb, dv))
-    rows, bs = 3, 16
+    rows, bs = 5, 16
     o_part = mx.array(rng.standard_normal((1, rows, 1, nb, dv)).astype(np.float32))
     lse_np = rng.standard_normal((1, rows, 1, nb)).astype(np.float32) * 3.0
+    lse_np[0, 3, 0, nb // 2] = -np.inf  # a block with no key
+    lse_np[0, 4] = -np.finfo(np.float32).max  # every key masked: blocks weighted by key counts
     lse = mx.array(lse_np)
     outs = {}
     for rb in (1, 3, 4, 8, 16, 32):
@@ -811,6 +813,7 @@ def test_reduce_batch_gives_the_same_bits(kernel_backend, monkeypatch, nb, dv):
     for key, out in outs.items():
         assert np.array_equal(out, outs[4, False]), key
     w = np.exp(lse_np.astype(np.float64) - lse_np.max(axis=-1, keepdims=True))
+    w[0, 4] = bs  # the all-masked row: every block holds bs keys
     want = (w[..., None] * np.asarray(o_part, dtype=np.float64)).sum(-2) / w.sum(-1)[..., None]
     assert rel_err(outs[4, False].astype(np.float64), want) < 1e-5
 

@@ -178,6 +178,17 @@ def test_device_array_made_in_a_custom_backward_is_an_evaluated_copy(transform, 
 
 
 def test_device_array_falls_back_to_the_host_array_when_the_helper_fails(monkeypatch):
-    monkeypatch.setattr(constants, "_padded_copy", lambda host: (_ for _ in ()).throw(RuntimeError("no stream")))
+    """No copy can be made, here or on the helper thread: the host array, not cached, and the
+    helper is not tried again (each try would cost a thread round trip)."""
+    tries = []
+
+    def refuse(host):
+        tries.append(threading.current_thread().name)
+        raise RuntimeError("no stream")
+
+    monkeypatch.setattr(constants, "_padded_copy", refuse)
     a = constants.device_array([7, 9], mx.int32)
     np.testing.assert_array_equal(np.array(a), [7, 9])
+    assert constants.device_array([7, 9], mx.int32) is not a  # not cached
+    assert len(tries) == 3 and tries[1].startswith("xlstm-kernels-consts")  # here, helper; then here only
+    np.testing.assert_array_equal(np.array(constants.device_array([7, 9], mx.int32)), [7, 9])

@@ -22,6 +22,7 @@ arrays as they are).
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import threading
 from typing import Any
@@ -152,7 +153,7 @@ def _padded_copy(host: mx.array) -> mx.array:
     return padded[: flat.size].reshape(host.shape)
 
 
-_helper: list = [None]  # the helper thread's executor, made at first use
+_helper: list = [None, False]  # the helper thread's executor (made at first use), and whether it failed
 _helper_lock = threading.Lock()
 
 
@@ -168,13 +169,8 @@ def _made_off_thread(values: Any, dtype: mx.Dtype) -> mx.array | None:
     sums (bf16 2048x8192) spent ~21 us a call waiting for their params so; MLX's tracing
     state is per thread, so another thread may evaluate the copy meanwhile. The result
     is an evaluated constant (no graph, not a tracer)."""
-    if _helper[0] is None:
-        with _helper_lock:
-            if _helper[0] is None:
-                import concurrent.futures
-
-                _helper[0] = concurrent.futures.ThreadPoolExecutor(max_workers=1,
-                                                                   thread_name_prefix="xlstm-kernels-consts")
+    if _helper[1]:  # failed before (no GPU stream there, interpreter shutdown): not tried again
+        return None
 
     def make() -> mx.array:
         view = _padded_copy(mx.array(values, dtype=dtype))
@@ -182,8 +178,14 @@ def _made_off_thread(values: Any, dtype: mx.Dtype) -> mx.array | None:
         return view
 
     try:
+        if _helper[0] is None:
+            with _helper_lock:
+                if _helper[0] is None:
+                    _helper[0] = concurrent.futures.ThreadPoolExecutor(max_workers=1,
+                                                                       thread_name_prefix="xlstm-kernels-consts")
         return _helper[0].submit(make).result()
-    except Exception:  # noqa: BLE001  (no GPU stream on the helper either: the host array)
+    except Exception:  # noqa: BLE001  (the caller keeps the host array)
+        _helper[1] = True
         return None
 
 
@@ -208,5 +210,6 @@ _LAZY_KEYS = object()  # a stream cache's entry: the keys of its lazy copies, ol
 
 
 def clear() -> None:
-    """Drop this thread's cached device copies (tests)."""
+    """Drop this thread's cached device copies and forget a failure of the helper thread (tests)."""
     _local.caches = []
+    _helper[1] = False
