@@ -195,6 +195,13 @@ def main(argv: list[str] | None = None) -> int:
         cubin = out / f"{stem}.cubin"
         res = subprocess.run([ptxas, f"-arch={args.arch}", "-v", "-o", str(cubin), str(ptx_dir / f"{stem}.ptx")],
                              capture_output=True, text=True)
+        older = re.search(r"Unsupported \.version [\d.]+; current version is '([\d.]+)'", res.stderr)
+        if older:  # NVRTC newer than ptxas (pip's nvrtc 13.x beside a 13.0 toolkit): its PTX, relabelled
+            ptx_file = ptx_dir / f"{stem}.ptx"
+            ptx_file.write_text(re.sub(r"^\.version [\d.]+", f".version {older.group(1)}", ptx_file.read_text(), flags=re.M))
+            print(f"  (PTX relabelled .version {older.group(1)} for this ptxas)")
+            res = subprocess.run([ptxas, f"-arch={args.arch}", "-v", "-o", str(cubin), str(ptx_file)],
+                                 capture_output=True, text=True)
         info = " ".join(line.split("info    : ")[-1].strip() for line in res.stderr.splitlines()
                         if "Used" in line or "spill" in line or "stack" in line)
         print("  ptxas:", info or res.stderr.strip()[:2000])

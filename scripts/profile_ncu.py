@@ -5,6 +5,7 @@
     python3 scripts/profile_ncu.py run CASE             # warm-up calls, then the profiled ones
     python3 scripts/profile_ncu.py timed decode:ours,B,HQ,HKV,LK,D[,BS] CALLS   # (cuda_device_run.sh ncutime)
     python3 scripts/profile_ncu.py timed CASE CALLS     # any case, CALLS evals (ncu's kernel durations)
+    python3 scripts/profile_ncu.py timed rope:ours,B,H,L,D CALLS   # RoPE (ours | mlx | copy) at any shape
     bash scripts/cuda_device_run.sh stage2 ncu          # every case under ncu (NCU_CASES to pick)
 
 A case is (what runs, the regex of the kernel(s) to profile): ours and MLX's op at the same
@@ -132,6 +133,10 @@ def _cases():
         "copy_rope_bf16": (lambda: scale_copy((2, 32, 4096, 128), mx.bfloat16), "binary|multiply"),
         "rope_ours": (lambda: rope(True), "custom_kernel_rope"),
         "rope_mlx": (lambda: rope(False), "rope"),
+        # session 29: the same kernels at 4x the bytes (4x32x8192x128, 256 MiB each way)
+        "copy_rope_big_bf16": (lambda: scale_copy((4, 32, 8192, 128), mx.bfloat16), "binary|multiply"),
+        "rope_big_ours": (lambda: rope(True, shape=(4, 32, 8192, 128)), "custom_kernel_rope"),
+        "rope_big_mlx": (lambda: rope(False, shape=(4, 32, 8192, 128)), "rope"),
         # RoPE's decode step (32 sequences x 32 heads, one position each; session 12)
         "rope_dec_ours": (lambda: rope(True, shape=(32, 32, 1, 128)), "custom_kernel_rope"),
         "rope_dec_mlx": (lambda: rope(False, shape=(32, 32, 1, 128)), "rope"),
@@ -158,13 +163,33 @@ def _decode_case(spec: str):
     return (lambda: lambda: mx.fast.scaled_dot_product_attention(q, k, v, scale=d**-0.5)), "sdpa|cudnn|flash"
 
 
+def _rope_case(spec: str):
+    """``rope:WHO,B,H,L,D`` (WHO = ours | mlx | copy: MLX's x * 2 on the same bytes), bf16,
+    per-sequence offsets (session 29: kernel time against size)."""
+    import mlx.core as mx
+
+    import xlstm_kernels as xk
+
+    who, *vals = spec.split(":", 1)[1].split(",")
+    b, h, seq, d = (int(v) for v in vals[:4])
+    x = mx.random.normal((b, h, seq, d)).astype(mx.bfloat16)
+    off = mx.array([7 * i + 3 for i in range(b)], dtype=mx.int32)
+    mx.eval(x, off)
+    if who == "ours":
+        return (lambda: lambda: xk.rope(x, d, offset=off)), "custom_kernel_rope"
+    if who == "copy":
+        return (lambda: lambda: x * 2), "binary|multiply"
+    return (lambda: lambda: mx.fast.rope(x, d, traditional=False, base=10000.0, scale=1.0, offset=off)), "rope"
+
+
 def _timed(spec: str, calls: int) -> int:
     """Run a decode case (``decode:...``) or a named case `calls` times after WARM, one eval
     per call (for ncu's kernel durations with ``--metrics gpu__time_duration.sum``;
     cuda_device_run.sh ncutime)."""
     import mlx.core as mx
 
-    fn = (_decode_case(spec) if spec.startswith("decode:") else _cases()[spec])[0]()
+    case = _decode_case if spec.startswith("decode:") else _rope_case if spec.startswith("rope:") else None
+    fn = (case(spec) if case else _cases()[spec])[0]()
     for _ in range(WARM + calls):
         mx.eval(fn())
     mx.synchronize()
