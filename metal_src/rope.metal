@@ -31,11 +31,33 @@
 //            [P x, P x + P), the others copy features dims + W * (x - ceil(half / P)) ..;
 //   grid.y = L (the position);
 //   grid.z = B * ceil(H / N): each thread handles the same features of N rows of one
-//            batch element at the same position, so cos/sin (precise math) are computed
+//            batch element at the same position, so cos/sin (xk_rope_cos_sin) are computed
 //            once per N rows; it reads all N rows before writing any.
 // No threadgroup memory and no barriers: a thread outside the grid returns at once.
 
 // @header
+// cos(theta) and sin(theta). FAST (cuda): theta is reduced to about [-pi, pi] by
+// subtracting the nearest multiple k of 2 pi in two fused steps (2 pi = C1 + C2, C1 =
+// float(2 pi): k * C1 is exact in the fma, so the reduced angle carries ~1 ulp of pi for
+// |theta| up to ~2^24), then the fast functions, whose error on [-pi, pi] is ~4e-7 absolute
+// on NVIDIA GPUs (2^-21.4: CUDA's __sinf / __cosf); ~10 instructions a pair where CUDA's
+// precise cos and sin of an unreduced theta take ~100 and a local-memory slow path
+// (session 29). Else the precise functions (Metal documents fast cos / sin only to 2^-13).
+// Either way theta itself, a float product, carries up to ulp(theta) / 2 (~2.4e-4 at 4096).
+template <bool FAST>
+METAL_FUNC void xk_rope_cos_sin(float theta, thread float& c, thread float& s) {
+  if (FAST) {
+    const float k = metal::rint(theta * 0.159154943091895336f);  // theta / (2 pi), rounded
+    float r = metal::fma(-k, 6.28318548202514648f, theta);      // - k * C1
+    r = metal::fma(-k, -1.74845553146951715e-7f, r);            // - k * C2
+    c = metal::fast::cos(r);
+    s = metal::fast::sin(r);
+  } else {
+    c = metal::precise::cos(theta);
+    s = metal::precise::sin(theta);
+  }
+}
+
 // x read in place with a feature stride other than 1 (a transposed last axis): the run of
 // W features at feature i (below lim) of nr <= R rows p + r * rs, features es elements
 // apart, element by element; zeros past lim or nr. t[r * M + k] = p[r * rs + (i + k) * es].
@@ -50,19 +72,20 @@ METAL_FUNC void xk_rope_load_strided(const device T* p, size_t rs, long es, uint
 }
 
 // @kernel rope
-// inputs:  x (B, H, L, D) T, any strides; offsets (B,) or (1,) int, any stride; freqs (half,)
-//          float, any stride;
-//          params (6,) int = [half, D, L, H, ceil(H / N), per-batch offsets]; scale () float
+// inputs:  x (B, H, L, D) T, any strides; offsets (B,) (per-batch offsets) or (1,) int, any
+//          stride; freqs (half,) float, any stride; scale () float. The sizes come from the
+//          shapes (kernel arguments, no memory read before the data loads: session 29).
 // outputs: y (B, H, L, D) T, row-contiguous.
 // template: T, TRADITIONAL (pairing), BACKWARD (rotate by -theta: the VJP),
-//           N (rows per thread), P (pairs per thread: 1, 2, 4 or 8; 2P <= 8 if TRADITIONAL)
+//           N (rows per thread), P (pairs per thread: 1, 2, 4 or 8; 2P <= 8 if TRADITIONAL),
+//           FAST_TRIG (xk_rope_cos_sin's reduced angle and fast functions)
 constexpr int W = TRADITIONAL ? 2 * P : P;  // features per run
-const uint half_dims = uint(params[0]);
-const uint d_total = uint(params[1]);
-const uint seq_len = uint(params[2]);
-const uint rows_per_group = uint(params[3]);  // H
-const uint z_per_group = uint(params[4]);
-const bool per_batch = params[5] != 0;
+const uint half_dims = uint(freqs_shape[0]);
+const uint d_total = uint(x_shape[3]);
+const uint seq_len = uint(x_shape[2]);
+const uint rows_per_group = uint(x_shape[1]);  // H
+const uint z_per_group = (rows_per_group + uint(N) - 1u) / uint(N);
+const bool per_batch = offsets_shape[0] > 1;
 const uint n_copy = d_total - 2u * half_dims;
 const uint n_rot = (half_dims + P - 1) / P;  // threads along x that rotate
 
@@ -83,6 +106,19 @@ const device T* xs = x + size_t(grp) * size_t(x_strides[0]) + size_t(r0) * xrs +
 
 if (q < n_rot) {
   const uint j0 = q * P;
+  // The frequencies and the offset first: their loads in flight with the data's. Issued after
+  // the data loads they were a second round trip (session 29, Nsight Compute: a third of the
+  // stall samples waited for the offset, loaded once the data had arrived).
+  float f[P];
+  const long fs = long(freqs_strides[0]);  // freqs and offsets are read as given (any stride)
+  if (fs == 1) {
+    xk_load_runs_f<P, 1>(freqs, j0, P, half_dims, f);
+  } else {
+    for (int k = 0; k < P; k++) {
+      f[k] = j0 + uint(k) < half_dims ? float(freqs[long(j0 + uint(k)) * fs]) : 0.0f;
+    }
+  }
+  const int offset = offsets[per_batch ? long(grp) * long(offsets_strides[0]) : 0l];
   const uint a0 = TRADITIONAL ? 2u * j0 : j0;
   const uint a_end = TRADITIONAL ? 2u * half_dims : half_dims;
   // a[r * 2P + k] / b[r * P + k]: the features of pair j0 + k of row r (traditional: both
@@ -113,23 +149,14 @@ if (q < n_rot) {
       xk_rope_load_strided<P, N, P>(xs + long(half_dims) * xes, xrs, xes, j0, half_dims, nr, b);
     }
   }
-  float f[P];
-  const long fs = long(freqs_strides[0]);  // freqs and offsets are read as given (any stride)
-  if (fs == 1) {
-    xk_load_runs_f<P, 1>(freqs, j0, P, half_dims, f);
-  } else {
-    for (int k = 0; k < P; k++) {
-      f[k] = j0 + uint(k) < half_dims ? float(freqs[long(j0 + uint(k)) * fs]) : 0.0f;
-    }
-  }
-  const float pos = float(int(l) + offsets[per_batch ? long(grp) * long(offsets_strides[0]) : 0l]);
+  const float pos = float(int(l) + offset);
   float c[P];
   float s[P];
   for (int k = 0; k < P; k++) {
     const float inv_freq = j0 + k < half_dims ? 1.0f / f[k] : 0.0f;  // pairs past half: unused
     const float theta = (scale * pos) * inv_freq;
-    c[k] = metal::precise::cos(theta);
-    s[k] = BACKWARD ? -metal::precise::sin(theta) : metal::precise::sin(theta);
+    xk_rope_cos_sin<FAST_TRIG>(theta, c[k], s[k]);
+    s[k] = BACKWARD ? -s[k] : s[k];
   }
   for (int r = 0; r < N; ++r) {
     for (int k = 0; k < P; k++) {

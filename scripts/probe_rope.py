@@ -4,7 +4,7 @@
     XLSTM_KERNELS_BACKEND=emulate python3 scripts/probe_rope.py --tiny      # logic check
 
 Variants: N = rows per thread (ops.rope.ROWS_PER_THREAD) and T = threads per threadgroup at
-most (ops.rope._MAX_THREADS), set as module attributes (the call memo is cleared for
+most (ops.rope._MAX_THREADS, MAX_THREADS emptied), set as module attributes (the call memo is cleared for
 each); PROBE_ROPE_VARIANTS="4/256,2/256" picks them. Columns: sync ms (one call per
 mx.eval), queued ms (20 calls per mx.eval), pipelined ms (the next 20 calls built while the
 device runs the last: max of host and device time), host us (building the 20 calls' graph,
@@ -27,7 +27,7 @@ from xlstm_kernels.benchmarks.timing import measure_pipelined
 from xlstm_kernels.ops import rope as rope_mod
 
 QUEUE = 20
-SHIPPED = (rope_mod.ROWS_PER_THREAD, rope_mod._MAX_THREADS)
+SHIPPED = (rope_mod.ROWS_PER_THREAD, rope_mod._MAX_THREADS, rope_mod.MAX_THREADS)
 
 
 def timed(fn, reps):
@@ -87,7 +87,7 @@ def main():
         ref = mlx()
         for n, t in variants:
             rope_mod.ROWS_PER_THREAD = n
-            rope_mod._MAX_THREADS = t
+            rope_mod._MAX_THREADS, rope_mod.MAX_THREADS = t, {}  # t on every backend
             rope_mod._CALLS.clear()
 
             def ours():
@@ -104,7 +104,7 @@ def main():
             print(f"{'x'.join(map(str, shape)):>18} {dims:>4} {int(trad):>4} {off:>5} {f'{n}/{t}':>6} {o_sync:9.4f} "
                   f"{m_sync:8.4f} {o_q:8.4f} {m_q:8.4f} {o_p:8.4f} {m_p:8.4f} {o_host:7.1f} {m_host:8.1f} {gbs:7.0f} "
                   f"{m_sync / o_sync:5.2f} {m_q / o_q:7.2f} {m_p / o_p:7.2f} {err:8.1e}", flush=True)
-    rope_mod.ROWS_PER_THREAD, rope_mod._MAX_THREADS = SHIPPED
+    rope_mod.ROWS_PER_THREAD, rope_mod._MAX_THREADS, rope_mod.MAX_THREADS = SHIPPED
     if args.out:
         with open(args.out, "w") as f:
             json.dump(dict(device=str(mx.default_device()), rows=rows), f, indent=1)

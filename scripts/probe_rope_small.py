@@ -33,12 +33,12 @@ CALLS = 20
 REPEATS = int(os.environ.get("PROBE_RS_REPEATS", "11"))
 _ppt = rope_ops.pairs_per_thread
 _rows = rope_ops.ROWS_PER_THREAD
-_tmax = rope_ops._MAX_THREADS
+_tmax = rope_ops.MAX_THREADS.get("cuda", rope_ops._MAX_THREADS)
 
 
 def _use(n: int, p_div: int, tmax: int = _tmax) -> None:
     rope_ops.ROWS_PER_THREAD = n
-    rope_ops._MAX_THREADS = tmax
+    rope_ops._MAX_THREADS, rope_ops.MAX_THREADS = tmax, {}  # tmax on every backend
     rope_ops.pairs_per_thread = lambda dtype, trad, half, run_bytes=16: max(1, _ppt(dtype, trad, half) // p_div)
     rope_ops._CALLS.clear()
 

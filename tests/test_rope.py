@@ -351,6 +351,7 @@ def test_cuda_plan_runs_in_the_emulator(dtype, traditional, p):
     freqs = mx.array((10000.0 ** (np.arange(half) / half)).astype(np.float32))
     kw = _launch_kwargs(x, dims, traditional, 1.0, offsets, freqs, False, "cuda")
     assert dict(kw["template"])["P"] == p
+    assert dict(kw["template"])["FAST_TRIG"] and np.prod(kw["threadgroup"]) <= 128
     assert dict(_launch_kwargs(x, dims, traditional, 1.0, offsets, freqs, False, "emulate")["template"])["P"] == 2 * p
     (y,) = check_schedules(runtime.get_kernel(ROPE, "emulate"), **kw, check_bounds=True)
     ref = np_rope(to_np(x), dims, traditional=traditional, offset=np.array([5, 0, 9]))
@@ -385,6 +386,51 @@ def test_launch_geometry():
     assert _launch_geometry(64, 1, 8) == (64, 1, 4)
     tx, ty, tz = _launch_geometry(300, 1000, 1000)
     assert tx * ty * tz <= 256
+    assert _launch_geometry(16, 4096, 16, 128) == (16, 8, 1)
+    assert np.prod(_launch_geometry(300, 1000, 1000, 128)) <= 128
+
+
+def np_rope_float_theta(x, dims, offset):
+    """The split-half rotation with theta made as the kernel makes it, in float32
+    (pos = float(l + offset), inv_freq = 1 / freqs, theta = (1 * pos) * inv_freq), then rotated
+    in float64: the reference for positions where theta's own rounding (ulp(theta) / 2, 0.03
+    at 2^20) is far above float32's tolerance."""
+    half = dims // 2
+    freqs = np.power(np.float64(10000.0), np.arange(half, dtype=np.float64) / half).astype(np.float32)
+    inv = np.float32(1.0) / freqs
+    pos = (np.arange(x.shape[-2], dtype=np.int64) + offset).astype(np.float32)
+    theta = (np.float32(1.0) * pos)[:, None] * inv[None, :]  # float32 products, as the kernel's
+    c, s = np.cos(theta.astype(np.float64)), np.sin(theta.astype(np.float64))
+    x = np.asarray(x, dtype=np.float64)
+    out = x.copy()
+    out[..., :half] = x[..., :half] * c - x[..., half:dims] * s
+    out[..., half:dims] = x[..., :half] * s + x[..., half:dims] * c
+    return out
+
+
+@pytest.mark.parametrize("fast_trig", [False, True])
+@pytest.mark.parametrize("offset", [3, 4000, 100_000, 2**20, 2**24 - 64])
+def test_large_positions(kernel_backend, monkeypatch, fast_trig, offset):
+    """cos / sin of large angles, both ways the kernel computes them (FAST_TRIG: theta
+    reduced to [-pi, pi], then the fast functions; else the precise ones), against the exact
+    cos / sin of the kernel's own float32 theta (float32 tolerance)."""
+    from xlstm_kernels.ops import rope as rope_mod
+
+    monkeypatch.setattr(rope_mod, "FAST_TRIG", {kernel_backend: fast_trig})
+    rope_mod._CALLS.clear()
+    x = rand((1, 3, 9, 64), mx.float32, seed=zlib.crc32(f"large positions {offset}".encode()))
+    out = rope(x, 64, offset=offset)
+    assert rel_err(out, np_rope_float_theta(to_np(x), 64, offset)) < TOL["float32"]
+    rope_mod._CALLS.clear()
+
+
+def test_kernel_freqs_are_the_base_freqs(kernel_backend):
+    """The frequencies the kernel reads (a device-memory copy on cuda) are _base_freqs'."""
+    from xlstm_kernels.ops.rope import _base_freqs, _kernel_freqs
+
+    got = _kernel_freqs(24, 500.0, kernel_backend)
+    assert got.dtype == mx.float32 and got.shape == (24,)
+    assert np.array_equal(np.asarray(got), np.asarray(_base_freqs(24, 500.0)))
 
 
 def test_empty(kernel_backend):

@@ -60,7 +60,7 @@ from ._callcache import placeholder
 from ._validate import check_array
 from .gemm import linear
 from .norm import rms_norm, rms_norm_reference
-from .rope import _base_freqs, _offset_array
+from .rope import _base_freqs, _kernel_freqs, _offset_array
 from .rope import _reference as _rope_reference
 from .rope import rope
 
@@ -531,7 +531,7 @@ def fused_norm_qkv_rope(
     rope_kw = dict(eps=eps, traditional=traditional, base=base, scale=scale, offset=offset)
     if backend == "reference" or bsz * seq == 0 or e == 0:
         return fused_norm_qkv_rope_reference(x, norm_weight, w_qkv, n_heads, n_kv_heads, **rope_kw)
-    freqs32 = _base_freqs(d // 2, base)
+    freqs32 = _kernel_freqs(d // 2, float(base), backend)
     offsets = offset.reshape(-1) if isinstance(offset, mx.array) else _offset_array(offset, backend)  # (1,) or (B,)
 
     @mx.custom_function

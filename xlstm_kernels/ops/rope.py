@@ -10,7 +10,8 @@ or ``1 / freqs[j]``; traditional pairs are ``(2j, 2j+1)``, the default (split-ha
 a 0-d integer array or one integer per batch element (shape ``(x.shape[0],)``).
 
 The kernel rotates P consecutive pairs for N rows sharing a position per thread (cos/sin
-in float with precise math, computed once per N rows), reading and writing runs of
+in float, computed once per N rows; on cuda of theta reduced to [-pi, pi] with the fast
+functions: ``FAST_TRIG``), reading and writing runs of
 consecutive features with one 16-byte access each where aligned (8 bytes on cuda:
 ``pairs_per_thread``, ``RUN_BYTES``);
 the VJP is the same kernel rotating by ``-theta`` (the rotation is orthogonal).
@@ -40,10 +41,19 @@ __all__ = ["rope", "rope_reference"]
 # x, offsets and freqs are read in place through their strides (queries / keys transposed
 # from (B, L, H, D) are not row-contiguous, and MLX would copy them before every launch; a
 # per-call mx.contiguous of offsets or freqs was a graph node of every call).
-ROPE = KernelSpec("rope", "rope", ("x", "offsets", "freqs", "params", "scale"), ("y",), ensure_row_contiguous=False)
+# The sizes reach the kernel as x's, freqs' and offsets' shapes (kernel arguments): a params
+# array in device memory was a load before every thread's first data load (session 29).
+ROPE = KernelSpec("rope", "rope", ("x", "offsets", "freqs", "scale"), ("y",), ensure_row_contiguous=False)
 
 ROWS_PER_THREAD = 4  # N: rows that share one cos/sin evaluation and whose loads overlap (MLX uses 4)
-_MAX_THREADS = 256
+_MAX_THREADS = 256  # threads per threadgroup at most, where MAX_THREADS names no other
+#: Threads per threadgroup at most, per backend (else _MAX_THREADS). CUDA: 128. Session 29,
+#: Nsight Compute kernel durations (scripts/ncu_times.sh, bf16, per-sequence offsets), 128
+#: against 256: H100 2x32x4096x128 54.4 / 55.5 us, 1x32x2048x128 20.5 / 21.1, 32x32x1x128 3.7 /
+#: 3.8, 4x32x8192x128 183.5 / 183.2; H200 2x32x4096x128 44.6 / 46.1. H100 bench (marginal
+#: chains), 2x32x4096x128 bf16 / f16: 83.5 / 83.8% of copy against 82.6 / 82.7 and 80.5 / 76.6.
+#: Apple GPUs keep 256 (not measured there).
+MAX_THREADS = {"cuda": 128}
 
 
 class _DefaultBase(float):
@@ -63,6 +73,21 @@ def _base_freqs(half: int, base: float) -> mx.array:
     out = mx.array(freqs.astype(np.float32))
     mx.eval(out)
     return out
+
+
+def _kernel_freqs(half: int, base: float, backend: str | None) -> mx.array:
+    """:func:`_base_freqs` as the kernel reads them: on cuda a device-memory copy
+    (runtime.const_array). An array made from host data lives in MLX's managed memory there,
+    whose page moves to the host whenever the host writes a neighbour; a kernel reading
+    it then waits for the page (session 29)."""
+    if backend == "cuda":
+        return const_array(_base_freqs_list(half, base), mx.float32, backend)
+    return _base_freqs(half, base)
+
+
+@functools.lru_cache(maxsize=64)
+def _base_freqs_list(half: int, base: float) -> list[float]:
+    return np.asarray(_base_freqs(half, base)).tolist()
 
 
 # ---------------------------------------------------------------------------
@@ -183,24 +208,22 @@ def rope_reference(
 # ---------------------------------------------------------------------------
 # Kernel
 # ---------------------------------------------------------------------------
-def _launch_constants(half: int, d: int, seq_len: int, rows_per_group: int, z_per_group: int, scale: float,
-                      per_batch: bool = False):
-    """The kernel's small constant inputs (runtime.const_array: in device memory on cuda,
-    made once per value there)."""
-    params = const_array([half, d, seq_len, rows_per_group, z_per_group, int(per_batch)], mx.int32)
-    scale_arr = const_array(scale, mx.float32)
-    return params, scale_arr
+def _scale_array(scale: float) -> mx.array:
+    """The kernel's 0-d scale input (runtime.const_array: in device memory on cuda, made once
+    per value there)."""
+    return const_array(scale, mx.float32)
 
 
 def _pow2_at_least(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def _launch_geometry(gx: int, seq_len: int, gz: int) -> tuple[int, int, int]:
-    """Threadgroup (tx, ty, tz): x along features (coalesced), then positions, then rows."""
-    tx = min(_pow2_at_least(gx), _MAX_THREADS)
-    ty = min(_pow2_at_least(seq_len), _MAX_THREADS // tx)
-    tz = min(_pow2_at_least(gz), _MAX_THREADS // (tx * ty))
+def _launch_geometry(gx: int, seq_len: int, gz: int, max_threads: int = _MAX_THREADS) -> tuple[int, int, int]:
+    """Threadgroup (tx, ty, tz) of at most `max_threads` threads: x along features
+    (coalesced), then positions, then rows."""
+    tx = min(_pow2_at_least(gx), max_threads)
+    ty = min(_pow2_at_least(seq_len), max_threads // tx)
+    tz = min(_pow2_at_least(gz), max_threads // (tx * ty))
     return tx, ty, tz
 
 
@@ -211,6 +234,14 @@ def _launch_geometry(gx: int, seq_len: int, gz: int) -> tuple[int, int, int]:
 #: 26.4 us, 32x32x1x128 14.6 -> 13.8, float32 2x32x4096x128 87.8 -> 86.8); 4-byte runs
 #: were slower on most. Apple GPUs keep 16 (not measured there).
 RUN_BYTES = {"cuda": 8}
+
+#: Backends whose kernel computes cos / sin from theta reduced to [-pi, pi] with the fast
+#: (hardware) functions (metal_src/rope.metal, xk_rope_cos_sin; else the precise ones). CUDA
+#: documents __sinf / __cosf to 2^-21.4 there; Metal documents its fast cos / sin to 2^-13
+#: only. Session 29 (Nsight Compute kernel durations, bf16 2x32x4096x128, the kernel before
+#: its sizes came from shapes): the fast functions of the unreduced angle 60.0 -> 56.8 us
+#: on an H100; no cos / sin at all 51.4 -> 45.0 on an H200.
+FAST_TRIG = {"cuda": True}
 
 
 def pairs_per_thread(dtype: mx.Dtype, traditional: bool, half: int, run_bytes: int = 16) -> int:
@@ -241,7 +272,7 @@ def kernel_shape(shape: tuple, per_batch: bool) -> tuple[int, int, int, int]:
 def _launch_kwargs(x: mx.array, dims: int, traditional: bool, scale: float, offset, freqs32: mx.array,
                    backward: bool, backend: str | None = None) -> dict[str, Any]:
     """The launch keywords of the rope kernel for x (..., L, D) (see metal_src/rope.metal) on
-    `backend` (its RUN_BYTES)."""
+    `backend` (its RUN_BYTES, MAX_THREADS and FAST_TRIG)."""
     if isinstance(offset, mx.array):
         offsets = offset
     else:
@@ -255,15 +286,14 @@ def _launch_kwargs(x: mx.array, dims: int, traditional: bool, scale: float, offs
     z_per_group = -(-h4 // n)
     gx = -(-half // p) + -(-(d - dims) // run)
     gz = b4 * z_per_group
-    params, scale_arr = _launch_constants(half, d, seq_len, h4, z_per_group, scale, per_batch)
     return dict(
-        inputs=[x.reshape(b4, h4, seq_len, d), offsets, freqs32, params, scale_arr],
+        inputs=[x.reshape(b4, h4, seq_len, d), offsets, freqs32, _scale_array(scale)],
         output_shapes=[(b4, h4, seq_len, d)],
         output_dtypes=[x.dtype],
         grid=(gx, seq_len, gz),
-        threadgroup=_launch_geometry(gx, seq_len, gz),
+        threadgroup=_launch_geometry(gx, seq_len, gz, MAX_THREADS.get(backend, _MAX_THREADS)),
         template=[("T", x.dtype), ("TRADITIONAL", bool(traditional)), ("BACKWARD", bool(backward)), ("N", n),
-                  ("P", p)],
+                  ("P", p), ("FAST_TRIG", FAST_TRIG.get(backend, False))],
     )
 
 
@@ -366,6 +396,8 @@ def _build_call(x, dims, traditional, base, scale, offset, freqs, replay: bool =
         return offs, (_as_float32(freqs) if given_freqs else freqs32)
 
     backend = current_backend()
+    if backend == "cuda" and not given_freqs:
+        freqs32 = _kernel_freqs(dims // 2, float(base), backend)
     if backend == "reference" or x.size == 0:
         def reference(x, offset, freqs):
             offs, fr = inputs(offset, freqs)
@@ -374,7 +406,7 @@ def _build_call(x, dims, traditional, base, scale, offset, freqs, replay: bool =
         return reference
 
     example = _launch_kwargs(x, dims, traditional, scale, offset_checked, freqs32, False, backend)
-    params, scale_arr = example["inputs"][3:]
+    scale_arr = example["inputs"][3]
     runs = {backward: prepare_launch(ROPE, **_launch_kwargs(x, dims, traditional, scale, offset_checked, freqs32,
                                                             backward, backend), backend=backend)
             for backward in (False, True)}
@@ -383,7 +415,7 @@ def _build_call(x, dims, traditional, base, scale, offset, freqs, replay: bool =
 
     def rotate(inp: mx.array, offs: mx.array, fr: mx.array, backward: bool) -> mx.array:
         shape = inp.shape  # reshaped only when not already (B, H, L, D): a view of inp
-        (y,) = runs[backward]([inp if shape == flat else inp.reshape(flat), offs, fr, params, scale_arr])
+        (y,) = runs[backward]([inp if shape == flat else inp.reshape(flat), offs, fr, scale_arr])
         return y if shape == flat else y.reshape(shape)
 
     @mx.custom_function
