@@ -4,7 +4,7 @@ interleaved with MLX (session 17).
     python3 scripts/probe_rope_small.py [--out rope_small.json]      # on the GPU
 
 At 32x32x1x128 bf16 the kernel runs 2048 threads (N = 4 rows x P = 8 pairs each: 8
-threadgroups of 256), and a chained call costs ~3-4 us more than MLX's rope. Variants
+threadgroups of 256 in session 17; cuda ships 128-thread threadgroups since session 29), and a chained call costs ~3-4 us more than MLX's rope. Variants
 patch ops.rope's ROWS_PER_THREAD (nN) and pairs_per_thread (p/k: the 16-byte-run P divided by k; the
 shipped cuda plan is n4 p/2, 8-byte runs: ops.rope.RUN_BYTES), the memo
 cleared around each; every repeat runs one chain (20 calls) of each variant and of MLX's
@@ -28,12 +28,13 @@ import mlx.core as mx
 import xlstm_kernels as xk
 from xlstm_kernels.benchmarks.timing import fastest_quarter, measure_chained_variants
 from xlstm_kernels.ops import rope as rope_ops
+from xlstm_kernels.runtime import current_backend
 
 CALLS = 20
 REPEATS = int(os.environ.get("PROBE_RS_REPEATS", "11"))
 _ppt = rope_ops.pairs_per_thread
 _rows = rope_ops.ROWS_PER_THREAD
-_tmax = rope_ops.MAX_THREADS.get("cuda", rope_ops._MAX_THREADS)
+_tmax = rope_ops.MAX_THREADS.get(current_backend(), rope_ops._MAX_THREADS)  # the backend's shipped cap
 
 
 def _use(n: int, p_div: int, tmax: int = _tmax) -> None:

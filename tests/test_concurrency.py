@@ -112,7 +112,7 @@ def _cases():
 def _clear_in_process_caches() -> None:
     kernels_mod._cache.clear()
     sources_mod.family_sections.cache_clear()
-    for fn in (norm_mod._dummy, rope_mod._base_freqs):
+    for fn in (norm_mod._dummy, rope_mod._base_freqs, rope_mod._base_freqs_list):
         fn.cache_clear()
     constants.clear()  # the cuda backend's device copies of small constants (this thread's; each thread has its own)
     try:

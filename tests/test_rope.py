@@ -390,37 +390,44 @@ def test_launch_geometry():
     assert np.prod(_launch_geometry(300, 1000, 1000, 128)) <= 128
 
 
-def np_rope_float_theta(x, dims, offset):
-    """The split-half rotation with theta made as the kernel makes it, in float32
+def np_rope_float_theta(x, dims, offset, traditional=False, sign=1.0):
+    """The rotation by sign * theta with theta made as the kernel makes it, in float32
     (pos = float(l + offset), inv_freq = 1 / freqs, theta = (1 * pos) * inv_freq), then rotated
-    in float64: the reference for positions where theta's own rounding (ulp(theta) / 2, 0.03
-    at 2^20) is far above float32's tolerance."""
+    in float64: the reference for positions where theta's own rounding (ulp(theta) / 2,
+    0.06 at 2^20) is far above float32's tolerance."""
     half = dims // 2
     freqs = np.power(np.float64(10000.0), np.arange(half, dtype=np.float64) / half).astype(np.float32)
     inv = np.float32(1.0) / freqs
     pos = (np.arange(x.shape[-2], dtype=np.int64) + offset).astype(np.float32)
     theta = (np.float32(1.0) * pos)[:, None] * inv[None, :]  # float32 products, as the kernel's
-    c, s = np.cos(theta.astype(np.float64)), np.sin(theta.astype(np.float64))
+    c, s = np.cos(theta.astype(np.float64)), sign * np.sin(theta.astype(np.float64))
     x = np.asarray(x, dtype=np.float64)
     out = x.copy()
-    out[..., :half] = x[..., :half] * c - x[..., half:dims] * s
-    out[..., half:dims] = x[..., :half] * s + x[..., half:dims] * c
+    i0, i1 = (slice(0, dims, 2), slice(1, dims, 2)) if traditional else (slice(0, half), slice(half, dims))
+    out[..., i0] = x[..., i0] * c - x[..., i1] * s
+    out[..., i1] = x[..., i0] * s + x[..., i1] * c
     return out
 
 
 @pytest.mark.parametrize("fast_trig", [False, True])
-@pytest.mark.parametrize("offset", [3, 4000, 100_000, 2**20, 2**24 - 64])
-def test_large_positions(kernel_backend, monkeypatch, fast_trig, offset):
+@pytest.mark.parametrize("offset,traditional", [(3, False), (4000, False), (100_000, True), (2**20, False),
+                                                (2**24 - 64, False), (-(2**20), True)])
+def test_large_positions(kernel_backend, monkeypatch, fast_trig, offset, traditional):
     """cos / sin of large angles, both ways the kernel computes them (FAST_TRIG: theta
-    reduced to [-pi, pi], then the fast functions; else the precise ones), against the exact
-    cos / sin of the kernel's own float32 theta (float32 tolerance)."""
+    reduced to [-pi, pi], then the fast functions; else the precise ones), forward and VJP
+    (rotation by -theta), against the exact cos / sin of the kernel's own float32 theta
+    (float32 tolerance)."""
     from xlstm_kernels.ops import rope as rope_mod
 
+    if fast_trig and kernel_backend not in ("emulate", "cuda"):
+        pytest.skip("FAST_TRIG ships on cuda only (Metal documents its fast cos / sin to 2^-13)")
     monkeypatch.setattr(rope_mod, "FAST_TRIG", {kernel_backend: fast_trig})
     rope_mod._CALLS.clear()
-    x = rand((1, 3, 9, 64), mx.float32, seed=zlib.crc32(f"large positions {offset}".encode()))
-    out = rope(x, 64, offset=offset)
-    assert rel_err(out, np_rope_float_theta(to_np(x), 64, offset)) < TOL["float32"]
+    seed = zlib.crc32(f"large positions {offset} {traditional}".encode())
+    x, cot = rand((1, 3, 9, 64), mx.float32, seed=seed), rand((1, 3, 9, 64), mx.float32, seed=seed + 1)
+    out, (grad,) = mx.vjp(lambda a: rope(a, 64, traditional=traditional, offset=offset), [x], [cot])
+    assert rel_err(out[0], np_rope_float_theta(to_np(x), 64, offset, traditional)) < TOL["float32"]
+    assert rel_err(grad, np_rope_float_theta(to_np(cot), 64, offset, traditional, sign=-1.0)) < TOL["float32"]
     rope_mod._CALLS.clear()
 
 

@@ -81,7 +81,10 @@ def _kernel_freqs(half: int, base: float, backend: str | None) -> mx.array:
     whose page moves to the host whenever the host writes a neighbour; a kernel reading
     it then waits for the page (session 29)."""
     if backend == "cuda":
-        return const_array(_base_freqs_list(half, base), mx.float32, backend)
+        from ..cuda import constants
+
+        if constants.enabled() and 4 * half <= constants.MAX_BYTES:  # else const_array's host array, made anew
+            return const_array(_base_freqs_list(half, base), mx.float32, backend)
     return _base_freqs(half, base)
 
 
