@@ -722,7 +722,8 @@ for (uint c = tid * W; c < n; c += step) {
 // inputs:  x (M*nh, n) T; w (nh*n) T (dummy if !HAS_W); g (M*nh, n) T; eps () float;
 //          params (5) int = [M, n, nh, rpg, units]
 // outputs: dx (M*nh, n) T; dwp (groups, nh*n) float ((1,) if !HAS_W: set to 0).
-// template: T, HAS_W, N_READS, ONE_SIMD, FULL, STAGED, NF, STRIDED, STAGE_L1, NS.
+// template: T, HAS_W, N_READS, ONE_SIMD, FULL, STAGED, NF, STRIDED, STAGE_L1, NS, TGSUM.
+// TGSUM > 0: units of a threadgroup of TGSUM simdgroups, as layer_norm_vjp's.
 // FULL (as rms_norm's: 1 rows of exactly
 // tpr * N_READS elements, wide runs when x, g, dx, w are aligned, else element accesses,
 // no bounds code; 2 always element accesses; 0 any n), STAGED, NF and NS (STAGED: FULL = 1
@@ -749,13 +750,15 @@ const uint n = uint(params[1]);
 const uint nh = uint(params[2]);
 const uint rpg = uint(params[3]);
 const uint nunits = uint(params[4]);
-const uint unit = thread_position_in_grid.y;
+const uint unit = TGSUM > 0 ? thread_position_in_grid.y / uint(TGSUM) : thread_position_in_grid.y;
 const uint tid = thread_position_in_threadgroup.x;
 const uint tpr = threads_per_threadgroup.x;
 const uint lane = thread_index_in_simdgroup;
 const uint sg = simdgroup_index_in_threadgroup;
 const uint nsg = simdgroups_per_threadgroup;
 threadgroup float red[2][64];  // xk_row_sum2 scratch, alternating by row
+threadgroup float red_p[TGSUM > 0 ? TGSUM * 32 * N_READS : 1];  // TGSUM: the simdgroups' dw sums, [sg][k][lane]
+static_assert(TGSUM == 0 || (ONE_SIMD && !STAGED), "rms_norm_vjp: TGSUM needs rows of one simdgroup, unstaged");
 
 if (unit < nunits) {  // uniform per unit
   const uint head = unit % nh;
@@ -849,7 +852,8 @@ if (unit < nunits) {  // uniform per unit
       }
     }
   }
-  for (uint bi = STAGED ? b1 : b0; bi < b1; bi++) {
+  const uint step = TGSUM > 0 ? uint(TGSUM) : 1u;
+  for (uint bi = STAGED ? b1 : b0 + (TGSUM > 0 ? sg : 0u); bi < b1; bi += step) {
     const size_t base = (size_t(bi) * nh + head) * n;
     float xv[N_READS];
     float gv[N_READS];
@@ -884,11 +888,24 @@ if (unit < nunits) {  // uniform per unit
       xk_store_runs<W, NR>(dx + base, tid * W, tpr * W, n, o);
     }
   }
-  if (HAS_W) {
+  if (TGSUM > 0 && HAS_W) {  // the simdgroups' sums, added by simdgroup 0 in simdgroup order
+    for (int k = 0; k < N_READS; k++) {
+      red_p[(sg * uint(N_READS) + uint(k)) * 32u + lane] = dwa[k];
+    }
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    if (sg == 0) {
+      for (uint s2 = 1; s2 < uint(TGSUM); s2++) {
+        for (int k = 0; k < N_READS; k++) {
+          dwa[k] += red_p[(s2 * uint(N_READS) + uint(k)) * 32u + lane];
+        }
+      }
+    }
+  }
+  if (HAS_W && (TGSUM == 0 || sg == 0)) {
     xk_store_runs<W, NR>(dwp + size_t(grp) * nh * n + woff, tid * W, tpr * W, n, dwa);
   }
 }
-if (!HAS_W && unit == 0 && tid == 0) {
+if (!HAS_W && unit == 0 && tid == 0 && sg == 0) {
   dwp[0] = 0.0f;
 }
 
@@ -976,7 +993,7 @@ if (!HAS_W && unit == 0 && tid == 0) {
 // inputs:  x (M*nh, n) T; w (nh*n) T (dummy if !HAS_W); g (M*nh, n) T; eps () float;
 //          params (5) int = [M, n, nh, rpg, units]
 // outputs: dx (M*nh, n) T; dwp, dbp (groups, nh*n) float ((1,), set to 0, when absent).
-// template: T, HAS_W, HAS_B, N_READS, ONE_SIMD, STAGED, NF, STRIDED, NS, MOM
+// template: T, HAS_W, HAS_B, N_READS, ONE_SIMD, STAGED, NF, STRIDED, NS, MOM, TGSUM
 // STAGED, NF, STRIDED, NS: as rms_norm_vjp's (rows of exactly NF = tpr * N_READS elements,
 // one unit per threadgroup, the unit's rows of x and g copied into a ring of NS stages of
 // threadgroup memory NS - 1 rows ahead of the one reduced; STRIDED: the unit takes every
@@ -984,6 +1001,10 @@ if (!HAS_W && unit == 0 && tid == 0) {
 // x, sum gw); (sum (x - m)^2, sum gw * (x - m)); dx, dw, db. MOM: m is the thread's own
 // mean and the four sums are merged over the row in one reduction (xk_row_moments: one
 // barrier a row); else two paired reductions, m the row's mean after the first.
+// TGSUM > 0 (ONE_SIMD, unstaged; TGSUM = simdgroups a threadgroup): a unit is a threadgroup,
+// not a simdgroup. Its simdgroups take every TGSUM-th row of the unit's rpg rows, and
+// simdgroup 0 adds their dw and db sums in simdgroup order (through threadgroup memory, one
+// barrier) into the unit's one row of partials: TGSUM times fewer partials to sum.
 constexpr int W = XK_RUN(T, N_READS);
 constexpr int NR = N_READS / W;
 constexpr int SW = STAGED ? (NS * NF * int(sizeof(T)) + 15) / 16 : 1;  // 16-byte words of one array's stages
@@ -997,12 +1018,14 @@ const uint n = uint(params[1]);
 const uint nh = uint(params[2]);
 const uint rpg = uint(params[3]);
 const uint nunits = uint(params[4]);
-const uint unit = thread_position_in_grid.y;
+const uint unit = TGSUM > 0 ? thread_position_in_grid.y / uint(TGSUM) : thread_position_in_grid.y;
 const uint tid = thread_position_in_threadgroup.x;
 const uint tpr = threads_per_threadgroup.x;
 const uint lane = thread_index_in_simdgroup;
 const uint sg = simdgroup_index_in_threadgroup;
 const uint nsg = simdgroups_per_threadgroup;
+threadgroup float red_p[TGSUM > 0 ? 2 * TGSUM * 32 * N_READS : 1];  // TGSUM: the simdgroups' dw, db sums, [sg][k][lane]
+static_assert(TGSUM == 0 || (ONE_SIMD && !STAGED), "layer_norm_vjp: TGSUM needs rows of one simdgroup, unstaged");
 threadgroup float red_a[32];
 threadgroup float red_b[32];
 threadgroup float2 red_c[32];
@@ -1118,7 +1141,8 @@ if (unit < nunits) {  // uniform per unit
       }
     }
   }
-  for (uint bi = STAGED ? b1 : b0; bi < b1; bi++) {
+  const uint step = TGSUM > 0 ? uint(TGSUM) : 1u;
+  for (uint bi = STAGED ? b1 : b0 + (TGSUM > 0 ? sg : 0u); bi < b1; bi += step) {
     const size_t base = (size_t(bi) * nh + head) * n;
     float xv[N_READS];
     float gv[N_READS];
@@ -1154,15 +1178,33 @@ if (unit < nunits) {  // uniform per unit
     }
     xk_store_runs<W, NR>(dx + base, tid * W, tpr * W, n, o);
   }
-  const size_t pbase = size_t(grp) * nh * n + woff;
-  if (HAS_W) {
-    xk_store_runs<W, NR>(dwp + pbase, tid * W, tpr * W, n, dwa);
+  if (TGSUM > 0) {
+    constexpr uint PB = uint(TGSUM > 0 ? TGSUM : 1) * 32u * uint(N_READS);  // db's part of red_p
+    for (int k = 0; k < N_READS; k++) {
+      red_p[(sg * uint(N_READS) + uint(k)) * 32u + lane] = dwa[k];
+      red_p[PB + (sg * uint(N_READS) + uint(k)) * 32u + lane] = dba[k];
+    }
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    if (sg == 0) {
+      for (uint s2 = 1; s2 < uint(TGSUM); s2++) {
+        for (int k = 0; k < N_READS; k++) {
+          dwa[k] += red_p[(s2 * uint(N_READS) + uint(k)) * 32u + lane];
+          dba[k] += red_p[PB + (s2 * uint(N_READS) + uint(k)) * 32u + lane];
+        }
+      }
+    }
   }
-  if (HAS_B) {
-    xk_store_runs<W, NR>(dbp + pbase, tid * W, tpr * W, n, dba);
+  const size_t pbase = size_t(grp) * nh * n + woff;
+  if (TGSUM == 0 || sg == 0) {
+    if (HAS_W) {
+      xk_store_runs<W, NR>(dwp + pbase, tid * W, tpr * W, n, dwa);
+    }
+    if (HAS_B) {
+      xk_store_runs<W, NR>(dbp + pbase, tid * W, tpr * W, n, dba);
+    }
   }
 }
-if (unit == 0 && tid == 0) {
+if (unit == 0 && tid == 0 && sg == 0) {
   if (!HAS_W) {
     dwp[0] = 0.0f;
   }

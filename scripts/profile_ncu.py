@@ -76,6 +76,17 @@ def _cases():
         f = xk.layer_norm if ours else mx.fast.layer_norm
         return lambda: mx.vjp(lambda a, c, d: f(a, c, d, 1e-5), [x, w, b], [g])[1]
 
+    def mhln_vjp(dtype, rows=8192, nh=4, dh=64):
+        """Our multi-head LayerNorm backward (dx, dw, db; session 30)."""
+        x, g = rnd((rows, nh * dh), dtype), rnd((rows, nh * dh), dtype)
+        w, b = rnd((nh * dh,), dtype), rnd((nh * dh,), dtype)
+        return lambda: mx.vjp(lambda a, c, d: xk.multihead_layer_norm(a, c, d, nh, 1e-5), [x, w, b], [g])[1]
+
+    def mhln(dtype, rows=8192, nh=4, dh=64):
+        """Our multi-head LayerNorm forward (session 30)."""
+        x, w, b = rnd((rows, nh * dh), dtype), rnd((nh * dh,), dtype), rnd((nh * dh,), dtype)
+        return lambda: xk.multihead_layer_norm(x, w, b, nh, 1e-5)
+
     def scale_copy(shape, dtype):
         """x * 2 by MLX's elementwise kernel: a read and a write of x's bytes (a copy's traffic)."""
         x = rnd(shape, dtype)
@@ -113,6 +124,19 @@ def _cases():
         "rms_bf16_ours": (lambda: rms(True, mx.bfloat16), "custom_kernel_rms_norm"),
         "rms_bf16_mlx": (lambda: rms(False, mx.bfloat16), "rms_norm"),
         # 4096 rows: about 3 waves of blocks (the probe's worst ratio, session 7)
+        # session 30: rows of one simdgroup (per-head norms of 128)
+        "rms_bf16_h128_ours": (lambda: rms(True, mx.bfloat16, rows=65536, n=128), "custom_kernel_rms_norm"),
+        "rms_bf16_h128_mlx": (lambda: rms(False, mx.bfloat16, rows=65536, n=128), "rms_norm"),
+        "rms_f32_h128_ours": (lambda: rms(True, mx.float32, rows=65536, n=128), "custom_kernel_rms_norm"),
+        "rms_f32_h128_mlx": (lambda: rms(False, mx.float32, rows=65536, n=128), "rms_norm"),
+        "rms_vjp_bf16_h128_ours": (lambda: rms_vjp(True, mx.bfloat16, rows=65536, n=128), "custom_kernel_rms_norm_vjp|norm_partials"),
+        "rms_vjp_bf16_h128_mlx": (lambda: rms_vjp(False, mx.bfloat16, rows=65536, n=128), "rms_norm_vjp"),
+        "rms_vjp_f32_h128_ours": (lambda: rms_vjp(True, mx.float32, rows=65536, n=128), "custom_kernel_rms_norm_vjp|norm_partials"),
+        "rms_vjp_f32_h128_mlx": (lambda: rms_vjp(False, mx.float32, rows=65536, n=128), "rms_norm_vjp"),
+        "copy_h128_vjp_bf16": (lambda: scale_copy((65536, 192), mx.bfloat16), "binary|multiply"),
+        "copy_h128_vjp_f32": (lambda: scale_copy((65536, 192), mx.float32), "binary|multiply"),
+        "copy_h128_bf16": (lambda: scale_copy((65536, 128), mx.bfloat16), "binary|multiply"),
+        "copy_h128_f32": (lambda: scale_copy((65536, 128), mx.float32), "binary|multiply"),
         "rms_bf16_4k_ours": (lambda: rms(True, mx.bfloat16, rows=4096), "custom_kernel_rms_norm"),
         "rms_bf16_4k_mlx": (lambda: rms(False, mx.bfloat16, rows=4096), "rms_norm"),
         # rows of 8192 (session 11): float32 rows run the looped kernels, LayerNorm's 16-bit
@@ -140,6 +164,16 @@ def _cases():
         # RoPE's decode step (32 sequences x 32 heads, one position each; session 12)
         "rope_dec_ours": (lambda: rope(True, shape=(32, 32, 1, 128)), "custom_kernel_rope"),
         "rope_dec_mlx": (lambda: rope(False, shape=(32, 32, 1, 128)), "rope"),
+        # session 30: the multi-head LayerNorm backward of 8192 rows of 4 heads of 64 (x, g read,
+        # dx written: 24 MiB in float32) and a copy of those bytes (x * 2 of 12 MiB)
+        "mhln_vjp_f32_ours": (lambda: mhln_vjp(mx.float32), "custom_kernel_layer_norm_vjp|norm_partials"),
+        "mhln_vjp_bf16_ours": (lambda: mhln_vjp(mx.bfloat16), "custom_kernel_layer_norm_vjp|norm_partials"),
+        "mhln_f32_ours": (lambda: mhln(mx.float32), "custom_kernel_layer_norm"),
+        "mhln_bf16_ours": (lambda: mhln(mx.bfloat16), "custom_kernel_layer_norm"),
+        "copy_mhln_fwd_f32": (lambda: scale_copy((8192, 256), mx.float32), "binary|multiply"),
+        "copy_mhln_fwd_bf16": (lambda: scale_copy((8192, 256), mx.bfloat16), "binary|multiply"),
+        "copy_mhln_f32": (lambda: scale_copy((8192, 384), mx.float32), "binary|multiply"),
+        "copy_mhln_bf16": (lambda: scale_copy((8192, 384), mx.bfloat16), "binary|multiply"),
         "gemm_av_ours": (lambda: gemm("gemm_av"), "gemm_simd"),
         "gemm_at_b_ours": (lambda: gemm("gemm_at_b"), "gemm_simd"),
         "gemm_mlx": (lambda: gemm("mlx"), "gemm|nvjet|xmma|cutlass|sm90"),

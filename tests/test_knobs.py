@@ -281,7 +281,7 @@ def test_precedence_argument_env_user_files_shipped_builtin(monkeypatch, tmp_pat
     assert explain_knobs("rms_norm", "float32", shape)["values"]["simd_rows"] == 2
     monkeypatch.setattr(presets_mod, "_SHIPPED_PATH", str(SHIPPED))
     _reset()
-    assert explain_knobs("rms_norm", "float32", shape)["sources"]["n_reads"] == "built-in default: by row length and dtype (ops.norm._layout)"
+    assert explain_knobs("rms_norm", "float32", shape)["sources"]["n_reads"] == "built-in default: by row length and dtype (ops.norm._forward_layout)"
 
 
 def test_env_and_file_changes_take_effect(monkeypatch, tmp_path):

@@ -783,8 +783,10 @@ def test_vector_access_helpers(metal_kernel, dtype, mode, x_off, y_off):
 def test_plan_picks_layout(d, dtype, kernel, tg, n_reads, monkeypatch):
     """The automatic layout: runs of 16 bytes, one simdgroup per row up to 32 runs, then
     about CACHED_THREADS threads with ceil(runs / CACHED_THREADS) runs each, then looped.
-    (Preset family cpu: no norm knobs; the H100's: test_nvidia_preset_norm_layouts.)"""
+    (Preset family cpu: no norm knobs; the H100's: test_nvidia_preset_norm_layouts. Planned as
+    off CUDA: CUDA's rows of one simdgroup in narrower runs, test_forward_short_rows_full_lanes.)"""
     monkeypatch.setenv("XLSTM_KERNELS_DEVICE", "cpu")
+    monkeypatch.setattr(norm_mod, "_plans_for_cuda", lambda: False)
     spec, kw = norm_mod._plan("rms", mx.zeros((16, d), dtype=DTYPES[dtype]), None, None, EPS)
     assert spec.kernel == kernel and kw["threadgroup"] == tg and dict(kw["template"])["N_READS"] == n_reads
     assert kw["grid"][1] % tg[1] == 0 and kw["grid"][1] >= 16
@@ -1082,6 +1084,158 @@ def test_ln_vjp_staged(kernel_backend, monkeypatch, fresh_norm_calls, dtype, n, 
     check(launch(spec, **kw2), "unstaged")
     if n * dt.size <= 2048:
         check(check_schedules(runtime.get_kernel(spec, "emulate"), **kw, check_bounds=True), "schedules")
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("n,nh", [(64, 4), (33, 3), (128, 1), (5, 2)])
+@pytest.mark.parametrize("kind", ["rms", "ln"])
+def test_forward_short_rows_full_lanes(kernel_backend, monkeypatch, fresh_norm_calls, dtype, n, nh, kind):
+    """The forward's rows of one simdgroup planned as on CUDA (FWD_SHORT_LANES_CUDA): runs of
+    _short_row_reads(n) elements (heads of 64 in 2-element runs over all 32 lanes), and the
+    16-byte runs where the n_reads knob is given; through the op on aligned and offset views
+    and (emulator) under every thread order with bounds checked, against float64."""
+    from xlstm_kernels.emulate import check_schedules
+
+    monkeypatch.setattr(norm_mod, "_plans_for_cuda", lambda: True)
+    dt = DTYPES[dtype]
+    if kind == "rms":
+        nh = 1
+    rng = np.random.default_rng(seed_of("fwd-short", dtype, n, nh, kind))
+    x, w, b = make(rng, (19, nh * n), dt, True, kind == "ln")
+    want = rms_ref64(x, w) if kind == "rms" else ln_ref64(x, w, b, num_heads=nh)
+    spec, kw = norm_mod._plan(kind, x, w, b, EPS, nh)
+    t = dict(kw["template"])
+    assert t["ONE_SIMD"] and t["N_READS"] == norm_mod._short_row_reads(n), t
+    wide = 16 // dt.size
+    assert dict(norm_mod._plan(kind, x, w, b, EPS, nh, {"n_reads": wide})[1]["template"])["N_READS"] == wide
+
+    def call(a):
+        if kind == "rms":
+            return rms_norm(a, w, EPS)
+        return layer_norm(a, w, b, EPS) if nh == 1 else multihead_layer_norm(a, w, b, nh, EPS)
+
+    for off in (0, 1):
+        assert rel_err(call(offset_view(x, off)), want) < tol(dt), off
+    outs = check_schedules(runtime.get_kernel(spec, "emulate"), seeds=(1,), check_bounds=True, **kw)
+    assert rel_err(outs[0].reshape(x.shape), want) < tol(dt)
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("n,nh", [(64, 4), (33, 3), (128, 1), (5, 2)])
+@pytest.mark.parametrize("tg_partials,short_lanes", [(True, True), (False, True), (True, False), (False, False)])
+@pytest.mark.parametrize("kind", ["rms", "ln"])
+def test_vjp_short_rows(kernel_backend, monkeypatch, fresh_norm_calls, dtype, n, nh, tg_partials, short_lanes, kind):
+    """The backward's rows of one simdgroup (LayerNorm heads of 64, odd heads of 33 and 5, rows
+    of 128; RMSNorm rows of those lengths) planned as on CUDA: runs narrow enough to fill the
+    32 lanes (VJP_SHORT_LANES_CUDA) or 16-byte runs, and units of a threadgroup of 8 simdgroups
+    that add their dw (and db) sums in threadgroup memory (TGSUM, VJP_TG_PARTIALS_CUDA: 37 rows
+    in groups of 16, 16 and 5, the last with three simdgroups of no row) or of one simdgroup;
+    through the op on aligned and offset views and (emulator) under every thread order with
+    bounds checked; dx, dw, db against float64."""
+    from xlstm_kernels.emulate import check_schedules
+
+    monkeypatch.setattr(norm_mod, "_plans_for_cuda", lambda: True)
+    monkeypatch.setitem(norm_mod.VJP_TG_PARTIALS_CUDA, kind, tg_partials)
+    monkeypatch.setitem(norm_mod.VJP_SHORT_LANES_CUDA, kind, short_lanes)
+    if kind == "rms":
+        nh = 1
+    monkeypatch.setattr(norm_mod, "VJP_TARGET_THREADS", 32 * 19 * nh)  # units of 2 rows a simdgroup
+    dt = DTYPES[dtype]
+    rng = np.random.default_rng(seed_of("vjp-short", dtype, n, nh, kind))
+    x, w, b = make(rng, (37, nh * n), dt, True, kind == "ln")
+    g = rand(rng, (37, nh * n), dt)
+    spec, kw, groups = norm_mod._vjp_plan(kind, x, w, kind == "ln", g, EPS, nh)
+    t = dict(kw["template"])
+    assert spec.kernel == f"{kind.replace('ln', 'layer_norm').replace('rms', 'rms_norm')}_vjp", spec.kernel
+    assert t["ONE_SIMD"] and not t["STAGED"], t
+    wide = norm_mod._layout(n, 37 * nh, itemsize=dt.size, vjp=True).n_reads  # 16-byte runs
+    assert t["N_READS"] == (norm_mod._short_row_reads(n) if short_lanes else wide), t
+    if tg_partials:
+        assert t["TGSUM"] == 8 and kw["threadgroup"] == (32, 8, 1) and groups == 3, (t, kw["threadgroup"], groups)
+        assert kw["grid"] == (32, 8 * 3 * nh, 1)
+    else:
+        assert t["TGSUM"] == 0 and groups == 19, (t, groups)
+    if kind == "ln":
+        want = _ln_grads64(x, w, b, g, nh)
+    else:
+        x64, w64, g64 = f64(x), f64(w), f64(g)
+        r = 1.0 / np.sqrt((x64 * x64).mean(-1, keepdims=True) + EPS)
+        xhat, gw = x64 * r, g64 * w64
+        want = (r * (gw - xhat * (gw * xhat).mean(-1, keepdims=True)), (g64 * xhat).sum(0))
+    limit = 2e-5 if dt == mx.float32 else 1.5e-2
+
+    def call(a, wa, *ba):
+        if kind == "rms":
+            return rms_norm(a, wa, EPS)
+        return layer_norm(a, wa, ba[0], EPS) if nh == 1 else multihead_layer_norm(a, wa, ba[0], nh, EPS)
+
+    for off in (0, 1):
+        got = mx.vjp(call, [offset_view(x, off), w] + ([b] if kind == "ln" else []), [offset_view(g, off)])[1]
+        for got_k, want_k in zip(got, want):
+            assert rel_err(got_k, want_k) < limit, off
+    outs = check_schedules(runtime.get_kernel(spec, "emulate"), seeds=(1,), check_bounds=True, **kw)
+    assert outs[1].shape == (groups, nh * n)
+    for k, want_k in enumerate(want):
+        got_k = outs[0].reshape(x.shape) if k == 0 else outs[k].sum(axis=0)
+        assert rel_err(got_k, want_k) < limit, k
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("n", [32, 64])
+@pytest.mark.parametrize("kind,has_w,has_b", [("ln", False, True), ("ln", True, False), ("rms", False, False)])
+def test_vjp_short_rows_affine_parts(kernel_backend, monkeypatch, fresh_norm_calls, dtype, n, kind, has_w, has_b):
+    """test_vjp_short_rows' CUDA plan (2 x 37 rows, lanes filled, threadgroup partials) with
+    a bias alone, a weight alone and (RMSNorm) neither (no partials: TGSUM off), on rows of 32
+    (16-bit: one element a lane) and 64; dx, dw, db against float64 through the op and
+    (emulator) under every thread order with bounds checked."""
+    from xlstm_kernels.emulate import check_schedules
+
+    monkeypatch.setattr(norm_mod, "_plans_for_cuda", lambda: True)
+    monkeypatch.setattr(norm_mod, "VJP_TARGET_THREADS", 32 * 19 * 2)
+    dt = DTYPES[dtype]
+    nh = 2 if kind == "ln" else 1
+    rng = np.random.default_rng(seed_of("vjp-short-wb", dtype, n, kind, has_w, has_b))
+    x, w, b = make(rng, (37, nh * n), dt, has_w, has_b)
+    g = rand(rng, (37, nh * n), dt)
+    spec, kw, groups = norm_mod._vjp_plan(kind, x, w, has_b, g, EPS, nh)
+    t = dict(kw["template"])
+    assert t["ONE_SIMD"] and t["N_READS"] == norm_mod._short_row_reads(n), t
+    assert t["TGSUM"] == (8 if (has_w or has_b) else 0), t
+    limit = 2e-5 if dt == mx.float32 else 1.5e-2
+    x64, g64 = f64(x), f64(g)
+    if kind == "ln":
+        dx64, dw64, db64 = _ln_grads64(x, w, b, g, nh)
+    else:
+        r = 1.0 / np.sqrt((x64 * x64).mean(-1, keepdims=True) + EPS)
+        dx64 = r * (g64 - x64 * r * (g64 * x64 * r).mean(-1, keepdims=True))
+    args = [x] + ([w] if has_w else []) + ([b] if has_b else [])
+
+    def call(a, *rest):
+        wa = rest[0] if has_w else None
+        ba = rest[has_w] if has_b else None
+        return rms_norm(a, wa, EPS) if kind == "rms" else multihead_layer_norm(a, wa, ba, nh, EPS)
+
+    got = mx.vjp(call, args, [g])[1]
+    assert rel_err(got[0], dx64) < limit
+    if has_w:
+        assert rel_err(got[1], dw64) < limit
+    if has_b:
+        assert rel_err(got[1 + has_w], db64) < limit
+    outs = check_schedules(runtime.get_kernel(spec, "emulate"), seeds=(1,), check_bounds=True, **kw)
+    assert rel_err(outs[0].reshape(x.shape), dx64) < limit
+
+
+def test_knob_values_short_rows_on_cuda(monkeypatch):
+    """knob_values reports the forward's CUDA run width for rows of one simdgroup (as the
+    launch uses), the 16-byte runs off CUDA and wherever n_reads is given."""
+    monkeypatch.setenv("XLSTM_KERNELS_DEVICE", "cpu")
+    monkeypatch.setattr(norm_mod, "_plans_for_cuda", lambda: True)
+    assert norm_mod.knob_values("layer_norm", 64, "bfloat16")["n_reads"] == 2
+    assert norm_mod.knob_values("rms_norm", 128, "bfloat16")["n_reads"] == 4
+    assert norm_mod.knob_values("rms_norm", 128, "float32")["n_reads"] == 4
+    assert norm_mod.knob_values("rms_norm", 64, "bfloat16", {"n_reads": 8})["n_reads"] == 8
+    monkeypatch.setattr(norm_mod, "_plans_for_cuda", lambda: False)
+    assert norm_mod.knob_values("layer_norm", 64, "bfloat16")["n_reads"] == 8
 
 
 @pytest.mark.parametrize("mom", [True, False])

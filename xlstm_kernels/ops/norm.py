@@ -25,7 +25,10 @@ CUDA the RMSNorm backward of rows whose x and g fit two stages of ``RMS_VJP_STAG
 up to 32 elements each copy their rows into shared memory (``cp.async``) while they
 reduce an earlier one, as MLX's own CUDA kernel does, through a ring of stages (mostly
 four: rows three ahead; ``_vjp_plan``, ``_vjp_stages``, the constants below). The
-LayerNorm backward stages the same way.
+LayerNorm backward stages the same way. On CUDA a row of one simdgroup (a head of 64, say)
+takes runs of ``_short_row_reads(n)`` elements, narrower than 16 bytes where that puts all
+32 lanes to work, and the backward's units of such rows are whole threadgroups that add
+their dw / db sums before writing them (TGSUM).
 Multi-head LayerNorm is the LayerNorm kernels on (rows * num_heads, head_dim) rows with
 the weight slice of head ``row % num_heads``.
 
@@ -227,9 +230,10 @@ RMS_VJP_STAGE_L1 = False
 # x and g lost: float32 16384x1024 RMSNorm 80.9 -> 83.6 and 86.4 -> 89.3, LayerNorm 82.5 -> 88.8.
 RMS_VJP_STAGES = 4
 RMS_VJP_TWO_STAGES = (8192, 16384)
-RMS_VJP_RED_BYTES = 2 * 64 * 4  # rms_norm_vjp's reduction scratch (red)
-# layer_norm_vjp's (red_a, red_b, red_c, red2, and red_m: two sets of four moments' parts)
-LN_VJP_RED_BYTES = 32 * 4 + 32 * 4 + 32 * 8 + 2 * 64 * 4 + 2 * 4 * 32 * 4
+RMS_VJP_RED_BYTES = 2 * 64 * 4 + 16  # rms_norm_vjp's reduction scratch (red; red_p's 16-byte stand-in)
+# layer_norm_vjp's (red_a, red_b, red_c, red2, red_m: two sets of four moments' parts, and the
+# 16 bytes of red_p, TGSUM's scratch, that a staged launch has as a stand-in)
+LN_VJP_RED_BYTES = 32 * 4 + 32 * 4 + 32 * 8 + 2 * 64 * 4 + 2 * 4 * 32 * 4 + 16
 # The LayerNorm backward on CUDA: rows that VJP_THREADS threads would loop over (more than
 # VJP_MAX_READS elements a thread) take twice the threads, up to this many, to stay cached
 # (H100, scripts/probe_norm_layout.py, session 11, 2048x8192 pipelined: bfloat16 0.54 ->
@@ -247,6 +251,32 @@ LN_VJP_STAGED_CUDA = True
 # 4096x4096: 45.9 -> 40.5 us (three units -> two, 73 -> 83% of copy).
 LN_VJP_STAGED_REGISTERS = 255
 LN_VJP_WIDE_READS = 32
+# The backward's rows of one simdgroup on CUDA (heads of up to 32 16-byte runs; by kind) take
+# runs of _short_row_reads(n) elements, narrower than 16 bytes where that fills more of the 32 lanes
+# (heads of 64: 2 elements a lane, all 32 lanes, where 16-byte runs fill 16 lanes in float32
+# and 8 in 16-bit). H100 kernel durations (scripts/ncu_times.sh, session 30,
+# ncu-times-cuda-session30.txt), multi-head LayerNorm 8192x4x64 backward: float32 13.3 ->
+# 10.7 us, bfloat16 24.0 -> 11.0 (a copy of the 24 / 12 MiB: 9.9, 7.8); RMSNorm 65536x128
+# bfloat16 48.7 -> 24.4 (copy 20.6, MLX's kernel 24.8), float32 unchanged (4-element runs).
+VJP_SHORT_LANES_CUDA = {"rms": True, "ln": True}
+# ... and those rows' units are whole threadgroups of VJP_TG_SIMDGROUPS simdgroups (template
+# TGSUM) whose dw / db sums are added in the threadgroup: that many times fewer partials for
+# norm_partials_sum (8192x4x64: 1024 groups of 256 columns -> 128, 11.8 -> 3.9 us; RMSNorm
+# 65536x128: 4096 groups of 128 -> 512, 33.3-33.6 -> 6.7-6.8 us).
+VJP_TG_PARTIALS_CUDA = {"rms": True, "ln": True}
+VJP_TG_SIMDGROUPS = 8  # (the kernels' scratch: 2 x 8 x 32 x 8 floats at most, 16 KiB)
+# The forward's rows of one simdgroup on CUDA in runs of _short_row_reads(n) elements, as the
+# backward's (where the n_reads knob is automatic). H100 kernel durations (session 30):
+# multi-head LayerNorm 8192x4x64 float32 10.6 -> 7.4 us, bfloat16 17.0 -> 8.2 (a copy of the
+# bytes: 7.5, 6.9); RMSNorm 65536x128 bfloat16 21.4 -> 12.6 (copy 14.1, MLX's 43.2), float32
+# unchanged (its 16-byte runs already fill the lanes).
+FWD_SHORT_LANES_CUDA = {"rms": True, "ln": True}
+
+
+def _short_row_reads(n: int) -> int:
+    """Elements a lane for a row of n elements held by one simdgroup: the least power of two
+    that 32 lanes cover n with (at least 1)."""
+    return _pow2_at_least(max(1, -(-n // 32)))
 
 
 # ---------------------------------------------------------------------------------------
@@ -387,10 +417,21 @@ def knob_values(op: str, n: int, dtype: Any, knobs: dict | None = None) -> dict[
     (n_reads unset: the automatic layout's elements per thread)."""
     kind = {"rms_norm": "rms", "layer_norm": "ln", "multihead_layer_norm": "ln"}[op]
     v = _forward_knobs(kind, n, dtype, knobs)
-    lay = _layout(n, 1, v["n_reads"], v["simd_rows"], v["looped_threads"], _itemsize(dtype))
+    lay = _forward_layout(kind, n, 1, v, _itemsize(dtype))
     return {"n_reads": lay.n_reads,
             "simd_rows": SIMD_ROWS if v["simd_rows"] is None else v["simd_rows"],
             "looped_threads": LOOPED_THREADS if v["looped_threads"] is None else v["looped_threads"]}
+
+
+def _forward_layout(kind: str, n: int, rows: int, kv: dict, itemsize: int) -> _Layout:
+    """The forward's layout for `rows` rows of n elements at the knob values `kv`: _layout's,
+    with a row of one simdgroup in runs that fill its lanes (_short_row_reads) where n_reads is
+    automatic and FWD_SHORT_LANES_CUDA[kind] holds on cuda."""
+    lay = _layout(n, rows, kv["n_reads"], kv["simd_rows"], kv["looped_threads"], itemsize)
+    if (kv["n_reads"] is None and lay.one_simd and FWD_SHORT_LANES_CUDA.get(kind, False) and _plans_for_cuda()
+            and _short_row_reads(n) < lay.n_reads):
+        lay = _layout(n, rows, _short_row_reads(n), kv["simd_rows"], kv["looped_threads"], itemsize)
+    return lay
 
 
 def _plan(
@@ -408,7 +449,7 @@ def _plan(
     rows = x.size // n
     dtype = x.dtype
     kv = _forward_knobs(kind, n, dtype, knobs)
-    lay = _layout(n, rows, kv["n_reads"], kv["simd_rows"], kv["looped_threads"], dtype.size)
+    lay = _forward_layout(kind, n, rows, kv, dtype.size)
     dummy = _dummy(dtype)
     template: list[tuple[str, Any]] = [("T", dtype), ("HAS_W", weight is not None)]
     inputs = [x.reshape(rows, n), weight if weight is not None else dummy]
@@ -549,6 +590,8 @@ def _vjp_plan(
         while lay.looped and threads * 2 <= LN_VJP_MAX_THREADS_CUDA:
             threads *= 2
             lay = _layout(n, m * num_heads, itemsize=dtype.size, vjp=True, vjp_threads=threads)
+    if cuda and VJP_SHORT_LANES_CUDA.get(kind, False) and lay.one_simd and _short_row_reads(n) < lay.n_reads:
+        lay = _layout(n, m * num_heads, n_reads=_short_row_reads(n), itemsize=dtype.size, vjp=True)
     staged = False
     # the stages (2 x 2 x n elements) and the kernel's reduction scratch
     stage_bytes = 4 * n * dtype.size + (RMS_VJP_RED_BYTES if kind == "rms" else LN_VJP_RED_BYTES)
@@ -574,12 +617,21 @@ def _vjp_plan(
             target = RMS_VJP_TARGET_THREADS_CUDA
         target_units = max(1, target // lay.tpr)
         rpg = -(-m // max(1, target_units // num_heads))
+    # TGSUM: a unit of `tgsum` simdgroups (one threadgroup), each taking every tgsum-th of the
+    # unit's rows, its dw / db sums added in the threadgroup (tgsum times fewer partials)
+    tgsum = 0
+    if (cuda and VJP_TG_PARTIALS_CUDA.get(kind, False) and lay.one_simd and not staged
+            and (weight is not None or has_bias)):
+        tgsum = max(1, min(VJP_TG_SIMDGROUPS, -(-m // rpg)))
+        rpg *= tgsum
     groups = -(-m // rpg)
     if staged and RMS_VJP_STAGED_STRIDED and rpg > 1:  # strided rows: exactly the target's units
         groups = min(m, max(1, target_units // num_heads))
         rpg = -(-m // groups)
     units = groups * num_heads
-    if lay.one_simd:
+    if tgsum:
+        lay = _Layout(False, True, 32, tgsum, lay.n_reads)
+    elif lay.one_simd:
         lay = _Layout(False, True, 32, max(1, min(SIMD_ROWS, units)), lay.n_reads)
     template: list[tuple[str, Any]] = [("T", dtype), ("HAS_W", weight is not None)]
     partial = (groups, num_heads * n)
@@ -599,6 +651,7 @@ def _vjp_plan(
         template.append(("NS", stages))
         if kind == "ln":
             template.append(("MOM", bool(staged and LN_MOMENTS)))
+        template.append(("TGSUM", tgsum))
         if staged and regs > 0:
             template.append(("XK_MIN_BLOCKS", _staged_units_per_sm(lay.tpr, stage_bytes, regs)))
         elif full:
@@ -614,7 +667,7 @@ def _vjp_plan(
         ],
         output_shapes=out_shapes,
         output_dtypes=[dtype] + [mx.float32] * (len(out_shapes) - 1),
-        grid=(lay.tpr, r * -(-units // r), 1),
+        grid=(lay.tpr, r * (units if tgsum else -(-units // r)), 1),
         threadgroup=(lay.tpr, r, 1),
         template=template,
     )

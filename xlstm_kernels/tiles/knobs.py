@@ -172,7 +172,7 @@ class Knob:
 
 _NORM_KNOBS = (
     Knob("n_reads", "int", _IntRule(choices=(1, 2, 4, 8, 16, 32, 64)),
-         "built-in default: by row length and dtype (ops.norm._layout)", (1, 2, 4, 8, 16, 32, 64), (1, 2, 4, 8),
+         "built-in default: by row length and dtype (ops.norm._forward_layout)", (1, 2, 4, 8, 16, 32, 64), (1, 2, 4, 8),
          "elements per thread per step; one simdgroup per row up to 32*n_reads, cached up to 1024*n_reads"),
     Knob("simd_rows", "int", _IntRule(1, 32),
          "built-in default: 8 (ops.norm.SIMD_ROWS)", (1, 2, 4, 8, 16, 32), (4, 8, 16),
