@@ -1390,3 +1390,65 @@ if (!HAS_W && col == 0 && s == 0) {
 if (!HAS_B && col == 0 && s == 0) {
   db[0] = T(0.0f);
 }
+
+// @kernel norm_partials_sum_cols
+// norm_partials_sum for few columns and many groups (the backward's units of short rows):
+// one threadgroup per column, so that C columns make C threadgroups (norm_partials_sum makes
+// C / 32). Thread t adds groups t, t + T, ... of the column in order (four loads before their
+// adds; T threads a threadgroup), each simdgroup's 32 sums are added by a butterfly, and
+// thread 0 adds the simdgroups' sums in simdgroup order: the same bits every run. A thread's
+// loads are cols floats apart (the partials were just written: L2).
+// inputs, outputs, template: as norm_partials_sum. grid (T, C, 1), threadgroup (T, 1, 1),
+// T a multiple of 32 up to 1024.
+const uint g_rows = uint(params[0]);
+const uint cols = uint(params[1]);
+const uint t = thread_position_in_threadgroup.x;
+const uint nt = threads_per_threadgroup.x;
+const uint col = threadgroup_position_in_grid.y;
+const uint lane = thread_index_in_simdgroup;
+const uint sg = simdgroup_index_in_threadgroup;
+const uint nsg = simdgroups_per_threadgroup;
+threadgroup float sum_w[32];
+threadgroup float sum_b[32];
+float aw = 0.0f;
+float ab = 0.0f;
+uint g = t;
+for (; g + 3 * nt < g_rows; g += 4 * nt) {
+  float vw[4];
+  float vb[4];
+  for (int k = 0; k < 4; k++) {
+    const size_t i = size_t(g + uint(k) * nt) * cols + col;
+    vw[k] = HAS_W ? dwp[i] : 0.0f;
+    vb[k] = HAS_B ? dbp[i] : 0.0f;
+  }
+  for (int k = 0; k < 4; k++) {
+    aw += vw[k];
+    ab += vb[k];
+  }
+}
+for (; g < g_rows; g += nt) {
+  const size_t i = size_t(g) * cols + col;
+  aw += HAS_W ? dwp[i] : 0.0f;
+  ab += HAS_B ? dbp[i] : 0.0f;
+}
+aw = xk_simd_sum_all(aw);
+ab = xk_simd_sum_all(ab);
+if (lane == 0) {
+  sum_w[sg] = aw;
+  sum_b[sg] = ab;
+}
+threadgroup_barrier(mem_flags::mem_threadgroup);
+if (t == 0) {
+  float tw = 0.0f;
+  float tb = 0.0f;
+  for (uint k = 0; k < nsg; k++) {
+    tw += sum_w[k];
+    tb += sum_b[k];
+  }
+  if (HAS_W || col == 0) {  // an absent one: (1,), set to 0 once
+    dw[HAS_W ? col : 0u] = T(HAS_W ? tw : 0.0f);
+  }
+  if (HAS_B || col == 0) {
+    db[HAS_B ? col : 0u] = T(HAS_B ? tb : 0.0f);
+  }
+}

@@ -1363,6 +1363,88 @@ def test_partials_sum_schedules():
     assert rel_err(db, f64(dbp).sum(axis=0)) < tol(mx.bfloat16)
 
 
+@pytest.mark.parametrize("groups,cols", [(1, 1), (3, 31), (45, 33), (300, 64), (1000, 5)])
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("has_w,has_b", [(True, False), (False, True), (True, True)])
+def test_partials_sum_cols_kernel(kernel_backend, groups, cols, dtype, has_w, has_b):
+    """norm_partials_sum_cols (a threadgroup per column): dw / db = the float partials summed
+    over groups, rounded once to the dtype; fewer groups than a simdgroup, four-group steps
+    with single groups after, more groups than threads; an absent one set to 0."""
+    dt = DTYPES[dtype]
+    rng = np.random.default_rng(seed_of("partials-cols", groups, cols, dtype, has_w, has_b))
+    dwp, dbp = rand(rng, (groups, cols)), rand(rng, (groups, cols), shift=0.3)
+    kw = norm_mod._partials_sum_cols_plan(groups, cols, dt, has_w, has_b)
+    assert kw["grid"] == (kw["threadgroup"][0], cols, 1) and kw["threadgroup"][0] % 32 == 0
+    kw["inputs"] = [dwp if has_w else kw["inputs"][0], dbp if has_b else kw["inputs"][1], kw["inputs"][2]]
+    dw, db = runtime.launch(norm_mod.PARTIALS_SUM_COLS, **kw)
+    for has, got, parts in ((has_w, dw, dwp), (has_b, db, dbp)):
+        if has:
+            assert got.dtype == dt and got.shape == (cols,)
+            assert rel_err(got, f64(parts).sum(axis=0)) < tol(dt)
+        else:
+            assert got.shape == (1,) and float(got[0].item()) == 0.0
+
+
+@pytest.mark.emulator_only
+def test_partials_sum_cols_schedules():
+    """norm_partials_sum_cols under every thread order: the same bits, in bounds."""
+    from xlstm_kernels.emulate import check_schedules
+
+    rng = np.random.default_rng(12)
+    groups, cols = 300, 7  # 256 threads: four-group steps for none, single groups for all
+    dwp, dbp = rand(rng, (groups, cols)), rand(rng, (groups, cols))
+    kw = norm_mod._partials_sum_cols_plan(groups, cols, mx.float16, True, True)
+    kw["inputs"] = [dwp, dbp, kw["inputs"][2]]
+    dw, db = check_schedules(runtime.get_kernel(norm_mod.PARTIALS_SUM_COLS, "emulate"), seeds=(1, 2),
+                             check_bounds=True, **kw)
+    assert rel_err(dw, f64(dwp).sum(axis=0)) < tol(mx.float16)
+    assert rel_err(db, f64(dbp).sum(axis=0)) < tol(mx.float16)
+
+
+def test_partials_sum_launch_picks_by_shape(monkeypatch):
+    """The partials sum by column only on CUDA with PARTIALS_BY_COLUMN_CUDA, few columns and
+    many groups; norm_partials_sum otherwise."""
+    pick = lambda g, c: norm_mod._partials_sum_launch(g, c, mx.float32, True, True)[0]  # noqa: E731
+    monkeypatch.setattr(norm_mod, "_plans_for_cuda", lambda: True)
+    monkeypatch.setattr(norm_mod, "PARTIALS_BY_COLUMN_CUDA", True)
+    assert pick(128, 256) is norm_mod.PARTIALS_SUM_COLS
+    assert pick(128, 4096) is norm_mod.PARTIALS_SUM and pick(8, 256) is norm_mod.PARTIALS_SUM
+    monkeypatch.setattr(norm_mod, "PARTIALS_BY_COLUMN_CUDA", False)
+    assert pick(128, 256) is norm_mod.PARTIALS_SUM
+    monkeypatch.setattr(norm_mod, "PARTIALS_BY_COLUMN_CUDA", True)
+    monkeypatch.setattr(norm_mod, "_plans_for_cuda", lambda: False)
+    assert pick(128, 256) is norm_mod.PARTIALS_SUM
+
+
+@pytest.mark.parametrize("kind", ["rms", "ln"])
+def test_vjp_with_partials_by_column(kernel_backend, monkeypatch, fresh_norm_calls, kind):
+    """The backward through the op with its partials summed by column (CUDA's plan, patched
+    on): heads of 64 in units of a threadgroup, 50 (LayerNorm) or 100 groups of partials; against
+    float64."""
+    monkeypatch.setattr(norm_mod, "_plans_for_cuda", lambda: True)
+    monkeypatch.setattr(norm_mod, "PARTIALS_BY_COLUMN_CUDA", True)
+    monkeypatch.setattr(norm_mod, "PARTIALS_BY_COLUMN_MIN_GROUPS", 2)
+    monkeypatch.setattr(norm_mod, "VJP_TARGET_THREADS", 32 * 800)  # 800 rows of 8 simdgroups: 100 groups
+    nh = 2 if kind == "ln" else 1
+    dt = mx.float32
+    rng = np.random.default_rng(seed_of("vjp-cols", kind))
+    x, w, b = make(rng, (800, nh * 64), dt, True, kind == "ln")
+    g = rand(rng, (800, nh * 64), dt)
+    groups = norm_mod._vjp_plan(kind, x, w, kind == "ln", g, EPS, nh)[2]
+    assert norm_mod._partials_sum_launch(groups, nh * 64, dt, True, kind == "ln")[0] is norm_mod.PARTIALS_SUM_COLS
+    if kind == "ln":
+        want = _ln_grads64(x, w, b, g, nh)
+        got = mx.vjp(lambda a, c, e: multihead_layer_norm(a, c, e, nh, EPS), [x, w, b], [g])[1]
+    else:
+        x64, w64, g64 = f64(x), f64(w), f64(g)
+        r = 1.0 / np.sqrt((x64 * x64).mean(-1, keepdims=True) + EPS)
+        xhat, gw = x64 * r, g64 * w64
+        want = (r * (gw - xhat * (gw * xhat).mean(-1, keepdims=True)), (g64 * xhat).sum(0))
+        got = mx.vjp(lambda a, c: rms_norm(a, c, EPS), [x, w], [g])[1]
+    for got_k, want_k in zip(got, want):
+        assert rel_err(got_k, want_k) < 2e-5
+
+
 def test_partials_sum_plan_covers_every_column():
     """Grid in threads: 32 lanes per strip of columns, at most PARTIALS_SIMDGROUPS (and at most
     `groups`) simdgroups a threadgroup."""

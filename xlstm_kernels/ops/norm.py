@@ -78,6 +78,7 @@ RMS_NORM_VJP = KernelSpec("norm", "rms_norm_vjp", ("x", "w", "g", "eps", "params
 RMS_NORM_VJP_LOOPED = KernelSpec("norm", "rms_norm_vjp_looped", ("x", "w", "g", "eps", "params"), ("dx", "dwp"))
 LAYER_NORM_VJP = KernelSpec("norm", "layer_norm_vjp", ("x", "w", "g", "eps", "params"), ("dx", "dwp", "dbp"))
 PARTIALS_SUM = KernelSpec("norm", "norm_partials_sum", ("dwp", "dbp", "params"), ("dw", "db"))
+PARTIALS_SUM_COLS = KernelSpec("norm", "norm_partials_sum_cols", ("dwp", "dbp", "params"), ("dw", "db"))
 LAYER_NORM_VJP_LOOPED = KernelSpec(
     "norm", "layer_norm_vjp_looped", ("x", "w", "g", "eps", "params"), ("dx", "dwp", "dbp")
 )
@@ -697,6 +698,38 @@ def _partials_sum_plan(groups: int, cols: int, dtype: mx.Dtype, has_w: bool, has
     )
 
 
+#: norm_partials_sum_cols (a threadgroup per column) for the partials of CUDA backwards with at
+#: most PARTIALS_BY_COLUMN_MAX_COLS columns and at least PARTIALS_BY_COLUMN_MIN_GROUPS groups,
+#: PARTIALS_BY_COLUMN_THREADS threads a column (fewer where the groups are fewer). Off: built
+#: in session 30 for the partials of short rows (norm_partials_sum's 4-8 threadgroups took
+#: 3.9 us for 128 x 256 partials, 6.7 for 512 x 128) after the device time had run out, so
+#: not yet measured.
+PARTIALS_BY_COLUMN_CUDA = False
+PARTIALS_BY_COLUMN_MAX_COLS = 1024
+PARTIALS_BY_COLUMN_MIN_GROUPS = 64
+PARTIALS_BY_COLUMN_THREADS = 256
+
+
+def _partials_sum_cols_plan(groups: int, cols: int, dtype: mx.Dtype, has_w: bool, has_b: bool) -> dict[str, Any]:
+    """Launch keywords of norm_partials_sum_cols (inputs and outputs as _partials_sum_plan's):
+    a threadgroup of up to PARTIALS_BY_COLUMN_THREADS threads (a multiple of 32, at most the
+    groups rounded up to 32) for each of the cols columns."""
+    kw = _partials_sum_plan(groups, cols, dtype, has_w, has_b)
+    threads = min(PARTIALS_BY_COLUMN_THREADS, 32 * -(-groups // 32))
+    kw.update(grid=(threads, cols, 1), threadgroup=(threads, 1, 1))
+    return kw
+
+
+def _partials_sum_launch(groups: int, cols: int, dtype: mx.Dtype, has_w: bool,
+                         has_b: bool) -> tuple[KernelSpec, dict[str, Any]]:
+    """(spec, launch keywords) of the backward's partials sum: norm_partials_sum_cols on CUDA
+    where PARTIALS_BY_COLUMN_CUDA and the partials' shape call for it, else norm_partials_sum."""
+    if (PARTIALS_BY_COLUMN_CUDA and _plans_for_cuda() and cols <= PARTIALS_BY_COLUMN_MAX_COLS
+            and groups >= PARTIALS_BY_COLUMN_MIN_GROUPS):
+        return PARTIALS_SUM_COLS, _partials_sum_cols_plan(groups, cols, dtype, has_w, has_b)
+    return PARTIALS_SUM, _partials_sum_plan(groups, cols, dtype, has_w, has_b)
+
+
 # ---------------------------------------------------------------------------------------
 # Validation and the differentiable wrapper
 # ---------------------------------------------------------------------------------------
@@ -799,8 +832,8 @@ def _differentiable_fn(kind: str, x, weight, bias, eps: float, num_heads: int, b
             bspec, bkw, groups = _vjp_plan(kind, xa, wa, has_b, cot, eps, num_heads)
             sums = None
             if has_w or has_b:  # the partials summed over groups and cast in one launch
-                skw = _partials_sum_plan(groups, num_heads * n, xa.dtype, has_w, has_b)
-                sums = (prepare_launch(PARTIALS_SUM, **skw, backend=backend), skw["inputs"])
+                sspec, skw = _partials_sum_launch(groups, num_heads * n, xa.dtype, has_w, has_b)
+                sums = (prepare_launch(sspec, **skw, backend=backend), skw["inputs"])
             plan = plans[cot.dtype] = (prepare_launch(bspec, **bkw, backend=backend), bkw["inputs"][3:], sums)
         brun, consts, sums = plan
         shape = xa.shape
