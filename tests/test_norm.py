@@ -1327,18 +1327,29 @@ def test_rms_norm_vjp_full_rows(kernel_backend, monkeypatch, fresh_norm_calls, d
 # the backward's partial sums (norm_partials_sum) -----------------------------------------
 
 
-@pytest.mark.parametrize("groups,cols", [(1, 1), (3, 31), (9, 33), (33, 100), (264, 64), (5, 4096)])
+# norm_partials_sum (32 columns a threadgroup) and norm_partials_sum_cols (a threadgroup a column)
+PARTIALS_KERNELS = {"strips": ("PARTIALS_SUM", "_partials_sum_plan"),
+                    "by_column": ("PARTIALS_SUM_COLS", "_partials_sum_cols_plan")}
+
+
+@pytest.mark.parametrize("which,groups,cols", [
+    (which, g, c) for which in PARTIALS_KERNELS
+    for g, c in [(1, 1), (3, 31), (9, 33), (33, 100), (264, 64), (5, 4096), (1000, 5)]
+    if which == "strips" or c <= 1024  # by column: planned for few columns only
+])
 @pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("has_w,has_b", [(True, False), (False, True), (True, True)])
-def test_partials_sum_kernel(kernel_backend, groups, cols, dtype, has_w, has_b):
+def test_partials_sum_kernel(kernel_backend, groups, cols, dtype, has_w, has_b, which):
     """dw / db = the float partials summed over groups, rounded once to the dtype: columns
-    spanning several 32-column strips and ragged ones, fewer groups than simdgroups."""
+    spanning several 32-column strips and ragged ones, fewer groups than simdgroups (or than a
+    simdgroup), more groups than a column's threads; an absent one set to 0."""
+    spec, plan = (getattr(norm_mod, name) for name in PARTIALS_KERNELS[which])
     dt = DTYPES[dtype]
     rng = np.random.default_rng(seed_of("partials", groups, cols, dtype, has_w, has_b))
     dwp, dbp = rand(rng, (groups, cols)), rand(rng, (groups, cols), shift=0.3)
-    kw = norm_mod._partials_sum_plan(groups, cols, dt, has_w, has_b)
+    kw = plan(groups, cols, dt, has_w, has_b)
     kw["inputs"] = [dwp if has_w else kw["inputs"][0], dbp if has_b else kw["inputs"][1], kw["inputs"][2]]
-    dw, db = runtime.launch(norm_mod.PARTIALS_SUM, **kw)
+    dw, db = runtime.launch(spec, **kw)
     for has, got, parts in ((has_w, dw, dwp), (has_b, db, dbp)):
         if has:
             assert got.dtype == dt and got.shape == (cols,)
@@ -1348,57 +1359,22 @@ def test_partials_sum_kernel(kernel_backend, groups, cols, dtype, has_w, has_b):
 
 
 @pytest.mark.emulator_only
-def test_partials_sum_schedules():
-    """Every thread order: the same bits (a fixed order of additions), in bounds."""
+@pytest.mark.parametrize("which,groups", [("strips", 45), ("by_column", 300)])
+def test_partials_sum_schedules(which, groups):
+    """Every thread order: the same bits (a fixed order of additions), in bounds. 45 groups:
+    four-row steps, then single rows, per simdgroup; 300 over a column's 256 threads."""
     from xlstm_kernels.emulate import check_schedules
 
+    spec, plan = (getattr(norm_mod, name) for name in PARTIALS_KERNELS[which])
     rng = np.random.default_rng(11)
-    groups, cols = 45, 45  # 45 groups: four-row steps, then single rows, per simdgroup
+    cols = 45 if which == "strips" else 7
     dwp, dbp = rand(rng, (groups, cols)), rand(rng, (groups, cols))
-    kw = norm_mod._partials_sum_plan(groups, cols, mx.bfloat16, True, True)
+    kw = plan(groups, cols, mx.bfloat16, True, True)
     kw["inputs"] = [dwp, dbp, kw["inputs"][2]]
-    dw, db = check_schedules(runtime.get_kernel(norm_mod.PARTIALS_SUM, "emulate"), seeds=(1, 2),
+    dw, db = check_schedules(runtime.get_kernel(spec, "emulate"), seeds=(1, 2),
                              check_bounds=True, **kw)
     assert rel_err(dw, f64(dwp).sum(axis=0)) < tol(mx.bfloat16)
     assert rel_err(db, f64(dbp).sum(axis=0)) < tol(mx.bfloat16)
-
-
-@pytest.mark.parametrize("groups,cols", [(1, 1), (3, 31), (45, 33), (300, 64), (1000, 5)])
-@pytest.mark.parametrize("dtype", list(DTYPES))
-@pytest.mark.parametrize("has_w,has_b", [(True, False), (False, True), (True, True)])
-def test_partials_sum_cols_kernel(kernel_backend, groups, cols, dtype, has_w, has_b):
-    """norm_partials_sum_cols (a threadgroup per column): dw / db = the float partials summed
-    over groups, rounded once to the dtype; fewer groups than a simdgroup, four-group steps
-    with single groups after, more groups than threads; an absent one set to 0."""
-    dt = DTYPES[dtype]
-    rng = np.random.default_rng(seed_of("partials-cols", groups, cols, dtype, has_w, has_b))
-    dwp, dbp = rand(rng, (groups, cols)), rand(rng, (groups, cols), shift=0.3)
-    kw = norm_mod._partials_sum_cols_plan(groups, cols, dt, has_w, has_b)
-    assert kw["grid"] == (kw["threadgroup"][0], cols, 1) and kw["threadgroup"][0] % 32 == 0
-    kw["inputs"] = [dwp if has_w else kw["inputs"][0], dbp if has_b else kw["inputs"][1], kw["inputs"][2]]
-    dw, db = runtime.launch(norm_mod.PARTIALS_SUM_COLS, **kw)
-    for has, got, parts in ((has_w, dw, dwp), (has_b, db, dbp)):
-        if has:
-            assert got.dtype == dt and got.shape == (cols,)
-            assert rel_err(got, f64(parts).sum(axis=0)) < tol(dt)
-        else:
-            assert got.shape == (1,) and float(got[0].item()) == 0.0
-
-
-@pytest.mark.emulator_only
-def test_partials_sum_cols_schedules():
-    """norm_partials_sum_cols under every thread order: the same bits, in bounds."""
-    from xlstm_kernels.emulate import check_schedules
-
-    rng = np.random.default_rng(12)
-    groups, cols = 300, 7  # 256 threads: four-group steps for none, single groups for all
-    dwp, dbp = rand(rng, (groups, cols)), rand(rng, (groups, cols))
-    kw = norm_mod._partials_sum_cols_plan(groups, cols, mx.float16, True, True)
-    kw["inputs"] = [dwp, dbp, kw["inputs"][2]]
-    dw, db = check_schedules(runtime.get_kernel(norm_mod.PARTIALS_SUM_COLS, "emulate"), seeds=(1, 2),
-                             check_bounds=True, **kw)
-    assert rel_err(dw, f64(dwp).sum(axis=0)) < tol(mx.float16)
-    assert rel_err(db, f64(dbp).sum(axis=0)) < tol(mx.float16)
 
 
 def test_partials_sum_launch_picks_by_shape(monkeypatch):
