@@ -174,6 +174,12 @@ def _cases():
         "copy_mhln_fwd_bf16": (lambda: scale_copy((8192, 256), mx.bfloat16), "binary|multiply"),
         "copy_mhln_f32": (lambda: scale_copy((8192, 384), mx.float32), "binary|multiply"),
         "copy_mhln_bf16": (lambda: scale_copy((8192, 384), mx.bfloat16), "binary|multiply"),
+        # session 31: the LayerNorm bf16 16384x1024 forward (a row near the copy bar) and the
+        # LayerNorm bf16 2048x8192 backward's copy of its bytes (x, g read, dx written: 96 MiB)
+        "ln_bf16_16k1k_ours": (lambda: ln(True, mx.bfloat16, rows=16384, n=1024), "custom_kernel_layer_norm"),
+        "ln_bf16_16k1k_mlx": (lambda: ln(False, mx.bfloat16, rows=16384, n=1024), "layer_norm"),
+        "copy_bf16_16kx1k": (lambda: scale_copy((16384, 1024), mx.bfloat16), "binary|multiply"),
+        "copy_ln_vjp_bf16_8k": (lambda: scale_copy((3072, 8192), mx.bfloat16), "binary|multiply"),
         "gemm_av_ours": (lambda: gemm("gemm_av"), "gemm_simd"),
         "gemm_at_b_ours": (lambda: gemm("gemm_at_b"), "gemm_simd"),
         "gemm_mlx": (lambda: gemm("mlx"), "gemm|nvjet|xmma|cutlass|sm90"),

@@ -700,11 +700,13 @@ def _partials_sum_plan(groups: int, cols: int, dtype: mx.Dtype, has_w: bool, has
 
 #: norm_partials_sum_cols (a threadgroup per column) for the partials of CUDA backwards with at
 #: most PARTIALS_BY_COLUMN_MAX_COLS columns and at least PARTIALS_BY_COLUMN_MIN_GROUPS groups,
-#: PARTIALS_BY_COLUMN_THREADS threads a column (fewer where the groups are fewer). Off: built
-#: in session 30 for the partials of short rows (norm_partials_sum's 4-8 threadgroups took
-#: 3.9 us for 128 x 256 partials, 6.7 for 512 x 128) after the device time had run out, so
-#: not yet measured.
-PARTIALS_BY_COLUMN_CUDA = False
+#: PARTIALS_BY_COLUMN_THREADS threads a column (fewer where the groups are fewer): the partials
+#: of short rows, where norm_partials_sum makes only C / 32 threadgroups. Session 31, H100,
+#: Nsight Compute with warm caches (ncu-times-cuda-session31.txt), median us, strips -> by
+#: column: 512 x 128 partials (RMSNorm 65536x128 backward, bf16 / f32) 7.07 -> 3.84 / 6.91 ->
+#: 3.90; 128 x 256 twice (multi-head LayerNorm 8192x4x64) 3.89 -> 3.57. 128 or 512 threads a
+#: column (3.79 / 3.84 us) no better than 256.
+PARTIALS_BY_COLUMN_CUDA = True
 PARTIALS_BY_COLUMN_MAX_COLS = 1024
 PARTIALS_BY_COLUMN_MIN_GROUPS = 64
 PARTIALS_BY_COLUMN_THREADS = 256
