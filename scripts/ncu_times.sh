@@ -4,7 +4,7 @@
 # after `cuda_device_run.sh stage2 none` (session 28):
 #
 #   OUT=/tmp/out bash scripts/ncu_times.sh CASE ["PATCH"] [LABEL]
-#   bash scripts/ncu_times.sh ln_vjp_bf16_8k_ours "import xlstm_kernels.ops.norm as n; n.PARTIALS_SIMDGROUPS=16" S16
+#   bash scripts/ncu_times.sh ln_vjp_bf16_8k_ours "import xlstm_kernels.ops.norm as n; n.PARTIALS_SIMDGROUPS_CUDA=32" S32
 #
 # Prints one line: CASE LABEL, then each kernel's median and minimum us over NCU_TIMES_CALLS
 # (default 20) evaluated calls (after profile_ncu.py's warm-up calls).

@@ -39,7 +39,7 @@ def main() -> None:
         mx.eval(parts)
         variants = {"sum+astype": lambda p: p.sum(axis=0).astype(mx.bfloat16)}
         for sg in SIMDGROUPS:  # norm_partials_sum with sg simdgroups a threadgroup
-            norm_mod.PARTIALS_SIMDGROUPS = sg
+            norm_mod.PARTIALS_SIMDGROUPS = norm_mod.PARTIALS_SIMDGROUPS_CUDA = sg
             kw = norm_mod._partials_sum_plan(groups, cols, mx.bfloat16, True, False)
             run = prepare_launch(norm_mod.PARTIALS_SUM, **kw)
             absent, sizes = kw["inputs"][1], kw["inputs"][2]

@@ -1359,12 +1359,14 @@ def test_partials_sum_kernel(kernel_backend, groups, cols, dtype, has_w, has_b, 
 
 
 @pytest.mark.emulator_only
-@pytest.mark.parametrize("which,groups", [("strips", 45), ("by_column", 300)])
-def test_partials_sum_schedules(which, groups):
+@pytest.mark.parametrize("which,groups,cuda", [("strips", 45, False), ("strips", 45, True), ("by_column", 300, True)])
+def test_partials_sum_schedules(monkeypatch, which, groups, cuda):
     """Every thread order: the same bits (a fixed order of additions), in bounds. 45 groups:
-    four-row steps, then single rows, per simdgroup; 300 over a column's 256 threads."""
+    four-row steps, then single rows, per simdgroup (8 simdgroups; 16 as planned for cuda);
+    300 over a column's 256 threads."""
     from xlstm_kernels.emulate import check_schedules
 
+    monkeypatch.setattr(norm_mod, "_plans_for_cuda", lambda: cuda)
     spec, plan = (getattr(norm_mod, name) for name in PARTIALS_KERNELS[which])
     rng = np.random.default_rng(11)
     cols = 45 if which == "strips" else 7
@@ -1421,11 +1423,14 @@ def test_vjp_with_partials_by_column(kernel_backend, monkeypatch, fresh_norm_cal
         assert rel_err(got_k, want_k) < 2e-5
 
 
-def test_partials_sum_plan_covers_every_column():
-    """Grid in threads: 32 lanes per strip of columns, at most PARTIALS_SIMDGROUPS (and at most
-    `groups`) simdgroups a threadgroup."""
+@pytest.mark.parametrize("cuda", [False, True])
+def test_partials_sum_plan_covers_every_column(monkeypatch, cuda):
+    """Grid in threads: 32 lanes per strip of columns, at most PARTIALS_SIMDGROUPS
+    (PARTIALS_SIMDGROUPS_CUDA on cuda; and at most `groups`) simdgroups a threadgroup."""
+    monkeypatch.setattr(norm_mod, "_plans_for_cuda", lambda: cuda)
+    most = norm_mod.PARTIALS_SIMDGROUPS_CUDA if cuda else norm_mod.PARTIALS_SIMDGROUPS
     for groups, cols in ((1, 5), (3, 64), (400, 4097)):
         kw = norm_mod._partials_sum_plan(groups, cols, mx.float32, True, False)
         assert kw["grid"][0] >= cols and kw["grid"][0] % 32 == 0
-        assert kw["threadgroup"] == (32, min(groups, norm_mod.PARTIALS_SIMDGROUPS), 1)
+        assert kw["threadgroup"] == (32, min(groups, most), 1)
         assert kw["grid"][1] == kw["threadgroup"][1]
