@@ -1323,14 +1323,16 @@ if (unit == 0 && tid == 0) {
 // The backward's last step: dw[c] = T(sum over groups g of dwp[g, c]) and db likewise from
 // dbp, in one launch (instead of a float sum over axis 0, then a cast to T).
 // Threadgroup = a strip of 32 columns x S simdgroups: simdgroup s adds rows g = s, s + S, ...
-// of its lane's column in order (loading four of them before adding), then simdgroup 0 adds
-// the S slices in order, so every run gives the same bits. Lanes past the last column load nothing and write nothing (every
-// thread reaches the barrier).
+// of its lane's column in order (loading U of them before adding: one round trip to memory
+// for U rows), then simdgroup 0 adds the S slices in order, so every run gives the same bits
+// (and U changes no sum's order). Lanes past the last column load nothing and write nothing
+// (every thread reaches the barrier).
 // inputs:  dwp (G, C) float ((1,) if !HAS_W); dbp (G, C) float ((1,) if !HAS_B);
 //          params (2) int = [G, C]
 // outputs: dw (C) T ((1,) if !HAS_W: set to 0); db (C) T ((1,) if !HAS_B: set to 0)
 // grid (32 * ceil(C / 32), S, 1), threadgroup (32, S, 1), S <= 32.
-// template: T, HAS_W, HAS_B
+// template: T, HAS_W, HAS_B, U (1 to 32)
+static_assert(U >= 1 && U <= 32, "norm_partials_sum: U is 1 to 32");
 const uint g_rows = uint(params[0]);
 const uint cols = uint(params[1]);
 const uint lane = thread_position_in_threadgroup.x;
@@ -1342,28 +1344,20 @@ threadgroup float red_b[32][32];
 float aw = 0.0f;
 float ab = 0.0f;
 if (col < cols) {
-  // four rows' loads issued before their adds (the adds in row order all the same)
-  uint g = s;
-  for (; g + 3 * ns < g_rows; g += 4 * ns) {
-    float vw[4];
-    float vb[4];
-    for (int k = 0; k < 4; k++) {
-      const size_t i = size_t(g + uint(k) * ns) * cols + col;
-      vw[k] = HAS_W ? dwp[i] : 0.0f;
-      vb[k] = HAS_B ? dbp[i] : 0.0f;
+  for (uint g = s; g < g_rows; g += uint(U) * ns) {
+    float vw[U];
+    float vb[U];
+    for (int k = 0; k < U; k++) {
+      const uint gk = g + uint(k) * ns;
+      const size_t i = size_t(gk) * cols + col;
+      vw[k] = HAS_W && gk < g_rows ? dwp[i] : 0.0f;
+      vb[k] = HAS_B && gk < g_rows ? dbp[i] : 0.0f;
     }
-    for (int k = 0; k < 4; k++) {
-      aw += vw[k];
-      ab += vb[k];
-    }
-  }
-  for (; g < g_rows; g += ns) {
-    const size_t i = size_t(g) * cols + col;
-    if (HAS_W) {
-      aw += dwp[i];
-    }
-    if (HAS_B) {
-      ab += dbp[i];
+    for (int k = 0; k < U; k++) {
+      if (g + uint(k) * ns < g_rows) {
+        aw += vw[k];
+        ab += vb[k];
+      }
     }
   }
 }

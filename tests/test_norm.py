@@ -1332,17 +1332,21 @@ PARTIALS_KERNELS = {"strips": ("PARTIALS_SUM", "_partials_sum_plan"),
                     "by_column": ("PARTIALS_SUM_COLS", "_partials_sum_cols_plan")}
 
 
-@pytest.mark.parametrize("which,groups,cols", [
-    (which, g, c) for which in PARTIALS_KERNELS
+@pytest.mark.parametrize("which,groups,cols,rows", [
+    (which, g, c, u) for which in PARTIALS_KERNELS
     for g, c in [(1, 1), (3, 31), (9, 33), (33, 100), (264, 64), (5, 4096), (1000, 5)]
+    for u in ((1, 4, 8, 32) if which == "strips" else (4,))
     if which == "strips" or c <= 1024  # by column: planned for few columns only
 ])
 @pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("has_w,has_b", [(True, False), (False, True), (True, True)])
-def test_partials_sum_kernel(kernel_backend, groups, cols, dtype, has_w, has_b, which):
+def test_partials_sum_kernel(kernel_backend, monkeypatch, groups, cols, dtype, has_w, has_b, which, rows):
     """dw / db = the float partials summed over groups, rounded once to the dtype: columns
     spanning several 32-column strips and ragged ones, fewer groups than simdgroups (or than a
-    simdgroup), more groups than a column's threads; an absent one set to 0."""
+    simdgroup), more groups than a column's threads; an absent one set to 0. Strips: 1, 4, 8
+    or 32 rows loaded before their adds (PARTIALS_ROWS), more or fewer than a simdgroup's."""
+    monkeypatch.setattr(norm_mod, "PARTIALS_ROWS", rows)
+    monkeypatch.setattr(norm_mod, "PARTIALS_ROWS_CUDA", rows)
     spec, plan = (getattr(norm_mod, name) for name in PARTIALS_KERNELS[which])
     dt = DTYPES[dtype]
     rng = np.random.default_rng(seed_of("partials", groups, cols, dtype, has_w, has_b))
@@ -1358,15 +1362,34 @@ def test_partials_sum_kernel(kernel_backend, groups, cols, dtype, has_w, has_b, 
             assert got.shape == (1,) and float(got[0].item()) == 0.0
 
 
+def test_partials_sum_rows_give_the_same_bits(kernel_backend, monkeypatch):
+    """U (rows loaded before their adds) changes no sum's order: U = 1, 3, 4 and 32 give the
+    same bits, 45 groups over 16 simdgroups (rounds cut short at the last rows)."""
+    monkeypatch.setattr(norm_mod, "_plans_for_cuda", lambda: True)
+    rng = np.random.default_rng(seed_of("partials-rows"))
+    dwp, dbp = rand(rng, (45, 70)), rand(rng, (45, 70), shift=0.3)
+    outs = []
+    for rows in (1, 3, 4, 32):
+        monkeypatch.setattr(norm_mod, "PARTIALS_ROWS_CUDA", rows)
+        kw = norm_mod._partials_sum_plan(45, 70, mx.float32, True, True)
+        kw["inputs"] = [dwp, dbp, kw["inputs"][2]]
+        outs.append([np.array(o) for o in runtime.launch(norm_mod.PARTIALS_SUM, **kw)])
+    for dw, db in outs[1:]:
+        assert np.array_equal(dw, outs[0][0]) and np.array_equal(db, outs[0][1])
+    assert rel_err(mx.array(outs[0][0]), f64(dwp).sum(axis=0)) < tol(mx.float32)
+
+
 @pytest.mark.emulator_only
-@pytest.mark.parametrize("which,groups,cuda", [("strips", 45, False), ("strips", 45, True), ("by_column", 300, True)])
-def test_partials_sum_schedules(monkeypatch, which, groups, cuda):
+@pytest.mark.parametrize("which,groups,cuda,rows", [("strips", 45, False, 4), ("strips", 45, True, 4),
+                                                    ("strips", 45, True, 2), ("by_column", 300, True, 4)])
+def test_partials_sum_schedules(monkeypatch, which, groups, cuda, rows):
     """Every thread order: the same bits (a fixed order of additions), in bounds. 45 groups:
-    four-row steps, then single rows, per simdgroup (8 simdgroups; 16 as planned for cuda);
-    300 over a column's 256 threads."""
+    steps of `rows` rows, the last one short, per simdgroup (8 simdgroups; 16 as planned for
+    cuda); 300 over a column's 256 threads."""
     from xlstm_kernels.emulate import check_schedules
 
     monkeypatch.setattr(norm_mod, "_plans_for_cuda", lambda: cuda)
+    monkeypatch.setattr(norm_mod, "PARTIALS_ROWS_CUDA", rows)
     spec, plan = (getattr(norm_mod, name) for name in PARTIALS_KERNELS[which])
     rng = np.random.default_rng(11)
     cols = 45 if which == "strips" else 7
@@ -1426,7 +1449,8 @@ def test_vjp_with_partials_by_column(kernel_backend, monkeypatch, fresh_norm_cal
 @pytest.mark.parametrize("cuda", [False, True])
 def test_partials_sum_plan_covers_every_column(monkeypatch, cuda):
     """Grid in threads: 32 lanes per strip of columns, at most PARTIALS_SIMDGROUPS
-    (PARTIALS_SIMDGROUPS_CUDA on cuda; and at most `groups`) simdgroups a threadgroup."""
+    (PARTIALS_SIMDGROUPS_CUDA on cuda; and at most `groups`) simdgroups a threadgroup; rows
+    loaded at once: PARTIALS_ROWS (_CUDA), at most a simdgroup's; a bad value is refused."""
     monkeypatch.setattr(norm_mod, "_plans_for_cuda", lambda: cuda)
     most = norm_mod.PARTIALS_SIMDGROUPS_CUDA if cuda else norm_mod.PARTIALS_SIMDGROUPS
     for groups, cols in ((1, 5), (3, 64), (400, 4097)):
@@ -1434,3 +1458,10 @@ def test_partials_sum_plan_covers_every_column(monkeypatch, cuda):
         assert kw["grid"][0] >= cols and kw["grid"][0] % 32 == 0
         assert kw["threadgroup"] == (32, min(groups, most), 1)
         assert kw["grid"][1] == kw["threadgroup"][1]
+        per_simdgroup = -(-groups // kw["threadgroup"][1])
+        assert dict(kw["template"])["U"] == min(per_simdgroup, norm_mod.PARTIALS_ROWS_CUDA if cuda else
+                                                  norm_mod.PARTIALS_ROWS)
+    for bad in (0, 33, 2.0, True):
+        monkeypatch.setattr(norm_mod, "PARTIALS_ROWS_CUDA" if cuda else "PARTIALS_ROWS", bad)
+        with pytest.raises(ValueError, match="PARTIALS_ROWS"):
+            norm_mod._partials_sum_plan(40, 64, mx.float32, True, False)

@@ -684,6 +684,15 @@ def _vjp_plan(
 #: 4.77 / 4.96, RMSNorm bf16 4096x4096's 396 x 4096 6.85 / 5.31 / 4.86.
 PARTIALS_SIMDGROUPS = 8
 PARTIALS_SIMDGROUPS_CUDA = 16
+#: Rows of partials a norm_partials_sum thread loads before adding them (one round trip to
+#: memory each U rows; the sums' order does not depend on it), at most its simdgroup's rows.
+#: PARTIALS_ROWS_CUDA on cuda. Session 32, H100, Nsight Compute with warm caches
+#: (ncu-times-cuda-session32.txt), median us, 4 -> 32 (one round trip for every row of a
+#: simdgroup up to 32): LayerNorm bf16 2048x8192 backward's 132 x 8192 partials 4.82 / 4.86 ->
+#: 4.48 / 4.53 (two rounds), RMSNorm bf16 4096x4096's 396 x 4096 5.49 / 5.44 -> 4.56 / 4.51
+#: (8 rows: 5.12 / 5.06). Columns of 2 or 4 floats a lane were slower (fewer threads).
+PARTIALS_ROWS = 4
+PARTIALS_ROWS_CUDA = 32
 
 
 def _partials_sum_plan(groups: int, cols: int, dtype: mx.Dtype, has_w: bool, has_b: bool) -> dict[str, Any]:
@@ -698,8 +707,19 @@ def _partials_sum_plan(groups: int, cols: int, dtype: mx.Dtype, has_w: bool, has
         output_dtypes=[dtype, dtype],
         grid=(32 * -(-cols // 32), sg, 1),
         threadgroup=(32, sg, 1),
-        template=[("T", dtype), ("HAS_W", bool(has_w)), ("HAS_B", bool(has_b))],
+        template=[("T", dtype), ("HAS_W", bool(has_w)), ("HAS_B", bool(has_b)),
+                  ("U", _partials_rows(groups, sg))],
     )
+
+
+def _partials_rows(groups: int, simdgroups: int) -> int:
+    """U of norm_partials_sum: PARTIALS_ROWS (PARTIALS_ROWS_CUDA on cuda), at most the rows a
+    simdgroup adds (ceil(groups / simdgroups))."""
+    cuda = _plans_for_cuda()
+    u = PARTIALS_ROWS_CUDA if cuda else PARTIALS_ROWS
+    if isinstance(u, bool) or not isinstance(u, int) or not 1 <= u <= 32:
+        raise ValueError(f"PARTIALS_ROWS{'_CUDA' if cuda else ''}={u!r}: expected an int from 1 to 32")
+    return max(1, min(u, -(-groups // simdgroups)))
 
 
 #: norm_partials_sum_cols (a threadgroup per column) for the partials of CUDA backwards with at
@@ -721,6 +741,7 @@ def _partials_sum_cols_plan(groups: int, cols: int, dtype: mx.Dtype, has_w: bool
     a threadgroup of up to PARTIALS_BY_COLUMN_THREADS threads (a multiple of 32, at most the
     groups rounded up to 32) for each of the cols columns."""
     kw = _partials_sum_plan(groups, cols, dtype, has_w, has_b)
+    kw["template"] = [t for t in kw["template"] if t[0] != "U"]
     threads = min(PARTIALS_BY_COLUMN_THREADS, 32 * -(-groups // 32))
     kw.update(grid=(threads, cols, 1), threadgroup=(threads, 1, 1))
     return kw
