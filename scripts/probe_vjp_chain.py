@@ -20,7 +20,8 @@ variants interleaved (``timing.measure_chained_variants``, first quartile of the
   23's plan); ``all`` RMS_VJP_STAGES whatever the row; ``big3`` 192 KiB of stages (three for
   rows of 64 KiB of x and g); ``consec`` consecutive rows a unit instead of strided ones;
   ``mom0`` LayerNorm's statistics from two reductions (LN_MOMENTS off; session 25's merged
-  moments are one);
+  moments are one); ``sm128`` ... ``sm64`` (session 33) plan the staged units for that many
+  SMs instead of 132 (fewer units: fewer dw / db partial rows, each unit more rows);
 * ``+dw`` (PROBE_VC_DW=1): the chain also keeps and evaluates dweight (and dbias), as a
   training step must; the bench's chain returns dx only, and ``mx.compile`` drops the
   partial sums' kernel then;
@@ -70,6 +71,11 @@ PATCHES = {
     "mom0": {"LN_MOMENTS": False},
     "s6b": {"RMS_VJP_STAGES": 6, "RMS_VJP_STAGE_BYTES": 196608},
     "ln160": {"LN_VJP_STAGED_REGISTERS": 160},
+    "sm128": {"RMS_VJP_SMS_CUDA": 128},  # session 33: fewer units (fewer dw / db partial rows)
+    "sm112": {"RMS_VJP_SMS_CUDA": 112},
+    "sm96": {"RMS_VJP_SMS_CUDA": 96},
+    "sm80": {"RMS_VJP_SMS_CUDA": 80},
+    "sm64": {"RMS_VJP_SMS_CUDA": 64},
     "mr16": {"RMS_VJP_STAGED_MAX_READS": 16},  # twice the threads a staged row, 16 elements each  # before session 26: LayerNorm units at RMSNorm's register hint  # 4096-element float32 rows: six stages
 }
 FLOORS = ("add", "copy", "mlx")
