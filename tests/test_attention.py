@@ -948,6 +948,31 @@ def test_reduce_many_blocks(kernel_backend, monkeypatch, nb, dv, prefetch):
     assert rel_err(np.asarray(out_view).astype(np.float64), ref) < 1e-5
 
 
+def test_reduce_takes_its_rows_from_o_parts_shape(kernel_backend):
+    """Pass 2 reads its row count from o_part's shape (passed by value), not from params, so
+    that its first loads wait for no read of memory (session 34): with params' row count
+    set to 0 every row is still reduced (a kernel that gated its rows on params would leave
+    the output unwritten); params' block size still weights an all-masked row."""
+    if kernel_backend == "reference":
+        pytest.skip("attention_reduce is a kernel; the reference backend has none")
+    rows, nb, dv, bs = 5, 9, 40, 16
+    lk = nb * bs - 3
+    rng = np.random.default_rng(seed_of("reduce-rows-by-shape"))
+    o_part = rng.standard_normal((rows, nb, dv)).astype(np.float32)
+    lse = (2.0 * rng.standard_normal((rows, nb))).astype(np.float32)
+    lse[3, :] = -np.finfo(np.float32).max
+    spec, kw = att._reduce_launch(mx.array(o_part), mx.array(lse), bs, lk, mx.float32)
+    inputs = list(kw["inputs"])
+    assert np.asarray(inputs[2]).tolist()[:3] == [rows, 0, bs]  # the params the op passes
+    inputs[2] = att._params([0, 0, bs, 0])
+    (out,) = att._run((spec, {**kw, "inputs": inputs}), kernel_backend)
+    lse64, op64 = lse.astype(np.float64), o_part.astype(np.float64)
+    wt = np.exp(lse64 - lse64.max(axis=1, keepdims=True))
+    wt[3] = np.minimum(bs, lk - np.arange(nb) * bs)
+    ref = (wt[:, :, None] * op64).sum(axis=1) / wt.sum(axis=1, keepdims=True)
+    assert rel_err(np.asarray(out).astype(np.float64), ref) < 1e-5
+
+
 # ---------------------------------------------------------------------------------------
 # Semantics against mx.fast.scaled_dot_product_attention (float32)
 # ---------------------------------------------------------------------------------------
