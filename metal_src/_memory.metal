@@ -126,6 +126,17 @@ METAL_FUNC void xk_load_runs_f(const device T* p, uint i0, uint stride, uint n, 
   }
 }
 
+// xk_store_runs from float values: p[i0 + j * stride + k] = T(v[j * W + k]) where below n
+// (one rounding to T; T = float stores the values as they are).
+template <int W, int NR, typename T>
+METAL_FUNC void xk_store_runs_f(device T* p, uint i0, uint stride, uint n, const thread float* v) {
+  T t[W * NR];
+  for (int k = 0; k < W * NR; k++) {
+    t[k] = T(v[k]);
+  }
+  xk_store_runs<W, NR>(p, i0, stride, n, t);
+}
+
 // xk_load_runs_f of an optional buffer: v[k] = dflt (no memory access) when !HAS.
 template <bool HAS, int W, int NR, typename T>
 METAL_FUNC void xk_load_runs_f_or(const device T* p, uint i0, uint stride, uint n, thread float* v, float dflt) {

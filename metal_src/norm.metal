@@ -46,8 +46,10 @@
 //   dw = sum over rows of g * xhat, db = sum over rows of g.
 // A "unit" is (row group, head): it runs over `rpg` consecutive outer rows of one head
 // and keeps its dw/db column sums in registers (cached) or in its own cells of the
-// partial buffer (looped), then writes one row of the (groups, nh * n) float partials
-// dwp / dbp. Every cell has one writer; the op sums the partials over groups (mx.sum).
+// partial buffer (looped), then writes one row of the (groups, nh * n) partials dwp / dbp:
+// float, or PT (bfloat for bfloat rows, ops/norm.py PARTIALS_BF16) where the unit's float
+// sums are rounded once on the way out (the looped kernels add into their cells: float).
+// Every cell has one writer; norm_partials_sum adds the partials over groups in float.
 // The statistics are recomputed from x (no saved mean/rstd). Same runs as the forward.
 
 // @header
@@ -721,8 +723,9 @@ for (uint c = tid * W; c < n; c += step) {
 // head h (flat row m*nh + h); its threads keep their N_READS columns' sums in registers.
 // inputs:  x (M*nh, n) T; w (nh*n) T (dummy if !HAS_W); g (M*nh, n) T; eps () float;
 //          params (5) int = [M, n, nh, rpg, units]
-// outputs: dx (M*nh, n) T; dwp (groups, nh*n) float ((1,) if !HAS_W: set to 0).
-// template: T, HAS_W, N_READS, ONE_SIMD, FULL, STAGED, NF, STRIDED, STAGE_L1, NS, TGSUM.
+// outputs: dx (M*nh, n) T; dwp (groups, nh*n) PT ((1,) if !HAS_W: set to 0).
+// template: T, PT, HAS_W, N_READS, ONE_SIMD, FULL, STAGED, NF, STRIDED, STAGE_L1, NS, TGSUM.
+// PT: the partials' type (float, or bfloat for bfloat rows: the unit's float sums rounded once).
 // TGSUM > 0: units of a threadgroup of TGSUM simdgroups, as layer_norm_vjp's.
 // FULL (as rms_norm's: 1 rows of exactly
 // tpr * N_READS elements, wide runs when x, g, dx, w are aligned, else element accesses,
@@ -902,11 +905,11 @@ if (unit < nunits) {  // uniform per unit
     }
   }
   if (HAS_W && (TGSUM == 0 || sg == 0)) {
-    xk_store_runs<W, NR>(dwp + size_t(grp) * nh * n + woff, tid * W, tpr * W, n, dwa);
+    xk_store_runs_f<W, NR>(dwp + size_t(grp) * nh * n + woff, tid * W, tpr * W, n, dwa);
   }
 }
 if (!HAS_W && unit == 0 && tid == 0 && sg == 0) {
-  dwp[0] = 0.0f;
+  dwp[0] = PT(0.0f);
 }
 
 // @kernel rms_norm_vjp_looped
@@ -992,8 +995,9 @@ if (!HAS_W && unit == 0 && tid == 0) {
 // of g per unit, as rms_norm_vjp. The two row sums share one float2 reduction.
 // inputs:  x (M*nh, n) T; w (nh*n) T (dummy if !HAS_W); g (M*nh, n) T; eps () float;
 //          params (5) int = [M, n, nh, rpg, units]
-// outputs: dx (M*nh, n) T; dwp, dbp (groups, nh*n) float ((1,), set to 0, when absent).
-// template: T, HAS_W, HAS_B, N_READS, ONE_SIMD, STAGED, NF, STRIDED, NS, MOM, TGSUM
+// outputs: dx (M*nh, n) T; dwp, dbp (groups, nh*n) PT ((1,), set to 0, when absent).
+// template: T, PT, HAS_W, HAS_B, N_READS, ONE_SIMD, STAGED, NF, STRIDED, NS, MOM, TGSUM
+// PT: the partials' type, as rms_norm_vjp's.
 // STAGED, NF, STRIDED, NS: as rms_norm_vjp's (rows of exactly NF = tpr * N_READS elements,
 // one unit per threadgroup, the unit's rows of x and g copied into a ring of NS stages of
 // threadgroup memory NS - 1 rows ahead of the one reduced; STRIDED: the unit takes every
@@ -1197,19 +1201,19 @@ if (unit < nunits) {  // uniform per unit
   const size_t pbase = size_t(grp) * nh * n + woff;
   if (TGSUM == 0 || sg == 0) {
     if (HAS_W) {
-      xk_store_runs<W, NR>(dwp + pbase, tid * W, tpr * W, n, dwa);
+      xk_store_runs_f<W, NR>(dwp + pbase, tid * W, tpr * W, n, dwa);
     }
     if (HAS_B) {
-      xk_store_runs<W, NR>(dbp + pbase, tid * W, tpr * W, n, dba);
+      xk_store_runs_f<W, NR>(dbp + pbase, tid * W, tpr * W, n, dba);
     }
   }
 }
 if (unit == 0 && tid == 0 && sg == 0) {
   if (!HAS_W) {
-    dwp[0] = 0.0f;
+    dwp[0] = PT(0.0f);
   }
   if (!HAS_B) {
-    dbp[0] = 0.0f;
+    dbp[0] = PT(0.0f);
   }
 }
 
@@ -1327,7 +1331,7 @@ if (unit == 0 && tid == 0) {
 // for U rows), then simdgroup 0 adds the S slices in order, so every run gives the same bits
 // (and U changes no sum's order). Lanes past the last column load nothing and write nothing
 // (every thread reaches the barrier).
-// inputs:  dwp (G, C) float ((1,) if !HAS_W); dbp (G, C) float ((1,) if !HAS_B);
+// inputs:  dwp (G, C) float or bfloat ((1,) if !HAS_W); dbp (G, C) likewise ((1,) if !HAS_B);
 //          params (2) int = [G, C]
 // outputs: dw (C) T ((1,) if !HAS_W: set to 0); db (C) T ((1,) if !HAS_B: set to 0)
 // grid (32 * ceil(C / 32), S, 1), threadgroup (32, S, 1), S <= 32.
@@ -1350,8 +1354,8 @@ if (col < cols) {
     for (int k = 0; k < U; k++) {
       const uint gk = g + uint(k) * ns;
       const size_t i = size_t(gk) * cols + col;
-      vw[k] = HAS_W && gk < g_rows ? dwp[i] : 0.0f;
-      vb[k] = HAS_B && gk < g_rows ? dbp[i] : 0.0f;
+      vw[k] = HAS_W && gk < g_rows ? float(dwp[i]) : 0.0f;
+      vb[k] = HAS_B && gk < g_rows ? float(dbp[i]) : 0.0f;
     }
     for (int k = 0; k < U; k++) {
       if (g + uint(k) * ns < g_rows) {
@@ -1412,8 +1416,8 @@ for (; g + 3 * nt < g_rows; g += 4 * nt) {
   float vb[4];
   for (int k = 0; k < 4; k++) {
     const size_t i = size_t(g + uint(k) * nt) * cols + col;
-    vw[k] = HAS_W ? dwp[i] : 0.0f;
-    vb[k] = HAS_B ? dbp[i] : 0.0f;
+    vw[k] = HAS_W ? float(dwp[i]) : 0.0f;
+    vb[k] = HAS_B ? float(dbp[i]) : 0.0f;
   }
   for (int k = 0; k < 4; k++) {
     aw += vw[k];
@@ -1422,8 +1426,8 @@ for (; g + 3 * nt < g_rows; g += 4 * nt) {
 }
 for (; g < g_rows; g += nt) {
   const size_t i = size_t(g) * cols + col;
-  aw += HAS_W ? dwp[i] : 0.0f;
-  ab += HAS_B ? dbp[i] : 0.0f;
+  aw += HAS_W ? float(dwp[i]) : 0.0f;
+  ab += HAS_B ? float(dbp[i]) : 0.0f;
 }
 aw = xk_simd_sum_all(aw);
 ab = xk_simd_sum_all(ab);

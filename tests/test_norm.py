@@ -1362,6 +1362,28 @@ def test_partials_sum_kernel(kernel_backend, monkeypatch, groups, cols, dtype, h
             assert got.shape == (1,) and float(got[0].item()) == 0.0
 
 
+@pytest.mark.parametrize("which", list(PARTIALS_KERNELS))
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_partials_sum_adds_bf16_partials_in_float(kernel_backend, monkeypatch, which, dtype):
+    """bfloat16 partials (PARTIALS_BF16) are added in float: a float32 dw / db of 300 groups of
+    bfloat16 partials is within float32's error of the float64 sum of the same values (a
+    bfloat16 accumulator would be ~1e-2 off); a bfloat16 one within its rounding. 300 x 37
+    (strips: two of 32 columns, ragged) and 300 x 7 (by column)."""
+    monkeypatch.setattr(norm_mod, "_plans_for_cuda", lambda: True)
+    spec, plan = (getattr(norm_mod, name) for name in PARTIALS_KERNELS[which])
+    dt = DTYPES[dtype]
+    cols = 37 if which == "strips" else 7
+    rng = np.random.default_rng(seed_of("partials-bf16", which, dtype))
+    dwp = rand(rng, (300, cols), mx.bfloat16)
+    dbp = rand(rng, (300, cols), mx.bfloat16, shift=0.3)
+    kw = plan(300, cols, dt, True, True)
+    kw["inputs"] = [dwp, dbp, kw["inputs"][2]]
+    dw, db = runtime.launch(spec, **kw)
+    for got, parts in ((dw, dwp), (db, dbp)):
+        assert got.dtype == dt and got.shape == (cols,)
+        assert rel_err(got, f64(parts).sum(axis=0)) < (2e-6 if dt == mx.float32 else 2 ** -8)
+
+
 def test_partials_sum_rows_give_the_same_bits(kernel_backend, monkeypatch):
     """U (rows loaded before their adds) changes no sum's order: U = 1, 3, 4 and 32 give the
     same bits, 45 groups over 16 simdgroups (rounds cut short at the last rows)."""
@@ -1465,3 +1487,67 @@ def test_partials_sum_plan_covers_every_column(monkeypatch, cuda):
         monkeypatch.setattr(norm_mod, "PARTIALS_ROWS_CUDA" if cuda else "PARTIALS_ROWS", bad)
         with pytest.raises(ValueError, match="PARTIALS_ROWS"):
             norm_mod._partials_sum_plan(40, 64, mx.float32, True, False)
+
+
+@pytest.mark.parametrize("kind", ["rms", "ln"])
+@pytest.mark.parametrize("staged", [True, False])
+@pytest.mark.parametrize("bf16_partials", [True, False])
+def test_vjp_partials_are_unit_sums_rounded_once(kernel_backend, monkeypatch, fresh_norm_calls, kind, staged,
+                                                 bf16_partials):
+    """A bfloat16 backward's partials (PARTIALS_BF16): each unit's float sums of g * xhat (and
+    of g) rounded once to bfloat16, so within one bfloat16 rounding (its unit roundoff 2^-8,
+    of the largest) of the float64 sums over the unit's rows; float32 partials with
+    PARTIALS_BF16 off, within float32's error. CUDA's staged plan (units taking every groups-th row: 3 or 6 units of the
+    96 rows) and the cached plan (4 units of 24 consecutive rows)."""
+    monkeypatch.setattr(norm_mod, "PARTIALS_BF16", bf16_partials)
+    monkeypatch.setattr(norm_mod, "_plans_for_cuda", lambda: staged)
+    monkeypatch.setattr(norm_mod, "RMS_VJP_SMS_CUDA", 1)
+    monkeypatch.setattr(norm_mod, "VJP_TARGET_THREADS", 4 * norm_mod.VJP_THREADS)
+    m, n = 96, 512
+    rng = np.random.default_rng(seed_of("vjp-partials", kind, staged, bf16_partials))
+    x, w, b = make(rng, (m, n), mx.bfloat16, True, kind == "ln")
+    g = rand(rng, (m, n), mx.bfloat16)
+    spec, kw, groups = norm_mod._vjp_plan(kind, x, w, kind == "ln", g, EPS)
+    t = dict(kw["template"])
+    assert bool(t["STAGED"]) == staged and 1 < groups < m, (t, groups)
+    pdt = mx.bfloat16 if bf16_partials else mx.float32
+    assert t["PT"] == pdt and all(d == pdt for d in kw["output_dtypes"][1:])
+    outs = runtime.launch(spec, **kw)
+    x64, g64 = f64(x), f64(g)
+    mu = x64.mean(-1, keepdims=True) if kind == "ln" else 0.0
+    xhat = (x64 - mu) / np.sqrt(((x64 - mu) ** 2).mean(-1, keepdims=True) + EPS)
+    rpg = -(-m // groups)
+    sums = [(g64 * xhat, outs[1])] + ([(g64, outs[2])] if kind == "ln" else [])
+    for terms, got in sums:
+        assert got.dtype == pdt and got.shape == (groups, n)
+        rows = [range(u, m, groups) if t["STRIDED"] else range(u * rpg, min(m, (u + 1) * rpg))
+                for u in range(groups)]
+        want = np.stack([terms[list(r)].sum(axis=0) for r in rows])
+        assert rel_err(got, want) < (2 ** -8 * 1.05 if bf16_partials else 2e-6)
+
+
+def test_vjp_partials_dtype_by_plan(monkeypatch):
+    """bfloat16 partials only for bfloat16 rows of the unlooped kernels with PARTIALS_BF16 on;
+    float16 and float32 rows, the looped kernels (which add into their cells) and
+    PARTIALS_BF16 off keep float32; the template's PT says the same."""
+
+    def partials(kind, dtype, n=512):
+        x = mx.zeros((64, n), dtype=dtype)
+        spec, kw, _ = norm_mod._vjp_plan(kind, x, x[0], kind == "ln", x, EPS)
+        dts = set(kw["output_dtypes"][1:])
+        assert len(dts) == 1
+        return spec.kernel, dts.pop(), dict(kw["template"]).get("PT")
+
+    for kind in ("rms", "ln"):
+        for cuda in (False, True):
+            monkeypatch.setattr(norm_mod, "_plans_for_cuda", lambda: cuda)
+            assert partials(kind, mx.bfloat16)[1:] == (mx.bfloat16, mx.bfloat16)
+            assert partials(kind, mx.float16)[1:] == (mx.float32, mx.float32)
+            assert partials(kind, mx.float32)[1:] == (mx.float32, mx.float32)
+        # rows past VJP_THREADS x VJP_MAX_READS elements, unstaged: the looped kernels
+        monkeypatch.setattr(norm_mod, "_plans_for_cuda", lambda: False)
+        looped = ("rms_norm" if kind == "rms" else "layer_norm") + "_vjp_looped"
+        assert partials(kind, mx.bfloat16, n=8192) == (looped, mx.float32, None)
+        monkeypatch.setattr(norm_mod, "PARTIALS_BF16", False)
+        assert partials(kind, mx.bfloat16)[1:] == (mx.float32, mx.float32)
+        monkeypatch.undo()

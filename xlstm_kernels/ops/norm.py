@@ -7,8 +7,9 @@
 x is (..., D) float32, float16 or bfloat16; weight and bias are (D,) or None. Statistics
 are reduced in float32; the output has the promoted dtype of x, weight and bias (as
 mx.fast does: float16 with bfloat16 gives float32). Every op is differentiable: the
-VJP runs the ``*_vjp`` kernels (dx directly; dweight/dbias as per-group float32 partial
-sums of shape (groups, D) from the same kernel, reduced with ``mx.sum`` over groups).
+VJP runs the ``*_vjp`` kernels (dx directly; dweight/dbias as per-group partial sums of
+shape (groups, D) from the same kernel, float32, bfloat16 for bfloat16 rows: PARTIALS_BF16),
+added over groups in float32 by ``norm_partials_sum``.
 
 Kernel choice (``_plan``). Threads move "runs" of up to 16 consecutive bytes (4 float32 /
 8 float16/bfloat16 elements) with one vector access each, consecutive threads on
@@ -568,6 +569,26 @@ def _vjp_stages(pair_bytes: int) -> int:
     return max(2, min(RMS_VJP_STAGES, _stage_cap(RMS_VJP_STAGE_BYTES) // pair_bytes))
 
 
+#: bfloat16 rows' backward partials (the units' dw / db sums) in bfloat16: each unit's float
+#: sums are rounded once to bfloat16 on the way out, norm_partials_sum adds them in float.
+#: Half the partials' bytes, and they are a backward's only traffic beyond x, g and dx. Where
+#: a unit takes few rows they weigh: LayerNorm bf16 2048x8192 on an H100 (132 units of ~16
+#: rows; 8.6 MB of float partials on 96 MiB) 42.9-43.3 us a kernel with float partials, 40.1-40.5
+#: with half of them unwritten, 38.1-38.4 with none (a copy of the 96 MiB: 37.5; session 35,
+#: Nsight Compute, warm caches). The rounding adds an error of the order of dw's own rounding
+#: to bfloat16 (each partial's relative error <= 2^-8, random over units); MLX's own backward
+#: rounds every row's g * xhat to the row's dtype before its sum. float16 rows keep float
+#: partials (a partial may pass float16's range where dw does not), as do the looped kernels
+#: (they add into their cells row by row).
+PARTIALS_BF16 = True
+
+
+def _partials_dtype(dtype: mx.Dtype, looped: bool) -> mx.Dtype:
+    """The dtype of the backward's partials dwp / dbp for rows of `dtype`: bfloat16 for
+    bfloat16 rows of the unlooped kernels where PARTIALS_BF16, else float32."""
+    return mx.bfloat16 if PARTIALS_BF16 and dtype == mx.bfloat16 and not looped else mx.float32
+
+
 def _vjp_plan(
     kind: str,
     x: mx.array,
@@ -634,7 +655,9 @@ def _vjp_plan(
         lay = _Layout(False, True, 32, tgsum, lay.n_reads)
     elif lay.one_simd:
         lay = _Layout(False, True, 32, max(1, min(SIMD_ROWS, units)), lay.n_reads)
-    template: list[tuple[str, Any]] = [("T", dtype), ("HAS_W", weight is not None)]
+    pdt = _partials_dtype(dtype, lay.looped)
+    template: list[tuple[str, Any]] = [("T", dtype)] + ([] if lay.looped else [("PT", pdt)])
+    template.append(("HAS_W", weight is not None))
     partial = (groups, num_heads * n)
     out_shapes: list[tuple[int, ...]] = [(m * num_heads, n), partial if weight is not None else (1,)]
     if kind == "ln":
@@ -667,7 +690,7 @@ def _vjp_plan(
             _ints(m, n, num_heads, rpg, units),
         ],
         output_shapes=out_shapes,
-        output_dtypes=[dtype] + [mx.float32] * (len(out_shapes) - 1),
+        output_dtypes=[dtype] + [pdt] * (len(out_shapes) - 1),
         grid=(lay.tpr, r * (units if tgsum else -(-units // r)), 1),
         threadgroup=(lay.tpr, r, 1),
         template=template,
@@ -696,9 +719,9 @@ PARTIALS_ROWS_CUDA = 32
 
 
 def _partials_sum_plan(groups: int, cols: int, dtype: mx.Dtype, has_w: bool, has_b: bool) -> dict[str, Any]:
-    """Launch keywords of norm_partials_sum: the backward's (groups, cols) float partials of dw
-    (and db) summed over groups into (cols,) arrays of `dtype`; inputs [dwp, dbp, params]
-    (a (1,) float stand-in for an absent one)."""
+    """Launch keywords of norm_partials_sum: the backward's (groups, cols) partials of dw (and
+    db; float32, or bfloat16: PARTIALS_BF16) summed over groups in float32 into (cols,) arrays
+    of `dtype`; inputs [dwp, dbp, params] (a (1,) float stand-in for an absent one)."""
     sg = max(1, min(PARTIALS_SIMDGROUPS_CUDA if _plans_for_cuda() else PARTIALS_SIMDGROUPS, groups))
     dummy = _dummy(mx.float32)
     return dict(
