@@ -35,8 +35,6 @@ import itertools
 import json
 import math
 import os
-import subprocess
-import sys
 from typing import Any, Callable, Sequence
 
 import mlx.core as mx
@@ -328,45 +326,29 @@ def child_env(op: str, cfg: dict, backend: str) -> dict[str, str]:
 def run_subprocess(op: str, shape, dt: str, cfg: dict, backend: str, warmup: int, repeats: int, seed: int,
                    max_seconds: float | None, timeout: float) -> dict:
     """Time one knob candidate in a fresh interpreter configured only by XLSTM_<OP>_<KNOB>."""
-    from .tuner import RESULT_TAG
+    from .tuner import run_child
 
     spec = {"op": op, "shape": list(shape), "dtype": dt, "warmup": warmup, "repeats": repeats, "seed": seed,
             "max_seconds": max_seconds, "expect": cfg}
-    code = "import sys; from xlstm_kernels.benchmarks.tune_knobs import child_main; sys.exit(child_main(sys.argv[1]))"
-    fail = {"median_s": None, "min_s": None, "max_s": None, "repeats": 0, "max_rel_err": None, "ok": False}
-    try:
-        proc = subprocess.run([sys.executable, "-c", code, json.dumps(spec)], env=child_env(op, cfg, backend),
-                              capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {**fail, "error": f"subprocess timed out after {timeout:.0f} s"}
-    for line in reversed(proc.stdout.splitlines()):
-        if line.startswith(RESULT_TAG):
-            return json.loads(line[len(RESULT_TAG):])
-    tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
-    return {**fail, "error": f"subprocess exited with {proc.returncode}: {tail}"[:400]}
+    return run_child("xlstm_kernels.benchmarks.tune_knobs:child_main", spec, child_env(op, cfg, backend), timeout)
 
 
 def child_main(spec_text: str) -> int:
     """Entry point of an --env subprocess: the knobs come from the environment only."""
-    from .tuner import RESULT_TAG, _run_one
+    from .tuner import FAILED_RESULT, _run_one, error_result, print_child_result
 
     spec = json.loads(spec_text)
     op, shape, dt = spec["op"], tuple(spec["shape"]), spec["dtype"]
-    fail = {"median_s": None, "min_s": None, "max_s": None, "repeats": 0, "max_rel_err": None, "ok": False}
     try:
         got = current_knobs(op, dt, shape)
     except Exception as e:  # noqa: BLE001
-        out = {**fail, "error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:400]}
-    else:
-        if got != spec["expect"]:
-            diff = {k: got.get(k) for k in spec["expect"] if got.get(k) != spec["expect"][k]}
-            out = {**fail, "error": f"the XLSTM_{op.upper()}_* variables resolved to different knobs: {diff}"}
-        else:
-            call, ref = operands(op, shape, dt, spec["seed"])
-            out = _run_one(call, ref, None, dt, spec["warmup"], spec["repeats"], spec["max_seconds"])
-    out = {key: (v if not (isinstance(v, float) and not math.isfinite(v)) else None) for key, v in out.items()}
-    print(RESULT_TAG + json.dumps(out), flush=True)
-    return 0
+        return print_child_result(error_result(e))
+    if got != spec["expect"]:
+        diff = {k: got.get(k) for k in spec["expect"] if got.get(k) != spec["expect"][k]}
+        return print_child_result({**FAILED_RESULT,
+                                   "error": f"the XLSTM_{op.upper()}_* variables resolved to different knobs: {diff}"})
+    call, ref = operands(op, shape, dt, spec["seed"])
+    return print_child_result(_run_one(call, ref, None, dt, spec["warmup"], spec["repeats"], spec["max_seconds"]))
 
 
 # ---------------------------------------------------------------------------------------

@@ -279,23 +279,47 @@ def _child_env(op: str, cfg: GemmConfig, backend: str) -> dict[str, str]:
     return env
 
 
+#: A candidate's result when it could not be timed (an "error" is added).
+FAILED_RESULT = {"median_s": None, "min_s": None, "max_s": None, "repeats": 0, "max_rel_err": None, "ok": False}
+
+
+def run_child(entry: str, spec: dict, env: dict[str, str], timeout: float) -> dict:
+    """Time one candidate in a fresh interpreter with environment `env`: runs ``entry``
+    ("module:function", a child entry point that prints RESULT_TAG + its result as JSON) on
+    ``json.dumps(spec)`` and returns that result, else FAILED_RESULT with the error (a
+    timeout, or no result line: the exit status and the child's last line of stderr)."""
+    module, func = entry.split(":")
+    code = f"import sys; from {module} import {func}; sys.exit({func}(sys.argv[1]))"
+    try:
+        proc = subprocess.run([sys.executable, "-c", code, json.dumps(spec)], env=env,
+                              capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {**FAILED_RESULT, "error": f"subprocess timed out after {timeout:.0f} s"}
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith(RESULT_TAG):
+            return json.loads(line[len(RESULT_TAG):])
+    tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+    return {**FAILED_RESULT, "error": f"subprocess exited with {proc.returncode}: {tail}"[:400]}
+
+
+def error_result(e: Exception) -> dict:
+    """FAILED_RESULT naming the exception (its type and first line)."""
+    return {**FAILED_RESULT, "error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:400]}
+
+
+def print_child_result(out: dict) -> int:
+    """A child's last step: its result on one RESULT_TAG line (non-finite floats as null); 0."""
+    out = {key: (v if not (isinstance(v, float) and not math.isfinite(v)) else None) for key, v in out.items()}
+    print(RESULT_TAG + json.dumps(out), flush=True)
+    return 0
+
+
 def _run_subprocess(op: str, shape, dt: str, cfg: GemmConfig, backend: str, warmup: int, repeats: int,
                     seed: int, max_seconds: float | None, timeout: float) -> dict:
     """Time one config in a fresh interpreter configured only through XLSTM_GEMM_* variables."""
     spec = {"op": op, "shape": list(shape), "dtype": dt, "warmup": warmup, "repeats": repeats, "seed": seed,
             "max_seconds": max_seconds, "expect": _relevant(cfg.to_dict())}
-    code = "import sys; from xlstm_kernels.benchmarks.tuner import _child_main; sys.exit(_child_main(sys.argv[1]))"
-    fail = {"median_s": None, "min_s": None, "max_s": None, "repeats": 0, "max_rel_err": None, "ok": False}
-    try:
-        proc = subprocess.run([sys.executable, "-c", code, json.dumps(spec)], env=_child_env(op, cfg, backend),
-                              capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {**fail, "error": f"subprocess timed out after {timeout:.0f} s"}
-    for line in reversed(proc.stdout.splitlines()):
-        if line.startswith(RESULT_TAG):
-            return json.loads(line[len(RESULT_TAG):])
-    tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
-    return {**fail, "error": f"subprocess exited with {proc.returncode}: {tail}"[:400]}
+    return run_child("xlstm_kernels.benchmarks.tuner:_child_main", spec, _child_env(op, cfg, backend), timeout)
 
 
 def _child_main(spec_text: str) -> int:
@@ -305,19 +329,13 @@ def _child_main(spec_text: str) -> int:
     try:
         got = _relevant(tiles_mod.explain(op, (m, n, k), dt)["config"])
     except Exception as e:  # noqa: BLE001
-        out = {"median_s": None, "min_s": None, "max_s": None, "repeats": 0, "max_rel_err": None, "ok": False,
-               "error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:400]}
-    else:
-        if got != spec["expect"]:
-            diff = {f: got.get(f) for f in spec["expect"] if got.get(f) != spec["expect"][f]}
-            out = {"median_s": None, "min_s": None, "max_s": None, "repeats": 0, "max_rel_err": None, "ok": False,
-                   "error": f"the XLSTM_GEMM_* variables resolved to a different config: {diff}"}
-        else:
-            call, ref, _ = _operands(op, m, n, k, dt, spec["seed"])
-            out = _run_one(call, ref, None, dt, spec["warmup"], spec["repeats"], spec["max_seconds"])
-    out = {key: (v if not (isinstance(v, float) and not math.isfinite(v)) else None) for key, v in out.items()}
-    print(RESULT_TAG + json.dumps(out), flush=True)
-    return 0
+        return print_child_result(error_result(e))
+    if got != spec["expect"]:
+        diff = {f: got.get(f) for f in spec["expect"] if got.get(f) != spec["expect"][f]}
+        return print_child_result({**FAILED_RESULT,
+                                   "error": f"the XLSTM_GEMM_* variables resolved to a different config: {diff}"})
+    call, ref, _ = _operands(op, m, n, k, dt, spec["seed"])
+    return print_child_result(_run_one(call, ref, None, dt, spec["warmup"], spec["repeats"], spec["max_seconds"]))
 
 
 # ---------------------------------------------------------------------------------------
