@@ -988,7 +988,9 @@ def rms_norm(x: mx.array, weight: mx.array | None, eps: float = 1e-5, *, knobs: 
         (..., D) in the promoted dtype: ``weight * T(x * rsqrt(mean(x^2) + eps))``,
         statistics in float32.
 
-    Differentiable (dx and dweight through the ``rms_norm_vjp`` kernels).
+    Differentiable (dx and dweight through the ``rms_norm_vjp`` kernels; dweight adds the
+    units' partial sums in float32, each rounded once to bfloat16 for bfloat16 rows:
+    ``PARTIALS_BF16``).
     """
     return _call("rms_norm", x, weight, None, eps, 1, knobs)
 
@@ -1010,7 +1012,9 @@ def layer_norm(x: mx.array, weight: mx.array | None, bias: mx.array | None, eps:
         mean and centred variance in float32 (no sum of squares minus a squared sum: two
         passes, or the threads' centred moments merged pairwise, ``LN_MOMENTS``).
 
-    Differentiable (dx, dweight, dbias through the ``layer_norm_vjp`` kernels).
+    Differentiable (dx, dweight, dbias through the ``layer_norm_vjp`` kernels; dweight and
+    dbias add the units' partial sums in float32, each rounded once to bfloat16 for bfloat16
+    rows: ``PARTIALS_BF16``).
     """
     return _call("layer_norm", x, weight, bias, eps, 1, knobs)
 
