@@ -201,7 +201,8 @@ def _kernels():
         for bu, nw in ((256, 4), (512, 4), (128, 4), (256, 8)):
             units = HEADS * KEYS // bu
             parts = units * 128 if fused else 0
-            src = DYNAMIC.format(BU=bu, NW=nw, PARTS=parts, UNIT_END=(FUSED_UNIT_END if fused else DYN_UNIT_END).format(),
+            unit_end = (FUSED_UNIT_END if fused else DYN_UNIT_END).format()
+            src = DYNAMIC.format(BU=bu, NW=nw, PARTS=parts, UNIT_END=unit_end,
                                  TAIL="" if fused else DYN_TAIL.format(NW=nw), **consts)
             name = f"{'dynf' if fused else 'dyn'}_u{bu}_w{nw}"
             outs = [(HEADS * 128,), (parts + 1 + HEADS,)] if fused else [(SMS * nw * 32,), (1 + HEADS,)]
