@@ -37,6 +37,28 @@ PAD_ROW = ROW + 16         # a staged row, padded as pass 1 pads it
 TILE_KEYS = 16
 LAUNCHES = 7
 
+# A lane's share of one 16-key tile (8 of its 256 16-byte words of K, 8 of V): rows from kb + off
+# and vb + off into stage s of the warp's stages `st` (probe_pass1_dynamic.py uses it too).
+COPY_TILE = """\
+    unsigned char* dk = st + size_t(s) * 2 * {TK} * {PAD_ROW};
+    unsigned char* dv = dk + {TK} * {PAD_ROW};
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {{
+      const int w = j * 32 + lane, r = w >> 4, c = (w & 15) * 16;
+      unsigned sk = unsigned(__cvta_generic_to_shared(dk + r * {PAD_ROW} + c));
+      unsigned sv = unsigned(__cvta_generic_to_shared(dv + r * {PAD_ROW} + c));
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sk), "l"(kb + off + r * {ROW} + c));
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sv), "l"(vb + off + r * {ROW} + c));
+    }}
+"""
+
+# A landed tile of stage s: one word of its K and one of its V XORed into acc.
+TOUCH_TILE = """\
+  const unsigned char* dk = st + size_t(s) * 2 * {TK} * {PAD_ROW};
+  acc ^= reinterpret_cast<const unsigned*>(dk + (lane >> 1) * {PAD_ROW})[lane & 1];
+  acc ^= reinterpret_cast<const unsigned*>(dk + ({TK} + (lane >> 1)) * {PAD_ROW})[lane & 1];
+"""
+
 CPASYNC = """
 extern __shared__ __align__(16) unsigned char smem[];
 const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -48,21 +70,10 @@ const unsigned char* kb = reinterpret_cast<const unsigned char*>(k) + base;
 const unsigned char* vb = reinterpret_cast<const unsigned char*>(v) + base;
 unsigned char* st = smem + size_t(warp) * {ST} * 2 * {TK} * {PAD_ROW};
 const int ntiles = {BK} / {TK};
-// a lane copies 8 of a tile's 256 16-byte words of K and 8 of V
 auto issue = [&](int t, int s) {{
   if (t < ntiles) {{
     const size_t off = size_t(t) * {TK} * {ROW};
-    unsigned char* dk = st + size_t(s) * 2 * {TK} * {PAD_ROW};
-    unsigned char* dv = dk + {TK} * {PAD_ROW};
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {{
-      const int w = j * 32 + lane, r = w >> 4, c = (w & 15) * 16;
-      unsigned sk = unsigned(__cvta_generic_to_shared(dk + r * {PAD_ROW} + c));
-      unsigned sv = unsigned(__cvta_generic_to_shared(dv + r * {PAD_ROW} + c));
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sk), "l"(kb + off + r * {ROW} + c));
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sv), "l"(vb + off + r * {ROW} + c));
-    }}
-  }}
+""" + COPY_TILE + """  }}
   asm volatile("cp.async.commit_group;" ::: "memory");
 }};
 unsigned acc = 0;
@@ -73,10 +84,7 @@ for (int i = 0; t < ntiles; ++i, t += {NW}) {{
   const int s = i % {ST};
   asm volatile("cp.async.wait_group %0;" ::"n"({ST} - 1) : "memory");
   __syncwarp();
-  const unsigned char* dk = st + size_t(s) * 2 * {TK} * {PAD_ROW};
-  acc ^= reinterpret_cast<const unsigned*>(dk + (lane >> 1) * {PAD_ROW})[lane & 1];
-  acc ^= reinterpret_cast<const unsigned*>(dk + ({TK} + (lane >> 1)) * {PAD_ROW})[lane & 1];
-  {SPIN}
+""" + TOUCH_TILE + """  {SPIN}
   __syncwarp();
   issue(t + {ST} * {NW}, s);
 }}
