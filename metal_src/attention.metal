@@ -457,12 +457,19 @@ inline void xk_attn_copy_rows(threadgroup T* dst, const device T* src, long ld, 
   }
 }
 
+// The element (r, c) of a swizzled tile: rows of LD elements (xk_tile_swz), or with WGR > 0
+// the warpgroup layout of a tile of WGR rows (xk_tile_wg: panels of 64 columns).
+template <int LD, int WGR>
+inline int xk_attn_tile_at(int r, int c) {
+  return WGR > 0 ? xk_tile_wg(r, c, WGR) : xk_tile_swz(r, c, LD);
+}
+
 // xk_attn_copy_rows into a swizzled tile (XK_TILE_SWIZZLE; rows of LD = DIM 2-byte elements,
 // DIM a multiple of 64): rows r0 .. r0 + ROWS - 1 (clamped to rlast) become tile rows
-// t0 .. t0 + ROWS - 1, their 16-byte chunk c stored at xk_tile_swz(t0 + i, c, LD); row r at
-// src + r * ld, element c at c * es. AL (es == 1, aligned): each chunk one
+// t0 .. t0 + ROWS - 1, their 16-byte chunk c stored at xk_attn_tile_at<LD, WGR>(t0 + i, c);
+// row r at src + r * ld, element c at c * es. AL (es == 1, aligned): each chunk one
 // xk_async_copy_aligned; else element copies (synchronous).
-template <bool AL, int ROWS, int DIM, int LD, typename T>
+template <bool AL, int ROWS, int DIM, int LD, int WGR, typename T>
 inline void xk_attn_copy_rows_sw(threadgroup T* tile, int t0, const device T* src, long ld, long es, long r0,
                                  long rlast, uint lane) {
   constexpr int CPR = DIM >= 8 ? DIM / 8 : 1;  // 16-byte chunks per row (instantiated, never run, for DIM < 8)
@@ -477,7 +484,7 @@ inline void xk_attn_copy_rows_sw(threadgroup T* tile, int t0, const device T* sr
     XK_ATTN_UNROLL
     for (int q = 0; q < PER; ++q) {
       if (ROWS % RSTEP == 0 || i0 + q * RSTEP < ROWS) {
-        xk_async_copy_aligned<8>(tile + xk_tile_swz(t0 + i0 + q * RSTEP, c, LD), s + q * RSTEP * ld);
+        xk_async_copy_aligned<8>(tile + xk_attn_tile_at<LD, WGR>(t0 + i0 + q * RSTEP, c), s + q * RSTEP * ld);
       }
     }
   } else {
@@ -486,7 +493,7 @@ inline void xk_attn_copy_rows_sw(threadgroup T* tile, int t0, const device T* sr
       const int i = e / CPR;
       const int c = (e % CPR) * 8;
       const device T* sr = src + metal::min(r0 + i, rlast) * ld + c * es;
-      threadgroup T* d = tile + xk_tile_swz(t0 + i, c, LD);
+      threadgroup T* d = tile + xk_attn_tile_at<LD, WGR>(t0 + i, c);
       if (AL) {
         xk_async_copy_aligned<8>(d, sr);
       } else {
@@ -500,14 +507,14 @@ inline void xk_attn_copy_rows_sw(threadgroup T* tile, int t0, const device T* sr
 
 // One tile of K and V rows (attention_prefill_mma): simdgroup sg copies rows
 // [kr0, kr0 + KR) of each (clamped to rlast) into tile rows sg * KR .. of the stage at st
-// (K at st, V at st + k_tile), swizzled (SW) or padded. st4: the strides (row, element) of
-// K, then of V.
-template <bool SW, bool AL, int KR, int D, int DV, int CWK, int CWV, int LDK, int LDV, typename T>
+// (K at st, V at st + k_tile), swizzled (SW; WGR > 0: the warpgroup layout of WGR-row
+// tiles) or padded. st4: the strides (row, element) of K, then of V.
+template <bool SW, bool AL, int KR, int D, int DV, int CWK, int CWV, int LDK, int LDV, int WGR, typename T>
 inline void xk_prefill_copy_kv(threadgroup T* st, int k_tile, const device T* kp, const device T* vp,
                                thread const long* st4, long kr0, long rlast, uint sg, uint lane) {
   if (SW) {
-    xk_attn_copy_rows_sw<AL, KR, D, LDK>(st, int(sg) * KR, kp, st4[0], st4[1], kr0, rlast, lane);
-    xk_attn_copy_rows_sw<AL, KR, DV, LDV>(st + k_tile, int(sg) * KR, vp, st4[2], st4[3], kr0, rlast, lane);
+    xk_attn_copy_rows_sw<AL, KR, D, LDK, WGR>(st, int(sg) * KR, kp, st4[0], st4[1], kr0, rlast, lane);
+    xk_attn_copy_rows_sw<AL, KR, DV, LDV, WGR>(st + k_tile, int(sg) * KR, vp, st4[2], st4[3], kr0, rlast, lane);
   } else {
     xk_attn_copy_rows<AL, KR, D, CWK, LDK>(st + int(sg) * KR * LDK, kp, st4[0], st4[1], kr0, rlast, lane);
     xk_attn_copy_rows<AL, KR, DV, CWV, LDV>(st + k_tile + int(sg) * KR * LDV, vp, st4[2], st4[3], kr0, rlast, lane);
@@ -816,11 +823,17 @@ for (int r = 0; r < RM; ++r) {
 // * Causal: tiles wholly right of the block's diagonal are skipped (unless some row of the
 //   block sees no key: then every tile runs, as in attention_prefill), tiles wholly left
 //   of it skip the per-key test; the last query block runs first (the most tiles).
+// * WG (warpgroup products; 2-byte T, D == DV of 64 or 128, WM == 4 or 8, RB == 1, BK == 64,
+//   ST >= 2, all checked by the host): each four simdgroups (64 query rows) multiply as one
+//   warpgroup (xk_wg_mma: CUDA's wgmma on sm_90a, operands read from threadgroup memory). Q, K and V
+//   tiles sit unpadded in the warpgroup layout (xk_tile_wg); S = Q K^T per 64 head-dim
+//   columns; each lane writes its P elements (as T) into a BQ x BK tile, and after one
+//   barrier O += P V reads that tile and the V tile. Same softmax, same masks.
 // Threadgroup (32 * WM, 1, 1); grid (32 * WM * ceil(Lq / BQ), Hq, B). Threadgroup memory:
-// (BQ * (DP + P) + ST * BK * (DP + DVP + 2P)) elements, P = 16 bytes (0 when SW); dynamic
-// on CUDA.
+// (BQ * (DP + P) + ST * BK * (DP + DVP + 2P)) elements, P = 16 bytes (0 when SW; WG: plus
+// BQ * BK for the P tile); dynamic on CUDA.
 // inputs: q, k, v (T); mask (MT); params (int64); scale (float).  outputs: o (T)
-// template: T, MT, D, DV, MASK, WM, RB, BK, ST, SWZ (1: swizzled tiles where SW allows)
+// template: T, MT, D, DV, MASK, WM, RB, BK, ST, SWZ (1: swizzled tiles where SW allows), WG
 constexpr int DP = (D + 15) / 16 * 16;
 constexpr int DVP = (DV + 15) / 16 * 16;
 constexpr int TD = DP / 8;   // 8-element blocks of a q / k row (even)
@@ -831,19 +844,25 @@ constexpr int BQ = 16 * RB * WM;
 // SW: tiles of rows of whole 128-byte lines, swizzled instead of padded (XK_TILE_SWIZZLE
 // backends, head dims multiples of 64: the padded rows' copies straddle lines, gemm_simd's
 // session-6 finding); else rows of DP + 16 bytes.
-constexpr bool SW = SWZ != 0 && XK_TILE_SWIZZLE && sizeof(T) == 2 && D % 64 == 0 && DV % 64 == 0;
+constexpr bool SW = WG || (SWZ != 0 && XK_TILE_SWIZZLE && sizeof(T) == 2 && D % 64 == 0 && DV % 64 == 0);
+constexpr int WGQ = WG ? BQ : 0;  // rows of the warpgroup-layout tiles (0: not that layout)
+constexpr int WGK = WG ? BK : 0;
 constexpr int PAD = SW ? 0 : 16 / int(sizeof(T));
 constexpr int LDK = DP + PAD;  // Q and K tile rows
 constexpr int LDV = DVP + PAD;
 constexpr int Q_ELEMS = BQ * LDK;
 constexpr int K_TILE = BK * LDK;
 constexpr int STAGE = BK * (LDK + LDV);
-constexpr int TG_WORDS = ((Q_ELEMS + ST * STAGE) * int(sizeof(T)) + 15) / 16;
+constexpr int P_ELEMS = WG ? BQ * BK : 0;  // WG: the P tile, after the stages
+constexpr int TG_WORDS = ((Q_ELEMS + ST * STAGE + P_ELEMS) * int(sizeof(T)) + 15) / 16;
 constexpr int KR = BK / WM;  // K and V rows each simdgroup copies per tile
 constexpr int V16 = 16 / int(sizeof(T));
 constexpr int CWK = D % V16 == 0 ? V16 : (V16 > 4 && D % 4 == 0) ? 4 : D % 2 == 0 ? 2 : 1;  // copy runs
 constexpr int CWV = DV % V16 == 0 ? V16 : (V16 > 4 && DV % 4 == 0) ? 4 : DV % 2 == 0 ? 2 : 1;
 static_assert(BK % 16 == 0 && BK % WM == 0 && RB >= 1 && ST >= 1, "attention_prefill_mma: bad tile");
+static_assert(!WG || (sizeof(T) == 2 && D == DV && (D == 64 || D == 128) && (WM == 4 || WM == 8) && RB == 1 &&
+                      BK == 64 && ST >= 2),
+              "attention_prefill_mma: WG needs 2-byte T, D == DV of 64 or 128, WM 4 or 8, RB 1, BK 64, ST >= 2");
 
 const long Hq = params[0], Hkv = params[1], Lq = params[2], Lk = long(k_shape[2]);
 const long off = Lk - Lq;
@@ -872,6 +891,7 @@ threadgroup vec<float, 4> xk_tiles[TG_WORDS];
 #endif
 threadgroup T* Qs = reinterpret_cast<threadgroup T*>(xk_tiles);
 threadgroup T* stages = Qs + Q_ELEMS;
+threadgroup T* Ps = stages + ST * STAGE;  // WG: the P tile (BQ x BK, warpgroup layout)
 const long r0 = q0 + long(sg) * (16 * RB);  // the simdgroup's first query row
 threadgroup T* Qw = Qs + int(sg) * (16 * RB) * LDK;
 
@@ -906,9 +926,9 @@ const long kvst[4] = {ldk, ek, ldv, ev};
 // Q (this simdgroup's rows) first, then tiles 0 .. ST - 2: one commit group each.
 if (SW) {
   if (al) {
-    xk_attn_copy_rows_sw<true, 16 * RB, D, LDK>(Qs, int(sg) * (16 * RB), qp, D, 1, r0, Lq - 1, lane);
+    xk_attn_copy_rows_sw<true, 16 * RB, D, LDK, WGQ>(Qs, int(sg) * (16 * RB), qp, D, 1, r0, Lq - 1, lane);
   } else {
-    xk_attn_copy_rows_sw<false, 16 * RB, D, LDK>(Qs, int(sg) * (16 * RB), qp, D, 1, r0, Lq - 1, lane);
+    xk_attn_copy_rows_sw<false, 16 * RB, D, LDK, WGQ>(Qs, int(sg) * (16 * RB), qp, D, 1, r0, Lq - 1, lane);
   }
 } else if (al) {
   xk_attn_copy_rows<true, 16 * RB, D, CWK, LDK>(Qw, qp, D, 1, r0, Lq - 1, lane);
@@ -919,10 +939,10 @@ xk_async_commit();
 for (int t = 0; t < ST - 1; ++t) {
   if (t < kb_end) {
     if (al) {
-      xk_prefill_copy_kv<SW, true, KR, D, DV, CWK, CWV, LDK, LDV>(stages + t * STAGE, K_TILE, kp, vp, kvst,
+      xk_prefill_copy_kv<SW, true, KR, D, DV, CWK, CWV, LDK, LDV, WGK>(stages + t * STAGE, K_TILE, kp, vp, kvst,
                                                                   long(t) * BK + long(sg) * KR, Lk - 1, sg, lane);
     } else {
-      xk_prefill_copy_kv<SW, false, KR, D, DV, CWK, CWV, LDK, LDV>(stages + t * STAGE, K_TILE, kp, vp, kvst,
+      xk_prefill_copy_kv<SW, false, KR, D, DV, CWK, CWV, LDK, LDV, WGK>(stages + t * STAGE, K_TILE, kp, vp, kvst,
                                                                    long(t) * BK + long(sg) * KR, Lk - 1, sg, lane);
     }
   }
@@ -931,6 +951,11 @@ for (int t = 0; t < ST - 1; ++t) {
 
 int fr, fc;
 xk_frag_coord(lane, fr, fc);
+// WG: the products in flight (the portable form records them; CUDA: empty)
+xk_wg_queue<T, BQ, BK, 64, false, true> wq_s;       // S = Q K^T, one 64-column panel a product
+xk_wg_queue<T, BQ, DVP, BK, false, false> wq_o;     // O += P V
+xk_wg_init(wq_s);
+xk_wg_init(wq_o);
 simdgroup_matrix<float, 8, 8> O[NR][TV];  // O (8-row block i, output-column block)
 XK_ATTN_UNROLL
 for (int i = 0; i < NR; ++i) {
@@ -952,17 +977,20 @@ int sc = 0;       // the stage of tile t
 int sl = ST - 1;  // the stage of tile t + ST - 1 (ST == 1: of tile t)
 for (int t = 0; t < kb_end; ++t) {
   if (ST > 1) {
-    xk_async_wait<ST - 2>();                           // this thread's copies of tile t (and Q) are done
+    xk_async_wait<ST - 2>();  // this thread's copies of tile t (and Q) are done
+    if (WG) {
+      xk_wg_fence_copies();  // and visible to the warpgroup products
+    }
     threadgroup_barrier(mem_flags::mem_threadgroup);  // everyone's; the stage of tile t - 1 is free
   }
   const int tl = ST > 1 ? t + ST - 1 : t;  // the tile copied now
   if (tl < kb_end) {
     const long kr0 = long(tl) * BK + long(sg) * KR;
     if (al) {
-      xk_prefill_copy_kv<SW, true, KR, D, DV, CWK, CWV, LDK, LDV>(stages + sl * STAGE, K_TILE, kp, vp, kvst, kr0, Lk - 1,
+      xk_prefill_copy_kv<SW, true, KR, D, DV, CWK, CWV, LDK, LDV, WGK>(stages + sl * STAGE, K_TILE, kp, vp, kvst, kr0, Lk - 1,
                                                                   sg, lane);
     } else {
-      xk_prefill_copy_kv<SW, false, KR, D, DV, CWK, CWV, LDK, LDV>(stages + sl * STAGE, K_TILE, kp, vp, kvst, kr0, Lk - 1,
+      xk_prefill_copy_kv<SW, false, KR, D, DV, CWK, CWV, LDK, LDV, WGK>(stages + sl * STAGE, K_TILE, kp, vp, kvst, kr0, Lk - 1,
                                                                    sg, lane);
     }
   }
@@ -987,30 +1015,40 @@ for (int t = 0; t < kb_end; ++t) {
       S[i][j] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
     }
   }
-  XK_ATTN_UNROLL
-  for (int dd = 0; dd < TD; dd += 2) {
-    simdgroup_matrix<T, 8, 8> qa[RB][4];  // q<row block><d block>: 00, 10, 01, 11
+  if (WG) {
+    // a warpgroup's 64 rows by the tile's 64 keys, 64 head-dim columns (one panel) a product
     XK_ATTN_UNROLL
-    for (int rb = 0; rb < RB; ++rb) {
-      if (SW) {
-        xk_frag_load_a4_sw(qa[rb][0], qa[rb][1], qa[rb][2], qa[rb][3], Qs, int(sg) * (16 * RB) + rb * 16, dd * 8,
-                           LDK, false);
-      } else {
-        xk_frag_load_a4(qa[rb][0], qa[rb][1], qa[rb][2], qa[rb][3], Qw + rb * 16 * LDK + dd * 8, LDK, false);
-      }
+    for (int pd = 0; pd < DP / 64; ++pd) {
+      xk_wg_mma(wq_s, &S[0][0], Qs + pd * BQ * 64, Ks + pd * BK * 64, int(sg) * 16);  // (the warpgroup's rows)
     }
+    xk_wg_commit(wq_s);
+    xk_wg_wait<0>(wq_s, &S[0][0], fr, fc);
+  } else {
     XK_ATTN_UNROLL
-    for (int j = 0; j < TK; j += 2) {
-      simdgroup_matrix<T, 8, 8> k00, k10, k01, k11;  // K^T: k<d block><key block>
-      if (SW) {
-        xk_frag_load_b4_sw(k00, k10, k01, k11, Ks, j * 8, dd * 8, LDK, true);
-      } else {
-        xk_frag_load_b4(k00, k10, k01, k11, Ks + j * 8 * LDK + dd * 8, LDK, true);
-      }
+    for (int dd = 0; dd < TD; dd += 2) {
+      simdgroup_matrix<T, 8, 8> qa[RB][4];  // q<row block><d block>: 00, 10, 01, 11
       XK_ATTN_UNROLL
       for (int rb = 0; rb < RB; ++rb) {
-        xk_mma2_k16(S[2 * rb][j], S[2 * rb + 1][j], qa[rb][0], qa[rb][1], qa[rb][2], qa[rb][3], k00, k10);
-        xk_mma2_k16(S[2 * rb][j + 1], S[2 * rb + 1][j + 1], qa[rb][0], qa[rb][1], qa[rb][2], qa[rb][3], k01, k11);
+        if (SW) {
+          xk_frag_load_a4_sw(qa[rb][0], qa[rb][1], qa[rb][2], qa[rb][3], Qs, int(sg) * (16 * RB) + rb * 16, dd * 8,
+                             LDK, false);
+        } else {
+          xk_frag_load_a4(qa[rb][0], qa[rb][1], qa[rb][2], qa[rb][3], Qw + rb * 16 * LDK + dd * 8, LDK, false);
+        }
+      }
+      XK_ATTN_UNROLL
+      for (int j = 0; j < TK; j += 2) {
+        simdgroup_matrix<T, 8, 8> k00, k10, k01, k11;  // K^T: k<d block><key block>
+        if (SW) {
+          xk_frag_load_b4_sw(k00, k10, k01, k11, Ks, j * 8, dd * 8, LDK, true);
+        } else {
+          xk_frag_load_b4(k00, k10, k01, k11, Ks + j * 8 * LDK + dd * 8, LDK, true);
+        }
+        XK_ATTN_UNROLL
+        for (int rb = 0; rb < RB; ++rb) {
+          xk_mma2_k16(S[2 * rb][j], S[2 * rb + 1][j], qa[rb][0], qa[rb][1], qa[rb][2], qa[rb][3], k00, k10);
+          xk_mma2_k16(S[2 * rb][j + 1], S[2 * rb + 1][j + 1], qa[rb][0], qa[rb][1], qa[rb][2], qa[rb][3], k01, k11);
+        }
       }
     }
   }
@@ -1077,7 +1115,13 @@ for (int t = 0; t < kb_end; ++t) {
       const float p0 = metal::fast::exp2(s2[0] - m_use);
       const float p1 = metal::fast::exp2(s2[1] - m_use);
       rsum += p0 + p1;
-      xk_frag_set_a(P[i][j], p0, p1);
+      if (WG) {  // into the P tile: row 16 sg + 8 i + fr, keys 8 j + fc and + 1
+        threadgroup T* pp = Ps + xk_tile_wg(int(sg) * 16 + 8 * i + fr, 8 * j + fc, BQ);
+        pp[0] = T(p0);
+        pp[1] = T(p1);
+      } else {
+        xk_frag_set_a(P[i][j], p0, p1);
+      }
     }
     l_i[i] = l_i[i] * fac[i] + rsum;
   }
@@ -1092,23 +1136,33 @@ for (int t = 0; t < kb_end; ++t) {
     }
   }
 
-  // O += P V, 16 keys per step: V rows as right operands (v<key block><column block>).
-  XK_ATTN_UNROLL
-  for (int kk = 0; kk < TK; kk += 2) {
+  if (WG) {
+    // O += P V: the P tile complete (every lane's stores, visible to the products), then
+    // each warpgroup's 64 rows by the V tile's 64 keys
+    xk_wg_fence_copies();
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    xk_wg_mma(wq_o, &O[0][0], Ps, Vs, int(sg) * 16);
+    xk_wg_commit(wq_o);
+    xk_wg_wait<0>(wq_o, &O[0][0], fr, fc);
+  } else {
+    // O += P V, 16 keys per step: V rows as right operands (v<key block><column block>).
     XK_ATTN_UNROLL
-    for (int tv = 0; tv < TV; tv += 2) {
-      simdgroup_matrix<T, 8, 8> v00, v10, v01, v11;
-      if (SW) {
-        xk_frag_load_b4_sw(v00, v10, v01, v11, Vs, kk * 8, tv * 8, LDV, false);
-      } else {
-        xk_frag_load_b4(v00, v10, v01, v11, Vs + kk * 8 * LDV + tv * 8, LDV, false);
-      }
+    for (int kk = 0; kk < TK; kk += 2) {
       XK_ATTN_UNROLL
-      for (int rb = 0; rb < RB; ++rb) {
-        xk_mma2_k16(O[2 * rb][tv], O[2 * rb + 1][tv], P[2 * rb][kk], P[2 * rb + 1][kk], P[2 * rb][kk + 1],
-                    P[2 * rb + 1][kk + 1], v00, v10);
-        xk_mma2_k16(O[2 * rb][tv + 1], O[2 * rb + 1][tv + 1], P[2 * rb][kk], P[2 * rb + 1][kk],
-                    P[2 * rb][kk + 1], P[2 * rb + 1][kk + 1], v01, v11);
+      for (int tv = 0; tv < TV; tv += 2) {
+        simdgroup_matrix<T, 8, 8> v00, v10, v01, v11;
+        if (SW) {
+          xk_frag_load_b4_sw(v00, v10, v01, v11, Vs, kk * 8, tv * 8, LDV, false);
+        } else {
+          xk_frag_load_b4(v00, v10, v01, v11, Vs + kk * 8 * LDV + tv * 8, LDV, false);
+        }
+        XK_ATTN_UNROLL
+        for (int rb = 0; rb < RB; ++rb) {
+          xk_mma2_k16(O[2 * rb][tv], O[2 * rb + 1][tv], P[2 * rb][kk], P[2 * rb + 1][kk], P[2 * rb][kk + 1],
+                      P[2 * rb + 1][kk + 1], v00, v10);
+          xk_mma2_k16(O[2 * rb][tv + 1], O[2 * rb + 1][tv + 1], P[2 * rb][kk], P[2 * rb + 1][kk],
+                      P[2 * rb][kk + 1], P[2 * rb + 1][kk + 1], v01, v11);
+        }
       }
     }
   }

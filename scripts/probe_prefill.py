@@ -6,10 +6,12 @@ visible score pairs (4 * B * Hq * D * pairs), ratio MLX / ours (> 1: ours faster
 against MLX's output.
 Variants: "auto" (the shipped plan), "noswz" (the plan with padded, unswizzled tiles:
 ops.attention.PREFILL_MMA_SWIZZLE off), "WMxRBxBKxST" (ops.attention.PREFILL_MMA_TILES), and
-"simd8" (attention_prefill, knob prefill_mma off).
+"simd8" (attention_prefill, knob prefill_mma off), "wg" (warpgroup products:
+ops.attention.PREFILL_MMA_WARPGROUP on) and "wg<WM>x<ST>" (with PREFILL_WG_TILES (WM, 1, 64, ST)).
 Run: python3 scripts/probe_prefill.py --out $OUT/prefill.json [--budget S] [--tiny]
 Variables: PROBE_PREFILL_TILES="4x2x64x2 4x1x64x2 ..." replaces the tile variants;
-PROBE_PREFILL_SHAPES="1x32x32x1024x1024x64 ..." (B x Hq x Hkv x Lq x Lk x D) the shapes.
+PROBE_PREFILL_SHAPES="1x32x32x1024x1024x64 ..." (B x Hq x Hkv x Lq x Lk x D) the shapes;
+PROBE_PREFILL_VARIANTS="auto wg ..." the whole variant list.
 """
 import argparse
 import json
@@ -45,6 +47,8 @@ if args.tiny:
     DTYPES = [mx.float16]
     TILES = ["2x1x32x1"]
     REPS, QN = 2, 2
+VARIANTS = os.environ.get("PROBE_PREFILL_VARIANTS", "").split() or ["auto", "noswz", "simd8"] + TILES
+WG_DEFAULT, WG_TILES = A.PREFILL_MMA_WARPGROUP, A.PREFILL_WG_TILES
 t_start = time.perf_counter()
 
 
@@ -71,7 +75,7 @@ def variant(name):
         return None, None
     if name == "simd8":
         return None, {"prefill_mma": False}
-    if name == "noswz":
+    if name == "noswz" or name.startswith("wg"):
         return None, None
     return tuple(int(x) for x in name.split("x")), None
 
@@ -99,7 +103,7 @@ for (b, hq, hkv, lq, lk, d) in SHAPES:
             name = f"{b}x{hq}x{hkv}x{lq}x{lk}x{d}"
             dts = "fp16" if dt == mx.float16 else "bf16"
             print(f"{name:26s} {str(mask):6s} {dts:5s} {'mlx':>10s} {tm:9.1f} {flops / tm / 1e6:8.1f}")
-            for vname in ["auto", "noswz", "simd8"] + TILES:
+            for vname in VARIANTS:
                 if time.perf_counter() - t_start > args.budget:
                     print("(time budget reached)")
                     stop = True
@@ -107,6 +111,9 @@ for (b, hq, hkv, lq, lk, d) in SHAPES:
                 tiles, knobs = variant(vname)
                 A.PREFILL_MMA_TILES = tiles
                 A.PREFILL_MMA_SWIZZLE = vname != "noswz"
+                A.PREFILL_MMA_WARPGROUP = vname.startswith("wg")
+                A.PREFILL_WG_TILES = ((int(vname[2:].split("x")[0]), 1, 64, int(vname.split("x")[1]))
+                                      if vname.startswith("wg") and "x" in vname else WG_TILES)
                 A._CALLS.clear()
                 f = lambda: xk.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask, knobs=knobs)  # noqa: E731
                 row = dict(shape=name, mask=str(mask), dtype=dts, variant=vname, mlx_us=tm,
@@ -125,6 +132,8 @@ for (b, hq, hkv, lq, lk, d) in SHAPES:
                 rows.append(row)
             A.PREFILL_MMA_TILES = None
             A.PREFILL_MMA_SWIZZLE = True
+            A.PREFILL_MMA_WARPGROUP = WG_DEFAULT
+            A.PREFILL_WG_TILES = WG_TILES
             A._CALLS.clear()
 print(f"total {time.perf_counter() - t_start:.1f} s")
 if args.out:

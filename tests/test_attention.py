@@ -354,6 +354,57 @@ def test_prefill_mma_tiles(kernel_backend, monkeypatch, case, mask_kind, dtype_n
         assert (t["WM"], t["RB"], t["BK"], t["ST"]) == tiles
 
 
+# The warpgroup prefill (template WG: CUDA's wgmma on sm_90, metal_src/_warpgroup.metal's
+# portable form on the emulator): one or two warpgroups of 64 query rows, 64-key tiles; query lengths
+# over several blocks (the last partial), key lengths over several tiles (the last partial),
+# GQA, both head dims it takes, every mask.
+PREFILL_WG_CASES = {
+    # (B, Hq, Hkv, Lq, Lk, D)
+    "d128_gqa2": (1, 4, 2, 130, 150, 128),
+    "d64_b2": (2, 2, 2, 70, 200, 64),
+    "d128_one_block": (1, 2, 1, 64, 64, 128),
+}
+
+
+@pytest.mark.parametrize("case", list(PREFILL_WG_CASES))
+@pytest.mark.parametrize("mask_kind", MASKS)
+@pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
+@pytest.mark.parametrize("tiles", [(4, 1, 64, 2), (8, 1, 64, 2), (8, 1, 64, 3)], ids=["wg1_st2", "wg2_st2", "wg2_st3"])
+def test_prefill_warpgroup(kernel_backend, monkeypatch, case, mask_kind, dtype_name, tiles):
+    b, hq, hkv, lq, lk, d = PREFILL_WG_CASES[case]
+    dtype = DTYPES[dtype_name]
+    monkeypatch.setattr(att, "PREFILL_MMA_WARPGROUP", True)
+    monkeypatch.setattr(att, "PREFILL_WG_TILES", tiles)
+    monkeypatch.setenv("XLSTM_ATTENTION_PREFILL_MMA", "1")
+    seed = seed_of("prefill wg", case, mask_kind, dtype_name)
+    q, k, v = make_qkv(b, hq, hkv, lq, lk, d, d, dtype, seed)
+    mask = make_mask(mask_kind, b, hq, lq, lk, dtype, seed, layout="head")
+    spy = LaunchSpy(monkeypatch)
+    out = att.attention_prefill(q, k, v, scale=d**-0.5, mask=mask)
+    assert_close(out, np_attention(q, k, v, d**-0.5, mask), dtype, f"prefill warpgroup {case} {mask_kind}")
+    if kernel_backend in ("emulate", "cuda"):
+        t = spy.templates[-1]
+        assert spy.kernels == ["attention_prefill_mma"]
+        assert (t["WG"], t["WM"], t["RB"], t["BK"], t["ST"]) == (1, *tiles)
+
+
+def test_prefill_warpgroup_plan(monkeypatch):
+    """Which calls take the warpgroup tiles, and their threadgroup bytes."""
+    h = mx.bfloat16
+    monkeypatch.setattr(att, "PREFILL_MMA_WARPGROUP", True)
+    assert att._prefill_wg(1024, 128, 128, h, "emulate") and att._prefill_wg(64, 64, 64, mx.float16, "emulate")
+    assert not att._prefill_wg(63, 128, 128, h, "emulate")  # under one warpgroup's rows
+    assert not att._prefill_wg(1024, 96, 96, h, "emulate") and not att._prefill_wg(1024, 64, 128, h, "emulate")
+    assert not att._prefill_wg(1024, 128, 128, mx.float32, "emulate")
+    assert not att._prefill_wg(1024, 128, 128, h, "metal")
+    assert att._prefill_mma_bytes(4, 1, 64, 2, 128, 128, wg=True) == (64 * 128 + 2 * 64 * 256 + 64 * 64) * 2
+    monkeypatch.setattr(att, "PREFILL_MMA_TILES", (4, 1, 16, 1))
+    assert not att._prefill_wg(1024, 128, 128, h, "emulate")  # explicit tiles win
+    monkeypatch.setattr(att, "PREFILL_MMA_TILES", None)
+    monkeypatch.setattr(att, "PREFILL_MMA_WARPGROUP", False)
+    assert not att._prefill_wg(1024, 128, 128, h, "emulate")
+
+
 @pytest.mark.parametrize("lq, lk", [(5, 300), (300, 40), (64, 64)])
 def test_prefill_mma_causal_rows_without_keys(kernel_backend, monkeypatch, lq, lk):
     """Causal with Lq > Lk (leading rows see no key: every tile runs and they average V

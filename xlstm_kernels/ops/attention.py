@@ -507,13 +507,38 @@ _PREFILL_MMA_ACC_REGISTERS = 192
 PREFILL_MMA_SWIZZLE = True
 #: (WM, RB, BK, ST) for every call when set (probes, tests); must fit the budget.
 PREFILL_MMA_TILES: tuple[int, int, int, int] | None = None
+#: Warpgroup products in the tile prefill (template WG: CUDA's wgmma on sm_90, the portable
+#: form of metal_src/_warpgroup.metal on the emulator): calls of float16 / bfloat16 with
+#: D == DV of 64 or 128 and at least 64 queries run PREFILL_WG_TILES, their Q, K, V and P
+#: tiles in the warpgroup layout (see :func:`_prefill_wg`). Not with PREFILL_MMA_TILES.
+PREFILL_MMA_WARPGROUP = False
+#: (WM, RB, BK, ST) of the warpgroup prefill: WM 4 (one warpgroup, 64 query rows) or 8 (two,
+#: 128 rows sharing each K / V tile), 64-key tiles, ST stages.
+PREFILL_WG_TILES = (8, 1, 64, 2)
 
 
-def _prefill_mma_bytes(wm: int, rb: int, bk: int, st: int, d: int, dv: int) -> int:
+def _prefill_mma_bytes(wm: int, rb: int, bk: int, st: int, d: int, dv: int, wg: bool = False) -> int:
     """Threadgroup bytes of ``attention_prefill_mma`` (2-byte dtypes): Q (BQ rows) and ST
-    stages of BK K and V rows, head dims padded to multiples of 16 plus 16 bytes per row."""
+    stages of BK K and V rows, head dims padded to multiples of 16 plus 16 bytes per row;
+    with warpgroup products (`wg`) unpadded, plus the BQ x BK tile of P."""
+    if wg:
+        bq = 16 * rb * wm
+        return (bq * d + st * bk * (d + dv) + bq * bk) * 2
     ldk, ldv = -(-d // 16) * 16 + 8, -(-dv // 16) * 16 + 8
     return (16 * rb * wm * ldk + st * bk * (ldk + ldv)) * 2
+
+
+def _prefill_wg(lq: int, d: int, dv: int, dtype: mx.Dtype, backend: str) -> bool:
+    """Whether a tile-prefill call runs warpgroup products (PREFILL_WG_TILES, template WG):
+    PREFILL_MMA_WARPGROUP on, no PREFILL_MMA_TILES, float16 / bfloat16, D == DV of 64 or
+    128, at least 64 queries (one warpgroup's rows), on cuda on sm_90 (wgmma; other GPUs
+    would run the portable form) or on the emulator (its portable form, with the launch's
+    dynamic threadgroup memory, as on CUDA)."""
+    if not PREFILL_MMA_WARPGROUP or PREFILL_MMA_TILES is not None:
+        return False
+    if dtype not in (mx.float16, mx.bfloat16) or d != dv or d not in (64, 128) or lq < 64:
+        return False
+    return backend == "emulate" or (backend == "cuda" and cuda_limits.architecture() == "sm_90")
 
 
 def _prefill_mma_plan(lq: int, d: int, dv: int, dtype: mx.Dtype, backend: str) -> tuple[int, int, int, int] | None:
@@ -564,7 +589,8 @@ def _prefill_mma_launch(q, k, v, m: _Mask, scale: float, backend: str) -> tuple[
     (16 * RB * WM queries, query head, batch)."""
     b, hq, lq, d = q.shape
     hkv, lk, dv = k.shape[1], k.shape[2], v.shape[3]
-    wm, rb, bk, st = _prefill_mma_plan(lq, d, dv, q.dtype, backend)
+    wg = _prefill_wg(lq, d, dv, q.dtype, backend)
+    wm, rb, bk, st = PREFILL_WG_TILES if wg else _prefill_mma_plan(lq, d, dv, q.dtype, backend)
     bq = 16 * rb * wm
     mbuf = m.kernel_buffer()
     params = _params([hq, hkv, lq, 0, *m.strides, 0, 0])  # Lk: k_shape[2] (by value)
@@ -578,9 +604,9 @@ def _prefill_mma_launch(q, k, v, m: _Mask, scale: float, backend: str) -> tuple[
         grid=(threads * -(-lq // bq), hq, b),
         threadgroup=(threads, 1, 1),
         template=[("T", q.dtype), ("MT", mbuf.dtype), ("D", d), ("DV", dv), ("MASK", m.kind),
-                  ("WM", wm), ("RB", rb), ("BK", bk), ("ST", st), ("SWZ", int(PREFILL_MMA_SWIZZLE))],
+                  ("WM", wm), ("RB", rb), ("BK", bk), ("ST", st), ("SWZ", int(PREFILL_MMA_SWIZZLE)), ("WG", int(wg))],
         # cuda: the body's tile buffer is dynamic shared memory (XK_THREADGROUP_DYNAMIC)
-        shared_memory=-(-_prefill_mma_bytes(wm, rb, bk, st, d, dv) // 16) * 16,
+        shared_memory=-(-_prefill_mma_bytes(wm, rb, bk, st, d, dv, wg) // 16) * 16,
     )
 
 
