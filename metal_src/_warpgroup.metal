@@ -87,6 +87,14 @@ inline void xk_wg_wait(thread xk_wg_queue<T, BM, BN, BK, TRANS_A, TRANS_B>& q, t
   }
   q.n = G;
 }
+// xk_wg_wait_queue<G_ALL>: every product of queue q done, where the hardware counts the
+// groups of all queues together and the caller knows that the G_ALL most recent ones belong
+// to other queues (CUDA: wgmma.wait_group G_ALL). Here q's own products run.
+template <int G_ALL, typename T, int BM, int BN, int BK, bool TRANS_A, bool TRANS_B>
+inline void xk_wg_wait_queue(thread xk_wg_queue<T, BM, BN, BK, TRANS_A, TRANS_B>& q,
+                             thread simdgroup_matrix<float, 8, 8>* acc, int fr, int fc) {
+  xk_wg_wait<0>(q, acc, fr, fc);
+}
 // Shared-memory writes of this thread's finished copies made visible to the products
 // (CUDA: a proxy fence; here nothing).
 inline void xk_wg_fence_copies() {}

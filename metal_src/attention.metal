@@ -824,14 +824,17 @@ for (int r = 0; r < RM; ++r) {
 //   block sees no key: then every tile runs, as in attention_prefill), tiles wholly left
 //   of it skip the per-key test; the last query block runs first (the most tiles).
 // * WG (warpgroup products; 2-byte T, D == DV of 64 or 128, WM == 4 or 8, RB == 1, BK == 64,
-//   ST >= 2, all checked by the host): each four simdgroups (64 query rows) multiply as one
-//   warpgroup (xk_wg_mma: CUDA's wgmma on sm_90a, operands read from threadgroup memory). Q, K and V
-//   tiles sit unpadded in the warpgroup layout (xk_tile_wg); S = Q K^T per 64 head-dim
-//   columns; each lane writes its P elements (as T) into a BQ x BK tile, and after one
-//   barrier O += P V reads that tile and the V tile. Same softmax, same masks.
+//   ST >= 3, all checked by the host): each four simdgroups (64 query rows) multiply as one
+//   warpgroup (xk_wg_mma: CUDA's wgmma on sm_90a, operands read from threadgroup memory).
+//   Q, K and V tiles sit unpadded in the warpgroup layout (xk_tile_wg). Each lane writes its
+//   P elements (as T) into one of two BQ x BK tiles; after one barrier per key tile the
+//   products of tile t + 1's scores (S = Q K^T, per 64 head-dim columns) and of tile t's
+//   O += P V are issued together, and the softmax of tile t + 1 runs while P V is in
+//   flight (O is rescaled only after it is done). Tile t + 1 must be in before that
+//   barrier, so WG takes ST >= 3 stages. Same softmax, same masks.
 // Threadgroup (32 * WM, 1, 1); grid (32 * WM * ceil(Lq / BQ), Hq, B). Threadgroup memory:
 // (BQ * (DP + P) + ST * BK * (DP + DVP + 2P)) elements, P = 16 bytes (0 when SW; WG: plus
-// BQ * BK for the P tile); dynamic on CUDA.
+// 2 * BQ * BK for the P tiles); dynamic on CUDA.
 // inputs: q, k, v (T); mask (MT); params (int64); scale (float).  outputs: o (T)
 // template: T, MT, D, DV, MASK, WM, RB, BK, ST, SWZ (1: swizzled tiles where SW allows), WG
 constexpr int DP = (D + 15) / 16 * 16;
@@ -853,7 +856,8 @@ constexpr int LDV = DVP + PAD;
 constexpr int Q_ELEMS = BQ * LDK;
 constexpr int K_TILE = BK * LDK;
 constexpr int STAGE = BK * (LDK + LDV);
-constexpr int P_ELEMS = WG ? BQ * BK : 0;  // WG: the P tile, after the stages
+constexpr int P_TILE = BQ * BK;
+constexpr int P_ELEMS = WG ? 2 * P_TILE : 0;  // WG: two P tiles (tiles t and t + 1), after the stages
 constexpr int TG_WORDS = ((Q_ELEMS + ST * STAGE + P_ELEMS) * int(sizeof(T)) + 15) / 16;
 constexpr int KR = BK / WM;  // K and V rows each simdgroup copies per tile
 constexpr int V16 = 16 / int(sizeof(T));
@@ -861,8 +865,8 @@ constexpr int CWK = D % V16 == 0 ? V16 : (V16 > 4 && D % 4 == 0) ? 4 : D % 2 == 
 constexpr int CWV = DV % V16 == 0 ? V16 : (V16 > 4 && DV % 4 == 0) ? 4 : DV % 2 == 0 ? 2 : 1;
 static_assert(BK % 16 == 0 && BK % WM == 0 && RB >= 1 && ST >= 1, "attention_prefill_mma: bad tile");
 static_assert(!WG || (sizeof(T) == 2 && D == DV && (D == 64 || D == 128) && (WM == 4 || WM == 8) && RB == 1 &&
-                      BK == 64 && ST >= 2),
-              "attention_prefill_mma: WG needs 2-byte T, D == DV of 64 or 128, WM 4 or 8, RB 1, BK 64, ST >= 2");
+                      BK == 64 && ST >= 3),
+              "attention_prefill_mma: WG needs 2-byte T, D == DV of 64 or 128, WM 4 or 8, RB 1, BK 64, ST >= 3");
 
 const long Hq = params[0], Hkv = params[1], Lq = params[2], Lk = long(k_shape[2]);
 const long off = Lk - Lq;
@@ -891,7 +895,7 @@ threadgroup vec<float, 4> xk_tiles[TG_WORDS];
 #endif
 threadgroup T* Qs = reinterpret_cast<threadgroup T*>(xk_tiles);
 threadgroup T* stages = Qs + Q_ELEMS;
-threadgroup T* Ps = stages + ST * STAGE;  // WG: the P tile (BQ x BK, warpgroup layout)
+threadgroup T* Ps = stages + ST * STAGE;  // WG: the P tiles (BQ x BK each, warpgroup layout)
 const long r0 = q0 + long(sg) * (16 * RB);  // the simdgroup's first query row
 threadgroup T* Qw = Qs + int(sg) * (16 * RB) * LDK;
 
@@ -952,7 +956,7 @@ for (int t = 0; t < ST - 1; ++t) {
 int fr, fc;
 xk_frag_coord(lane, fr, fc);
 // WG: the products in flight (the portable form records them; CUDA: empty)
-xk_wg_queue<T, BQ, BK, 64, false, true> wq_s;       // S = Q K^T, one 64-column panel a product
+xk_wg_queue<T, BQ, BK, DP, false, true> wq_s;       // S = Q K^T over the whole head dim
 xk_wg_queue<T, BQ, DVP, BK, false, false> wq_o;     // O += P V
 xk_wg_init(wq_s);
 xk_wg_init(wq_o);
@@ -973,32 +977,48 @@ for (int i = 0; i < NR; ++i) {
 }
 const float qscale = scale * XK_LOG2E;
 
+simdgroup_matrix<float, 8, 8> S[NR][TK];  // the scores of a tile (WG: tile t + 1's products land here)
+if (WG && kb_end > 0) {  // tile 0's scores, before the loop
+  xk_async_wait<ST - 2>();  // this thread's copies of Q and tile 0 are done
+  xk_wg_fence_copies();     // and visible to the warpgroup products
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  XK_ATTN_UNROLL
+  for (int i = 0; i < NR; ++i) {
+    XK_ATTN_UNROLL
+    for (int j = 0; j < TK; ++j) {
+      S[i][j] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
+    }
+  }
+  xk_wg_mma(wq_s, &S[0][0], Qs, stages, int(sg) * 16);  // a warpgroup's 64 rows by the tile's keys
+  xk_wg_commit(wq_s);
+  xk_wg_wait<0>(wq_s, &S[0][0], fr, fc);
+}
 int sc = 0;       // the stage of tile t
 int sl = ST - 1;  // the stage of tile t + ST - 1 (ST == 1: of tile t)
 for (int t = 0; t < kb_end; ++t) {
-  if (ST > 1) {
-    xk_async_wait<ST - 2>();  // this thread's copies of tile t (and Q) are done
-    if (WG) {
-      xk_wg_fence_copies();  // and visible to the warpgroup products
-    }
+  if (ST > 1 && !WG) {
+    xk_async_wait<ST - 2>();                           // this thread's copies of tile t (and Q) are done
     threadgroup_barrier(mem_flags::mem_threadgroup);  // everyone's; the stage of tile t - 1 is free
   }
-  const int tl = ST > 1 ? t + ST - 1 : t;  // the tile copied now
-  if (tl < kb_end) {
+  const int tl = ST > 1 ? t + ST - 1 : t;  // the tile copied now (WG: after the barrier below)
+  if (tl < kb_end && !WG) {
     const long kr0 = long(tl) * BK + long(sg) * KR;
     if (al) {
-      xk_prefill_copy_kv<SW, true, KR, D, DV, CWK, CWV, LDK, LDV, WGK>(stages + sl * STAGE, K_TILE, kp, vp, kvst, kr0, Lk - 1,
-                                                                  sg, lane);
+      xk_prefill_copy_kv<SW, true, KR, D, DV, CWK, CWV, LDK, LDV, WGK>(stages + sl * STAGE, K_TILE, kp, vp, kvst, kr0,
+                                                                       Lk - 1, sg, lane);
     } else {
-      xk_prefill_copy_kv<SW, false, KR, D, DV, CWK, CWV, LDK, LDV, WGK>(stages + sl * STAGE, K_TILE, kp, vp, kvst, kr0, Lk - 1,
-                                                                   sg, lane);
+      xk_prefill_copy_kv<SW, false, KR, D, DV, CWK, CWV, LDK, LDV, WGK>(stages + sl * STAGE, K_TILE, kp, vp, kvst, kr0,
+                                                                        Lk - 1, sg, lane);
     }
   }
-  xk_async_commit();
+  if (!WG) {
+    xk_async_commit();
+  }
   if (ST == 1) {
     xk_async_wait<0>();
     threadgroup_barrier(mem_flags::mem_threadgroup);  // tile t (and Q) is in
   }
+  const int s_copy = sl;  // the stage of tile tl
   const threadgroup T* Ks = stages + sc * STAGE;
   const threadgroup T* Vs = Ks + K_TILE;
   const long k0 = long(t) * BK;
@@ -1007,23 +1027,14 @@ for (int t = 0; t < kb_end; ++t) {
 
   // S = Q K^T, 16 head-dim elements per step: the RB blocks of Q as left operands, 16 keys
   // of K at a time as right operands.
-  simdgroup_matrix<float, 8, 8> S[NR][TK];
-  XK_ATTN_UNROLL
-  for (int i = 0; i < NR; ++i) {
+  if (!WG) {  // (WG: tile t's scores are in S already)
     XK_ATTN_UNROLL
-    for (int j = 0; j < TK; ++j) {
-      S[i][j] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
+    for (int i = 0; i < NR; ++i) {
+      XK_ATTN_UNROLL
+      for (int j = 0; j < TK; ++j) {
+        S[i][j] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
+      }
     }
-  }
-  if (WG) {
-    // a warpgroup's 64 rows by the tile's 64 keys, 64 head-dim columns (one panel) a product
-    XK_ATTN_UNROLL
-    for (int pd = 0; pd < DP / 64; ++pd) {
-      xk_wg_mma(wq_s, &S[0][0], Qs + pd * BQ * 64, Ks + pd * BK * 64, int(sg) * 16);  // (the warpgroup's rows)
-    }
-    xk_wg_commit(wq_s);
-    xk_wg_wait<0>(wq_s, &S[0][0], fr, fc);
-  } else {
     XK_ATTN_UNROLL
     for (int dd = 0; dd < TD; dd += 2) {
       simdgroup_matrix<T, 8, 8> qa[RB][4];  // q<row block><d block>: 00, 10, 01, 11
@@ -1116,7 +1127,7 @@ for (int t = 0; t < kb_end; ++t) {
       const float p1 = metal::fast::exp2(s2[1] - m_use);
       rsum += p0 + p1;
       if (WG) {  // into the P tile: row 16 sg + 8 i + fr, keys 8 j + fc and + 1
-        threadgroup T* pp = Ps + xk_tile_wg(int(sg) * 16 + 8 * i + fr, 8 * j + fc, BQ);
+        threadgroup T* pp = Ps + (t & 1) * P_TILE + xk_tile_wg(int(sg) * 16 + 8 * i + fr, 8 * j + fc, BQ);
         pp[0] = T(p0);
         pp[1] = T(p1);
       } else {
@@ -1124,6 +1135,9 @@ for (int t = 0; t < kb_end; ++t) {
       }
     }
     l_i[i] = l_i[i] * fac[i] + rsum;
+  }
+  if (WG) {
+    xk_wg_wait<0>(wq_o, &O[0][0], fr, fc);  // tile t - 1's O += P V is done: O may be rescaled
   }
   if (simd_any(moved)) {
     XK_ATTN_UNROLL
@@ -1137,13 +1151,39 @@ for (int t = 0; t < kb_end; ++t) {
   }
 
   if (WG) {
-    // O += P V: the P tile complete (every lane's stores, visible to the products), then
-    // each warpgroup's 64 rows by the V tile's 64 keys
+    // One barrier: tile t's P complete (every lane's stores, visible to the products), tile
+    // t + 1 in, and every simdgroup past tile t - 1's products, so that tile t - 1's stage
+    // takes tile t + ST - 1 now.
+    xk_async_wait<ST - 3>();  // this thread's copies of tile t + 1 are done
     xk_wg_fence_copies();
     threadgroup_barrier(mem_flags::mem_threadgroup);
-    xk_wg_mma(wq_o, &O[0][0], Ps, Vs, int(sg) * 16);
+    if (tl < kb_end) {
+      const long kr0 = long(tl) * BK + long(sg) * KR;
+      if (al) {
+        xk_prefill_copy_kv<SW, true, KR, D, DV, CWK, CWV, LDK, LDV, WGK>(stages + s_copy * STAGE, K_TILE, kp, vp, kvst,
+                                                                         kr0, Lk - 1, sg, lane);
+      } else {
+        xk_prefill_copy_kv<SW, false, KR, D, DV, CWK, CWV, LDK, LDV, WGK>(stages + s_copy * STAGE, K_TILE, kp, vp,
+                                                                          kvst, kr0, Lk - 1, sg, lane);
+      }
+    }
+    xk_async_commit();
+    // tile t + 1's scores, then tile t's O += P V (each warpgroup's 64 rows by the V tile's
+    // 64 keys); wait for the scores only: P V runs on during the next tile's softmax. The
+    // last tile too computes "next" scores (from a stage it does not use): the same groups
+    // on every path, so that ptxas can tell which products a wait leaves running.
+    XK_ATTN_UNROLL
+    for (int i = 0; i < NR; ++i) {
+      XK_ATTN_UNROLL
+      for (int j = 0; j < TK; ++j) {
+        S[i][j] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
+      }
+    }
+    xk_wg_mma(wq_s, &S[0][0], Qs, stages + sc * STAGE, int(sg) * 16);
+    xk_wg_commit(wq_s);
+    xk_wg_mma(wq_o, &O[0][0], Ps + (t & 1) * P_TILE, Vs, int(sg) * 16);
     xk_wg_commit(wq_o);
-    xk_wg_wait<0>(wq_o, &O[0][0], fr, fc);
+    xk_wg_wait_queue<1>(wq_s, &S[0][0], fr, fc);  // the scores; P V (the last group) may run on
   } else {
     // O += P V, 16 keys per step: V rows as right operands (v<key block><column block>).
     XK_ATTN_UNROLL
@@ -1169,6 +1209,10 @@ for (int t = 0; t < kb_end; ++t) {
   if (ST == 1) {
     threadgroup_barrier(mem_flags::mem_threadgroup);  // the tile is read before it is refilled
   }
+}
+
+if (WG) {
+  xk_wg_wait<0>(wq_o, &O[0][0], fr, fc);  // the last tile's O += P V
 }
 
 // The normalised rows: lane element e of O[i][tv] is column tv * 8 + fc + e of row 8i + fr.

@@ -369,7 +369,7 @@ PREFILL_WG_CASES = {
 @pytest.mark.parametrize("case", list(PREFILL_WG_CASES))
 @pytest.mark.parametrize("mask_kind", MASKS)
 @pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
-@pytest.mark.parametrize("tiles", [(4, 1, 64, 2), (8, 1, 64, 2), (8, 1, 64, 3)], ids=["wg1_st2", "wg2_st2", "wg2_st3"])
+@pytest.mark.parametrize("tiles", [(4, 1, 64, 3), (8, 1, 64, 3), (4, 1, 64, 4)], ids=["wg1_st3", "wg2_st3", "wg1_st4"])
 def test_prefill_warpgroup(kernel_backend, monkeypatch, case, mask_kind, dtype_name, tiles):
     b, hq, hkv, lq, lk, d = PREFILL_WG_CASES[case]
     dtype = DTYPES[dtype_name]
@@ -397,7 +397,13 @@ def test_prefill_warpgroup_plan(monkeypatch):
     assert not att._prefill_wg(1024, 96, 96, h, "emulate") and not att._prefill_wg(1024, 64, 128, h, "emulate")
     assert not att._prefill_wg(1024, 128, 128, mx.float32, "emulate")
     assert not att._prefill_wg(1024, 128, 128, h, "metal")
-    assert att._prefill_mma_bytes(4, 1, 64, 2, 128, 128, wg=True) == (64 * 128 + 2 * 64 * 256 + 64 * 64) * 2
+    monkeypatch.setattr(att, "PREFILL_MMA_WARPGROUP", None)  # the default: unmasked, D == 128
+    assert att._prefill_wg(1024, 128, 128, h, "emulate")
+    assert att._prefill_wg(1024, 128, 128, h, "cuda") == (att.cuda_limits.architecture() == "sm_90")
+    assert not att._prefill_wg(1024, 128, 128, h, "emulate", att._MASK_CAUSAL)
+    assert not att._prefill_wg(1024, 64, 64, h, "emulate")
+    monkeypatch.setattr(att, "PREFILL_MMA_WARPGROUP", True)
+    assert att._prefill_mma_bytes(4, 1, 64, 3, 128, 128, wg=True) == (64 * 128 + 3 * 64 * 256 + 2 * 64 * 64) * 2
     monkeypatch.setattr(att, "PREFILL_MMA_TILES", (4, 1, 16, 1))
     assert not att._prefill_wg(1024, 128, 128, h, "emulate")  # explicit tiles win
     monkeypatch.setattr(att, "PREFILL_MMA_TILES", None)

@@ -588,7 +588,7 @@ template <int G> inline void xk_async_wait() {}
 // FN = BN / 8 fragments: the same lane layout as mma.sync, so the body's epilogue reads
 // them as before). A K-contiguous operand is K-major (A of gemm_av / gemm_a_bt, B of
 // gemm_a_bt: rows of 64 elements, 8-row groups 1024 bytes apart, a k-step of 16 is +32
-// bytes); an MN-contiguous one MN-major (panels of 64 columns BK * 128 bytes apart, a
+// bytes, and past 64 columns the next panel of the tile's rows); an MN-contiguous one MN-major (panels of 64 columns BK * 128 bytes apart, a
 // k-step is +2048 bytes). xk_wg_commit / xk_wg_wait<G>: wgmma.commit_group / wait_group G
 // (products of all but the last G commits done, their accumulators readable).
 // xk_wg_fence_copies: fence.proxy.async (this thread's finished cp.async writes visible to
@@ -783,14 +783,18 @@ inline void xk_wg_mma(xk_wg_queue<T, BM, BN, BK, TRANS_A, TRANS_B>&, simdgroup_m
     const unsigned sa = unsigned(__cvta_generic_to_shared(ta)), sb = unsigned(__cvta_generic_to_shared(tb));
     if (((sa | sb) & 1023u) != 0) __trap();  // the swizzle is anchored at 1024-byte boundaries
     const unsigned a0 = sa + unsigned(TRANS_A ? (ra >> 6) * BK * 128 : (ra & ~63) * 128);
-    constexpr unsigned A_STEP = TRANS_A ? 2048u : 32u, B_STEP = TRANS_B ? 32u : 2048u;
+    // a k-step of 16: MN-major +16 rows of 128 bytes; K-major +32 bytes within a panel of 64
+    // columns, the next panel (BK > 64) rows * 128 bytes on (xk_tile_wg)
     constexpr unsigned A_LBO = TRANS_A ? unsigned(BK) * 128u : 16u, B_LBO = TRANS_B ? 16u : unsigned(BK) * 128u;
+    constexpr unsigned A_PANEL = unsigned(BM) * 128u, B_PANEL = unsigned(BN) * 128u;
     msl_detail::wg_fence_acc<BN / 8>(acc);
     asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
     for (int kk = 0; kk < BK / 16; ++kk) {
-      const unsigned long long da = msl_detail::wg_desc(a0 + unsigned(kk) * A_STEP, A_LBO, 1024u);
-      const unsigned long long db = msl_detail::wg_desc(sb + unsigned(kk) * B_STEP, B_LBO, 1024u);
+      const unsigned ka = TRANS_A ? unsigned(kk) * 2048u : unsigned(kk >> 2) * A_PANEL + unsigned(kk & 3) * 32u;
+      const unsigned kb = TRANS_B ? unsigned(kk >> 2) * B_PANEL + unsigned(kk & 3) * 32u : unsigned(kk) * 2048u;
+      const unsigned long long da = msl_detail::wg_desc(a0 + ka, A_LBO, 1024u);
+      const unsigned long long db = msl_detail::wg_desc(sb + kb, B_LBO, 1024u);
       if constexpr (BN == 64) {
         msl_detail::wgmma_n64<T, TRANS_A ? 1 : 0, TRANS_B ? 0 : 1>(acc, da, db);
       } else if constexpr (BN == 128) {
@@ -809,6 +813,14 @@ template <typename Q> inline void xk_wg_commit(Q&) { asm volatile("wgmma.commit_
 template <int G, typename T, int BM, int BN, int BK, bool TRANS_A, bool TRANS_B>
 inline void xk_wg_wait(xk_wg_queue<T, BM, BN, BK, TRANS_A, TRANS_B>&, simdgroup_matrix<float, 8, 8>* acc, int, int) {
   asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(G < 0 ? 0 : G) : "memory");
+  msl_detail::wg_fence_acc<BN / 8>(acc);
+}
+// xk_wg_wait_queue<G_ALL>: the products of q done, the caller knowing that the G_ALL most
+// recent groups (of any queue) are not q's: wgmma.wait_group G_ALL.
+template <int G_ALL, typename T, int BM, int BN, int BK, bool TRANS_A, bool TRANS_B>
+inline void xk_wg_wait_queue(xk_wg_queue<T, BM, BN, BK, TRANS_A, TRANS_B>&, simdgroup_matrix<float, 8, 8>* acc, int,
+                             int) {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(G_ALL) : "memory");
   msl_detail::wg_fence_acc<BN / 8>(acc);
 }
 inline void xk_wg_fence_copies() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }

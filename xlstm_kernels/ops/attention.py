@@ -508,37 +508,44 @@ PREFILL_MMA_SWIZZLE = True
 #: (WM, RB, BK, ST) for every call when set (probes, tests); must fit the budget.
 PREFILL_MMA_TILES: tuple[int, int, int, int] | None = None
 #: Warpgroup products in the tile prefill (template WG: CUDA's wgmma on sm_90, the portable
-#: form of metal_src/_warpgroup.metal on the emulator): calls of float16 / bfloat16 with
-#: D == DV of 64 or 128 and at least 64 queries run PREFILL_WG_TILES, their Q, K, V and P
-#: tiles in the warpgroup layout (see :func:`_prefill_wg`). Not with PREFILL_MMA_TILES.
-PREFILL_MMA_WARPGROUP = False
+#: form of metal_src/_warpgroup.metal on the emulator), with PREFILL_WG_TILES and the Q, K,
+#: V and P tiles in the warpgroup layout (see :func:`_prefill_wg`). None (default): the calls
+#: where the H100 measured it faster than the mma.sync tiles, unmasked ones with D == DV ==
+#: 128 (session 36, probe-prefill-wg-cuda-h100-session36.txt: 1.04-1.17x; causal and D = 64
+#: were slower or mixed); True: every call it can run (float16 / bfloat16, D == DV of 64 or
+#: 128, at least 64 queries; tests, probes); False: none. Never with PREFILL_MMA_TILES.
+PREFILL_MMA_WARPGROUP: bool | None = None
 #: (WM, RB, BK, ST) of the warpgroup prefill: WM 4 (one warpgroup, 64 query rows) or 8 (two,
-#: 128 rows sharing each K / V tile), 64-key tiles, ST stages.
-PREFILL_WG_TILES = (8, 1, 64, 2)
+#: 128 rows sharing each K / V tile), 64-key tiles, ST >= 3 stages (tile t + 1 is in while
+#: tile t's P V runs).
+PREFILL_WG_TILES = (8, 1, 64, 3)
 
 
 def _prefill_mma_bytes(wm: int, rb: int, bk: int, st: int, d: int, dv: int, wg: bool = False) -> int:
     """Threadgroup bytes of ``attention_prefill_mma`` (2-byte dtypes): Q (BQ rows) and ST
     stages of BK K and V rows, head dims padded to multiples of 16 plus 16 bytes per row;
-    with warpgroup products (`wg`) unpadded, plus the BQ x BK tile of P."""
+    with warpgroup products (`wg`) unpadded, plus two BQ x BK tiles of P."""
     if wg:
         bq = 16 * rb * wm
-        return (bq * d + st * bk * (d + dv) + bq * bk) * 2
+        return (bq * d + st * bk * (d + dv) + 2 * bq * bk) * 2
     ldk, ldv = -(-d // 16) * 16 + 8, -(-dv // 16) * 16 + 8
     return (16 * rb * wm * ldk + st * bk * (ldk + ldv)) * 2
 
 
-def _prefill_wg(lq: int, d: int, dv: int, dtype: mx.Dtype, backend: str) -> bool:
-    """Whether a tile-prefill call runs warpgroup products (PREFILL_WG_TILES, template WG):
-    PREFILL_MMA_WARPGROUP on, no PREFILL_MMA_TILES, float16 / bfloat16, D == DV of 64 or
-    128, at least 64 queries (one warpgroup's rows), on cuda on sm_90 (wgmma; other GPUs
-    would run the portable form) or on the emulator (its portable form, with the launch's
-    dynamic threadgroup memory, as on CUDA)."""
-    if not PREFILL_MMA_WARPGROUP or PREFILL_MMA_TILES is not None:
+def _prefill_wg(lq: int, d: int, dv: int, dtype: mx.Dtype, backend: str, mask_kind: int = _MASK_NONE) -> bool:
+    """Whether a tile-prefill call runs warpgroup products (PREFILL_WG_TILES, template WG).
+    It can where there is no PREFILL_MMA_TILES, the dtype is float16 / bfloat16, D == DV of
+    64 or 128, there are at least 64 queries (one warpgroup's rows), and the backend is cuda
+    on sm_90 (wgmma; other GPUs would run the portable form) or the emulator (its portable
+    form, with the launch's dynamic threadgroup memory, as on CUDA). Then PREFILL_MMA_WARPGROUP
+    decides: None, unmasked calls with D == 128 only; True, all; False, none."""
+    if PREFILL_MMA_WARPGROUP is False or PREFILL_MMA_TILES is not None:
         return False
     if dtype not in (mx.float16, mx.bfloat16) or d != dv or d not in (64, 128) or lq < 64:
         return False
-    return backend == "emulate" or (backend == "cuda" and cuda_limits.architecture() == "sm_90")
+    if not (backend == "emulate" or (backend == "cuda" and cuda_limits.architecture() == "sm_90")):
+        return False
+    return True if PREFILL_MMA_WARPGROUP else (d == 128 and mask_kind == _MASK_NONE)
 
 
 def _prefill_mma_plan(lq: int, d: int, dv: int, dtype: mx.Dtype, backend: str) -> tuple[int, int, int, int] | None:
@@ -589,7 +596,7 @@ def _prefill_mma_launch(q, k, v, m: _Mask, scale: float, backend: str) -> tuple[
     (16 * RB * WM queries, query head, batch)."""
     b, hq, lq, d = q.shape
     hkv, lk, dv = k.shape[1], k.shape[2], v.shape[3]
-    wg = _prefill_wg(lq, d, dv, q.dtype, backend)
+    wg = _prefill_wg(lq, d, dv, q.dtype, backend, m.kind)
     wm, rb, bk, st = PREFILL_WG_TILES if wg else _prefill_mma_plan(lq, d, dv, q.dtype, backend)
     bq = 16 * rb * wm
     mbuf = m.kernel_buffer()
