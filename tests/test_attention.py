@@ -334,20 +334,28 @@ PREFILL_MMA_CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(PREFILL_MMA_CASES))
-@pytest.mark.parametrize("mask_kind", MASKS)
-@pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
-def test_prefill_mma_tiles(kernel_backend, monkeypatch, case, mask_kind, dtype_name):
-    b, hq, hkv, lq, lk, d, dv, tiles = PREFILL_MMA_CASES[case]
+def _check_tile_prefill(monkeypatch, shape, mask_kind, dtype_name, seed_label, case):
+    """The tile prefill (knob prefill_mma on) of fresh (B, Hq, Hkv, Lq, Lk, D, DV) inputs and
+    a `mask_kind` mask against the float64 reference; returns the launches' LaunchSpy."""
+    b, hq, hkv, lq, lk, d, dv = shape
     dtype = DTYPES[dtype_name]
-    monkeypatch.setattr(att, "PREFILL_MMA_TILES", tiles)
     monkeypatch.setenv("XLSTM_ATTENTION_PREFILL_MMA", "1")
-    seed = seed_of("prefill mma", case, mask_kind, dtype_name)
+    seed = seed_of(seed_label, case, mask_kind, dtype_name)
     q, k, v = make_qkv(b, hq, hkv, lq, lk, d, dv, dtype, seed)
     mask = make_mask(mask_kind, b, hq, lq, lk, dtype, seed, layout="head")
     spy = LaunchSpy(monkeypatch)
     out = att.attention_prefill(q, k, v, scale=d**-0.5, mask=mask)
-    assert_close(out, np_attention(q, k, v, d**-0.5, mask), dtype, f"prefill tiles {case} {mask_kind}")
+    assert_close(out, np_attention(q, k, v, d**-0.5, mask), dtype, f"{seed_label} {case} {mask_kind}")
+    return spy
+
+
+@pytest.mark.parametrize("case", list(PREFILL_MMA_CASES))
+@pytest.mark.parametrize("mask_kind", MASKS)
+@pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
+def test_prefill_mma_tiles(kernel_backend, monkeypatch, case, mask_kind, dtype_name):
+    *shape, tiles = PREFILL_MMA_CASES[case]
+    monkeypatch.setattr(att, "PREFILL_MMA_TILES", tiles)
+    spy = _check_tile_prefill(monkeypatch, shape, mask_kind, dtype_name, "prefill mma", case)
     if kernel_backend != "reference":
         t = spy.templates[-1]
         assert spy.kernels == ["attention_prefill_mma"]
@@ -372,16 +380,9 @@ PREFILL_WG_CASES = {
 @pytest.mark.parametrize("tiles", [(4, 1, 64, 3), (8, 1, 64, 3), (4, 1, 64, 4)], ids=["wg1_st3", "wg2_st3", "wg1_st4"])
 def test_prefill_warpgroup(kernel_backend, monkeypatch, case, mask_kind, dtype_name, tiles):
     b, hq, hkv, lq, lk, d = PREFILL_WG_CASES[case]
-    dtype = DTYPES[dtype_name]
     monkeypatch.setattr(att, "PREFILL_MMA_WARPGROUP", True)
     monkeypatch.setattr(att, "PREFILL_WG_TILES", tiles)
-    monkeypatch.setenv("XLSTM_ATTENTION_PREFILL_MMA", "1")
-    seed = seed_of("prefill wg", case, mask_kind, dtype_name)
-    q, k, v = make_qkv(b, hq, hkv, lq, lk, d, d, dtype, seed)
-    mask = make_mask(mask_kind, b, hq, lq, lk, dtype, seed, layout="head")
-    spy = LaunchSpy(monkeypatch)
-    out = att.attention_prefill(q, k, v, scale=d**-0.5, mask=mask)
-    assert_close(out, np_attention(q, k, v, d**-0.5, mask), dtype, f"prefill warpgroup {case} {mask_kind}")
+    spy = _check_tile_prefill(monkeypatch, (b, hq, hkv, lq, lk, d, d), mask_kind, dtype_name, "prefill wg", case)
     if kernel_backend in ("emulate", "cuda"):
         t = spy.templates[-1]
         assert spy.kernels == ["attention_prefill_mma"]
