@@ -1,8 +1,9 @@
-// Shared by every kernel family (placed before each family's header section, see
-// xlstm_kernels/runtime/sources.py): warpgroup products, as gemm_simd (WG) and the tile
-// prefill (attention_prefill_mma, WG) use them.
+// Shared by the kernel families, as a named section: placed before a family's header
+// section only where the kernel's text (its body, its family's header and named sections)
+// names xk_tile_wg (xlstm_kernels/runtime/sources.py): warpgroup products, as gemm_simd (WG)
+// and the tile prefill (attention_prefill_mma, WG) use them.
 
-// @header
+// @header xk_tile_wg
 // ---- Warpgroup products ------------------------------------------------------------------
 // Four simdgroups (a warpgroup: simdgroups 4g .. 4g + 3) multiply 64 rows of the A tile by
 // the whole B tile together; simdgroup 4g + w owns rows 64g + 16w .. + 15 (FM = 2 fragment

@@ -457,6 +457,11 @@ inline void xk_attn_copy_rows(threadgroup T* dst, const device T* src, long ld, 
   }
 }
 
+// @header xk_prefill_copy_kv
+// The tile prefill's copies into swizzled tiles (attention_prefill_mma only: a named section,
+// so that the other kernels' texts carry neither these nor metal_src/_warpgroup.metal's
+// xk_tile_wg, which they call).
+
 // The element (r, c) of a swizzled tile: rows of LD elements (xk_tile_swz), or with WGR > 0
 // the warpgroup layout of a tile of WGR rows (xk_tile_wg: panels of 64 columns).
 template <int LD, int WGR>
@@ -1170,8 +1175,10 @@ for (int t = 0; t < kb_end; ++t) {
     xk_async_commit();
     // tile t + 1's scores, then tile t's O += P V (each warpgroup's 64 rows by the V tile's
     // 64 keys); wait for the scores only: P V runs on during the next tile's softmax. The
-    // last tile too computes "next" scores (from a stage it does not use): the same groups
-    // on every path, so that ptxas can tell which products a wait leaves running.
+    // last tile too computes "next" scores, from whatever its next stage holds (an old tile,
+    // or never-written memory), and never reads them: the same groups on every path, so that
+    // ptxas can tell which products a wait leaves running (a conditional product serialised
+    // every HGMMA, session 36).
     XK_ATTN_UNROLL
     for (int i = 0; i < NR; ++i) {
       XK_ATTN_UNROLL

@@ -371,6 +371,7 @@ PREFILL_WG_CASES = {
     "d128_gqa2": (1, 4, 2, 130, 150, 128),
     "d64_b2": (2, 2, 2, 70, 200, 64),
     "d128_one_block": (1, 2, 1, 64, 64, 128),
+    "d128_stages_reused": (1, 2, 1, 70, 300, 128),  # 5 key tiles: every stage refilled at ST 3 and 4
 }
 
 
@@ -410,6 +411,14 @@ def test_prefill_warpgroup_plan(monkeypatch):
     monkeypatch.setattr(att, "PREFILL_MMA_TILES", None)
     monkeypatch.setattr(att, "PREFILL_MMA_WARPGROUP", False)
     assert not att._prefill_wg(1024, 128, 128, h, "emulate")
+    assert att._prefill_wg_tiles(128, 128, "cuda") == att.PREFILL_WG_TILES
+    for bad in ((8, 1, 64, 2), (6, 1, 64, 3), (4, 2, 64, 3), (4, 1, 32, 3)):
+        monkeypatch.setattr(att, "PREFILL_WG_TILES", bad)
+        with pytest.raises(ValueError, match=r"PREFILL_WG_TILES=.*expected \(WM, 1, 64, ST\)"):
+            att._prefill_wg_tiles(128, 128, "cuda")
+    monkeypatch.setattr(att, "PREFILL_WG_TILES", (8, 1, 64, 6))  # 256 KiB at D = 128
+    with pytest.raises(ValueError, match=r"needs 262144 bytes of threadgroup memory"):
+        att._prefill_wg_tiles(128, 128, "cuda")
 
 
 @pytest.mark.parametrize("lq, lk", [(5, 300), (300, 40), (64, 64)])

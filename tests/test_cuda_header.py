@@ -116,6 +116,20 @@ def test_named_header_sections_only_where_called():
         kernel_body("norm", "@header xk_row_moments")
 
 
+def test_shared_named_sections_only_where_named():
+    """metal_src/_warpgroup.metal's section (``// @header xk_tile_wg``) goes before the headers
+    of the kernels whose text names xk_tile_wg: the GEMM family (its header calls it) and the
+    tile prefill (its named copy section does), not norms or the other attention kernels."""
+    wg = "inline int xk_tile_wg("
+    assert wg in family_header("gemm", "gemm_simd") and wg in family_header("gemm", "gemv")
+    hdr = family_header("attention", "attention_prefill_mma")
+    assert wg in hdr and hdr.index(wg) < hdr.index("inline int xk_attn_tile_at")
+    for family, kernel in (("norm", "rms_norm"), ("norm", "layer_norm_vjp"), ("attention", "attention_partial_mma"),
+                           ("attention", "attention_prefill"), ("rope", "rope")):
+        assert wg not in family_header(family, kernel), (family, kernel)
+    assert wg in family_header("norm")  # without a kernel: every section
+
+
 def _rms_launch(k, template_t=mx.float32):
     x = mx.array(np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32))
     k(inputs=[x, x[0], mx.array(1e-5), mx.array([4, 64, 1], dtype=mx.int32)], output_shapes=[(4, 64)],

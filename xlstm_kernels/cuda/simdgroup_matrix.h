@@ -579,7 +579,8 @@ inline void xk_async_commit() {}
 template <int G> inline void xk_async_wait() {}
 #endif
 
-// ---- Warpgroup products (metal_src/gemm.metal: gemm_simd with WG; portable form there) ---
+// ---- Warpgroup products (gemm_simd and attention_prefill_mma with WG; portable form in ---
+// ---- metal_src/_warpgroup.metal) ---------------------------------------------------------
 // Hopper's wgmma (sm_90a): each xk_wg_mma issues the BK / 16 products m64nBNk16 of one K
 // tile for the four warps of a warpgroup, reading both operands from shared memory through
 // descriptors (the 128-byte swizzle: exactly the tiles of xk_tile_wg, whose stage bases
@@ -588,12 +589,12 @@ template <int G> inline void xk_async_wait() {}
 // FN = BN / 8 fragments: the same lane layout as mma.sync, so the body's epilogue reads
 // them as before). A K-contiguous operand is K-major (A of gemm_av / gemm_a_bt, B of
 // gemm_a_bt: rows of 64 elements, 8-row groups 1024 bytes apart, a k-step of 16 is +32
-// bytes, and past 64 columns the next panel of the tile's rows); an MN-contiguous one MN-major (panels of 64 columns BK * 128 bytes apart, a
-// k-step is +2048 bytes). xk_wg_commit / xk_wg_wait<G>: wgmma.commit_group / wait_group G
+// bytes, and past 64 columns the next panel of the tile's rows); an MN-contiguous one
+// MN-major (panels of 64 columns BK * 128 bytes apart, a k-step is +2048 bytes). xk_wg_commit / xk_wg_wait<G>: wgmma.commit_group / wait_group G
 // (products of all but the last G commits done, their accumulators readable).
 // xk_wg_fence_copies: fence.proxy.async (this thread's finished cp.async writes visible to
 // wgmma, which reads through the async proxy), before the barrier that publishes a tile.
-// Without sm_90a (or for other shapes) the portable form of gemm.metal runs instead.
+// Without sm_90a (or for other shapes) the portable form of _warpgroup.metal runs instead.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define XK_WARPGROUP_MMA
 template <typename T, int BM, int BN, int BK, bool TRANS_A, bool TRANS_B> struct xk_wg_queue {};
@@ -806,7 +807,7 @@ inline void xk_wg_mma(xk_wg_queue<T, BM, BN, BK, TRANS_A, TRANS_B>&, simdgroup_m
     // (no register fence here: an instruction defining the accumulators before the commit
     // makes ptxas serialise the products, warning C7515)
   } else {
-    __trap();  // the host never picks WG for these (gemm.metal's portable form is not compiled here)
+    __trap();  // the host never picks WG for these (_warpgroup.metal's portable form is not compiled here)
   }
 }
 template <typename Q> inline void xk_wg_commit(Q&) { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }

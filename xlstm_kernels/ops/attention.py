@@ -595,13 +595,28 @@ def _use_prefill_mma(knob: bool | None, q, v, backend: str) -> bool:
     return want and _prefill_mma_plan(q.shape[2], q.shape[3], v.shape[3], q.dtype, backend) is not None
 
 
+def _prefill_wg_tiles(d: int, dv: int, backend: str) -> tuple[int, int, int, int]:
+    """PREFILL_WG_TILES, checked: (WM, RB, BK, ST) with WM 4 or 8, RB 1, BK 64, ST >= 3 (the
+    body's static_assert), within the backend's threadgroup memory (dynamic on cuda: 227 KiB
+    on sm_90; the emulator models that launch, so its 32 KiB does not apply)."""
+    wm, rb, bk, st = PREFILL_WG_TILES
+    if wm not in (4, 8) or rb != 1 or bk != 64 or st < 3:
+        raise ValueError(f"PREFILL_WG_TILES={PREFILL_WG_TILES}: expected (WM, 1, 64, ST) with WM 4 or 8 and ST >= 3")
+    need = _prefill_mma_bytes(wm, rb, bk, st, d, dv, wg=True)
+    budget = cuda_limits.shared_bytes_per_block()
+    if need > budget:
+        raise ValueError(f"PREFILL_WG_TILES={PREFILL_WG_TILES} with head dims ({d}, {dv}) needs {need} bytes of "
+                         f"threadgroup memory (> {budget} a block on {backend!r})")
+    return wm, rb, bk, st
+
+
 def _prefill_mma_launch(q, k, v, m: _Mask, scale: float, backend: str) -> tuple[KernelSpec, dict]:
     """(spec, launch kwargs) of the tile prefill: one threadgroup of WM simdgroups per
     (16 * RB * WM queries, query head, batch)."""
     b, hq, lq, d = q.shape
     hkv, lk, dv = k.shape[1], k.shape[2], v.shape[3]
     wg = _prefill_wg(lq, d, dv, q.dtype, backend, m.kind)
-    wm, rb, bk, st = PREFILL_WG_TILES if wg else _prefill_mma_plan(lq, d, dv, q.dtype, backend)
+    wm, rb, bk, st = _prefill_wg_tiles(d, dv, backend) if wg else _prefill_mma_plan(lq, d, dv, q.dtype, backend)
     bq = 16 * rb * wm
     mbuf = m.kernel_buffer()
     params = _params([hq, hkv, lq, 0, *m.strides, 0, 0])  # Lk: k_shape[2] (by value)

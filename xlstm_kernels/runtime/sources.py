@@ -10,8 +10,9 @@ A family file ``metal_src/<family>.metal`` holds named sections::
     ...
 
 Lines before the first marker are a comment block and are ignored. Files named
-``_<name>.metal`` are not families: their ``@header`` sections are appended to every
-family's header (helpers all kernels share, such as ``xk_frag_coord``).
+``_<name>.metal`` are not families: their ``@header`` sections are placed before every
+family's header (helpers all kernels share, such as ``xk_frag_coord``), their named
+sections (``// @header xk_tile_wg``) before the headers of the kernels whose text names them.
 """
 
 from __future__ import annotations
@@ -81,14 +82,27 @@ def family_header(family: str, kernel: str | None = None) -> str:
     for `kernel`, those whose name its body mentions; without one, all of them. Every JIT
     build reads a kernel's whole text (held under 16 KiB on CUDA), so helpers that only a
     few of a family's kernels call live in named sections."""
-    parts = []
-    if not family.startswith("_"):
-        parts += [family_sections(name).get("@header", "") for name in _shared_names()]
     sections = family_sections(family)
-    parts.append(sections.get("@header", ""))
     body = kernel_body(family, kernel) if kernel is not None else None
-    for key, text in sections.items():
+    own = [sections.get("@header", "")] + _named_sections(sections, body)
+    shared = []
+    if not family.startswith("_"):
+        # shared named sections: where the body, the family's header or its named sections
+        # included above name them (a family's header may call the shared helpers)
+        text = "\n".join([body or ""] + own)
+        for name in _shared_names():
+            parts = family_sections(name)
+            shared.append(parts.get("@header", ""))
+            shared += _named_sections(parts, text if body is not None else None)
+    return "\n".join(p for p in shared + own if p)
+
+
+def _named_sections(sections: dict[str, str], text: str | None) -> list[str]:
+    """The ``// @header <name>`` sections of `sections` whose name `text` mentions (all of
+    them where `text` is None), in file order."""
+    out = []
+    for key, section in sections.items():
         name = key[len("@header "):] if key.startswith("@header ") else None
-        if name and (body is None or re.search(rf"\b{re.escape(name)}\b", body)):
-            parts.append(text)
-    return "\n".join(p for p in parts if p)
+        if name and (text is None or re.search(rf"\b{re.escape(name)}\b", text)):
+            out.append(section)
+    return out
