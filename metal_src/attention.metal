@@ -828,18 +828,20 @@ for (int r = 0; r < RM; ++r) {
 // * Causal: tiles wholly right of the block's diagonal are skipped (unless some row of the
 //   block sees no key: then every tile runs, as in attention_prefill), tiles wholly left
 //   of it skip the per-key test; the last query block runs first (the most tiles).
-// * WG (warpgroup products; 2-byte T, D == DV of 64 or 128, WM == 4 or 8, RB == 1, BK == 64,
-//   ST >= 3, all checked by the host): each four simdgroups (64 query rows) multiply as one
-//   warpgroup (xk_wg_mma: CUDA's wgmma on sm_90a, operands read from threadgroup memory).
-//   Q, K and V tiles sit unpadded in the warpgroup layout (xk_tile_wg). Each lane writes its
-//   P elements (as T) into one of two BQ x BK tiles; after one barrier per key tile the
-//   products of tile t + 1's scores (S = Q K^T, per 64 head-dim columns) and of tile t's
-//   O += P V are issued together, and the softmax of tile t + 1 runs while P V is in
-//   flight (O is rescaled only after it is done). Tile t + 1 must be in before that
-//   barrier, so WG takes ST >= 3 stages. Same softmax, same masks.
+// * WG (warpgroup products; 2-byte T, D == DV of 64 or 128, WM == 4 or 8, RB == 1, BK == 64
+//   or 128, ST >= 3, all checked by the host): each four simdgroups (64 query rows) multiply
+//   as one warpgroup (CUDA's wgmma on sm_90a). Q, K and V tiles sit unpadded in the
+//   warpgroup layout (xk_tile_wg). S = Q K^T reads both operands from threadgroup memory
+//   (xk_wg_mma); O += P V takes P from the lanes' registers (xk_wg_mma_rs: the score
+//   accumulators' layout is the left operand's). After one barrier per key tile the
+//   products of tile t + 1's scores and of tile t's P V are issued together, and the
+//   softmax of tile t + 1 runs (exponentials in the score registers) while P V is in
+//   flight; then P V is waited for, O rescaled and the new P converted into the registers
+//   P V had read. Tile t + 1 must be in before that barrier, so WG takes ST >= 3 stages.
+//   Same softmax, same masks.
 // Threadgroup (32 * WM, 1, 1); grid (32 * WM * ceil(Lq / BQ), Hq, B). Threadgroup memory:
-// (BQ * (DP + P) + ST * BK * (DP + DVP + 2P)) elements, P = 16 bytes (0 when SW; WG: plus
-// 2 * BQ * BK for the P tiles); dynamic on CUDA.
+// (BQ * (DP + P) + ST * BK * (DP + DVP + 2P)) elements, P = 16 bytes (0 when SW); dynamic
+// on CUDA.
 // inputs: q, k, v (T); mask (MT); params (int64); scale (float).  outputs: o (T)
 // template: T, MT, D, DV, MASK, WM, RB, BK, ST, SWZ (1: swizzled tiles where SW allows), WG
 constexpr int DP = (D + 15) / 16 * 16;
@@ -861,17 +863,15 @@ constexpr int LDV = DVP + PAD;
 constexpr int Q_ELEMS = BQ * LDK;
 constexpr int K_TILE = BK * LDK;
 constexpr int STAGE = BK * (LDK + LDV);
-constexpr int P_TILE = BQ * BK;
-constexpr int P_ELEMS = WG ? 2 * P_TILE : 0;  // WG: two P tiles (tiles t and t + 1), after the stages
-constexpr int TG_WORDS = ((Q_ELEMS + ST * STAGE + P_ELEMS) * int(sizeof(T)) + 15) / 16;
+constexpr int TG_WORDS = ((Q_ELEMS + ST * STAGE) * int(sizeof(T)) + 15) / 16;
 constexpr int KR = BK / WM;  // K and V rows each simdgroup copies per tile
 constexpr int V16 = 16 / int(sizeof(T));
 constexpr int CWK = D % V16 == 0 ? V16 : (V16 > 4 && D % 4 == 0) ? 4 : D % 2 == 0 ? 2 : 1;  // copy runs
 constexpr int CWV = DV % V16 == 0 ? V16 : (V16 > 4 && DV % 4 == 0) ? 4 : DV % 2 == 0 ? 2 : 1;
 static_assert(BK % 16 == 0 && BK % WM == 0 && RB >= 1 && ST >= 1, "attention_prefill_mma: bad tile");
 static_assert(!WG || (sizeof(T) == 2 && D == DV && (D == 64 || D == 128) && (WM == 4 || WM == 8) && RB == 1 &&
-                      BK == 64 && ST >= 3),
-              "attention_prefill_mma: WG needs 2-byte T, D == DV of 64 or 128, WM 4 or 8, RB 1, BK 64, ST >= 3");
+                      (BK == 64 || BK == 128) && ST >= 3),
+              "attention_prefill_mma: WG needs 2-byte T, D == DV of 64 or 128, WM 4 or 8, RB 1, BK 64 or 128, ST >= 3");
 
 const long Hq = params[0], Hkv = params[1], Lq = params[2], Lk = long(k_shape[2]);
 const long off = Lk - Lq;
@@ -900,7 +900,6 @@ threadgroup vec<float, 4> xk_tiles[TG_WORDS];
 #endif
 threadgroup T* Qs = reinterpret_cast<threadgroup T*>(xk_tiles);
 threadgroup T* stages = Qs + Q_ELEMS;
-threadgroup T* Ps = stages + ST * STAGE;  // WG: the P tiles (BQ x BK each, warpgroup layout)
 const long r0 = q0 + long(sg) * (16 * RB);  // the simdgroup's first query row
 threadgroup T* Qw = Qs + int(sg) * (16 * RB) * LDK;
 
@@ -962,7 +961,7 @@ int fr, fc;
 xk_frag_coord(lane, fr, fc);
 // WG: the products in flight (the portable form records them; CUDA: empty)
 xk_wg_queue<T, BQ, BK, DP, false, true> wq_s;       // S = Q K^T over the whole head dim
-xk_wg_queue<T, BQ, DVP, BK, false, false> wq_o;     // O += P V
+xk_wg_queue_rs<T, DVP, BK> wq_o;                     // O += P V (P in registers)
 xk_wg_init(wq_s);
 xk_wg_init(wq_o);
 simdgroup_matrix<float, 8, 8> O[NR][TV];  // O (8-row block i, output-column block)
@@ -983,7 +982,11 @@ for (int i = 0; i < NR; ++i) {
 const float qscale = scale * XK_LOG2E;
 
 simdgroup_matrix<float, 8, 8> S[NR][TK];  // the scores of a tile (WG: tile t + 1's products land here)
-if (WG && kb_end > 0) {  // tile 0's scores, before the loop
+simdgroup_matrix<T, 8, 8> Pw[NR][TK];     // WG: tile t's P, read by its P V until the next tile's wait
+// tile 0's scores, before the loop; on every path (kb_end is never 0 where Lk > 0, and
+// unused scores of an empty stage are harmless): a product under a condition here made ptxas
+// serialise every product of the loop in the causal kernels (C7515)
+if (WG) {
   xk_async_wait<ST - 2>();  // this thread's copies of Q and tile 0 are done
   xk_wg_fence_copies();     // and visible to the warpgroup products
   threadgroup_barrier(mem_flags::mem_threadgroup);
@@ -1070,13 +1073,16 @@ for (int t = 0; t < kb_end; ++t) {
   }
 
   // Scores in the log2 domain; key limits and masks only on the tiles that need them (a
-  // uniform branch: the tiles inside every row's limits skip the per-key tests).
+  // uniform branch: the tiles inside every row's limits skip the per-key tests). They are
+  // worked on in sv, a copy: WG's score accumulators are written only unconditionally
+  // (ptxas serialised every product of a loop whose branch rewrote them, C7515).
+  vec<float, 2> sv[NR][TK];
   XK_ATTN_UNROLL
   for (int i = 0; i < NR; ++i) {
     XK_ATTN_UNROLL
     for (int j = 0; j < TK; ++j) {
       const vec<float, 2> s2 = xk_frag_get(S[i][j]);
-      xk_frag_set(S[i][j], s2[0] * qscale, s2[1] * qscale);
+      sv[i][j] = vec<float, 2>(s2[0] * qscale, s2[1] * qscale);
     }
   }
   if (k0 + BK > Lk || (MASK != 0 && !(MASK == 1 && k0 + BK - 1 <= q0 + off))) {
@@ -1090,7 +1096,7 @@ for (int t = 0; t < kb_end; ++t) {
       const int cvis = int(metal::min(metal::max(qrow + off - k0, long(-1)), long(BK)));
       XK_ATTN_UNROLL
       for (int j = 0; j < TK; ++j) {
-        vec<float, 2> s2 = xk_frag_get(S[i][j]);
+        vec<float, 2> s2 = sv[i][j];
         XK_ATTN_UNROLL
         for (int e = 0; e < 2; ++e) {
           const int c = j * 8 + fc + e;
@@ -1102,7 +1108,7 @@ for (int t = 0; t < kb_end; ++t) {
             s2[e] = xk_attn_mask<MT, MASK>(s2[e], qrow, k0 + c, off, mask, mrow, msk);
           }
         }
-        xk_frag_set(S[i][j], s2[0], s2[1]);
+        sv[i][j] = s2;
       }
     }
   }
@@ -1116,8 +1122,7 @@ for (int t = 0; t < kb_end; ++t) {
     float rmax = -INFINITY;
     XK_ATTN_UNROLL
     for (int j = 0; j < TK; ++j) {
-      const vec<float, 2> s2 = xk_frag_get(S[i][j]);
-      rmax = metal::max(rmax, metal::max(s2[0], s2[1]));
+      rmax = metal::max(rmax, metal::max(sv[i][j][0], sv[i][j][1]));
     }
     const float m_new = metal::max(m_i[i], xk_frag_row_max(rmax));
     const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // all -inf so far: keep exp2 finite
@@ -1127,14 +1132,11 @@ for (int t = 0; t < kb_end; ++t) {
     float rsum = 0.0f;
     XK_ATTN_UNROLL
     for (int j = 0; j < TK; ++j) {
-      const vec<float, 2> s2 = xk_frag_get(S[i][j]);
-      const float p0 = metal::fast::exp2(s2[0] - m_use);
-      const float p1 = metal::fast::exp2(s2[1] - m_use);
+      const float p0 = metal::fast::exp2(sv[i][j][0] - m_use);
+      const float p1 = metal::fast::exp2(sv[i][j][1] - m_use);
       rsum += p0 + p1;
-      if (WG) {  // into the P tile: row 16 sg + 8 i + fr, keys 8 j + fc and + 1
-        threadgroup T* pp = Ps + (t & 1) * P_TILE + xk_tile_wg(int(sg) * 16 + 8 * i + fr, 8 * j + fc, BQ);
-        pp[0] = T(p0);
-        pp[1] = T(p1);
+      if (WG) {  // kept in sv: Pw still holds tile t - 1's P, which P V may be reading
+        sv[i][j] = vec<float, 2>(p0, p1);
       } else {
         xk_frag_set_a(P[i][j], p0, p1);
       }
@@ -1142,7 +1144,14 @@ for (int t = 0; t < kb_end; ++t) {
     l_i[i] = l_i[i] * fac[i] + rsum;
   }
   if (WG) {
-    xk_wg_wait<0>(wq_o, &O[0][0], fr, fc);  // tile t - 1's O += P V is done: O may be rescaled
+    xk_wg_wait<0>(wq_o, &O[0][0], fr, fc);  // tile t - 1's O += P V is done: O may be rescaled, Pw rewritten
+    XK_ATTN_UNROLL
+    for (int i = 0; i < NR; ++i) {
+      XK_ATTN_UNROLL
+      for (int j = 0; j < TK; ++j) {
+        xk_frag_set_a(Pw[i][j], sv[i][j][0], sv[i][j][1]);
+      }
+    }
   }
   if (simd_any(moved)) {
     XK_ATTN_UNROLL
@@ -1156,9 +1165,8 @@ for (int t = 0; t < kb_end; ++t) {
   }
 
   if (WG) {
-    // One barrier: tile t's P complete (every lane's stores, visible to the products), tile
-    // t + 1 in, and every simdgroup past tile t - 1's products, so that tile t - 1's stage
-    // takes tile t + ST - 1 now.
+    // One barrier: tile t + 1 in, and every simdgroup past tile t - 1's products, so that
+    // tile t - 1's stage takes tile t + ST - 1 now.
     xk_async_wait<ST - 3>();  // this thread's copies of tile t + 1 are done
     xk_wg_fence_copies();
     threadgroup_barrier(mem_flags::mem_threadgroup);
@@ -1174,7 +1182,7 @@ for (int t = 0; t < kb_end; ++t) {
     }
     xk_async_commit();
     // tile t + 1's scores, then tile t's O += P V (each warpgroup's 64 rows by the V tile's
-    // 64 keys); wait for the scores only: P V runs on during the next tile's softmax. The
+    // BK keys); wait for the scores only: P V runs on during the next tile's softmax. The
     // last tile too computes "next" scores, from whatever its next stage holds (an old tile,
     // or never-written memory), and never reads them: the same groups on every path, so that
     // ptxas can tell which products a wait leaves running (a conditional product serialised
@@ -1186,9 +1194,11 @@ for (int t = 0; t < kb_end; ++t) {
         S[i][j] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
       }
     }
-    xk_wg_mma(wq_s, &S[0][0], Qs, stages + sc * STAGE, int(sg) * 16);
+    // (no alignment check: tile 0's product checked the same bases, and a trap here made
+    // ptxas serialise every product, C7520)
+    xk_wg_mma(wq_s, &S[0][0], Qs, stages + sc * STAGE, int(sg) * 16, false);
     xk_wg_commit(wq_s);
-    xk_wg_mma(wq_o, &O[0][0], Ps + (t & 1) * P_TILE, Vs, int(sg) * 16);
+    xk_wg_mma_rs(wq_o, &O[0][0], &Pw[0][0], Vs);
     xk_wg_commit(wq_o);
     xk_wg_wait_queue<1>(wq_s, &S[0][0], fr, fc);  // the scores; P V (the last group) may run on
   } else {

@@ -7,7 +7,8 @@ against MLX's output.
 Variants: "auto" (the shipped plan), "noswz" (the plan with padded, unswizzled tiles:
 ops.attention.PREFILL_MMA_SWIZZLE off), "WMxRBxBKxST" (ops.attention.PREFILL_MMA_TILES), and
 "simd8" (attention_prefill, knob prefill_mma off), "wg" (warpgroup products:
-ops.attention.PREFILL_MMA_WARPGROUP on) and "wg<WM>x<ST>" (with PREFILL_WG_TILES (WM, 1, 64, ST)).
+ops.attention.PREFILL_MMA_WARPGROUP on) and "wg<WM>x<ST>[x<BK>]" (with PREFILL_WG_TILES (WM, 1, BK, ST),
+BK 64 when left out).
 Run: python3 scripts/probe_prefill.py --out $OUT/prefill.json [--budget S] [--tiny]
 Variables: PROBE_PREFILL_TILES="4x2x64x2 4x1x64x2 ..." replaces the tile variants;
 PROBE_PREFILL_SHAPES="1x32x32x1024x1024x64 ..." (B x Hq x Hkv x Lq x Lk x D) the shapes;
@@ -80,6 +81,14 @@ def variant(name):
     return tuple(int(x) for x in name.split("x")), None
 
 
+def wg_tiles(name):
+    """PREFILL_WG_TILES of a "wg<WM>x<ST>[x<BK>]" variant (BK 64 when left out); WG_TILES for "wg"."""
+    if not (name.startswith("wg") and "x" in name):
+        return WG_TILES
+    wm, st, *bk = (int(x) for x in name[2:].split("x"))
+    return wm, 1, bk[0] if bk else 64, st
+
+
 rows = []
 print(f"{'shape':26s} {'mask':6s} {'dt':5s} {'variant':>10s} {'us':>9s} {'TFLOP/s':>8s} {'mlx us':>9s} {'ratio':>6s} {'err':>9s}")
 stop = False
@@ -112,8 +121,7 @@ for (b, hq, hkv, lq, lk, d) in SHAPES:
                 A.PREFILL_MMA_TILES = tiles
                 A.PREFILL_MMA_SWIZZLE = vname != "noswz"
                 A.PREFILL_MMA_WARPGROUP = vname.startswith("wg")
-                A.PREFILL_WG_TILES = ((int(vname[2:].split("x")[0]), 1, 64, int(vname.split("x")[1]))
-                                      if vname.startswith("wg") and "x" in vname else WG_TILES)
+                A.PREFILL_WG_TILES = wg_tiles(vname)
                 A._CALLS.clear()
                 f = lambda: xk.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask, knobs=knobs)  # noqa: E731
                 row = dict(shape=name, mask=str(mask), dtype=dts, variant=vname, mlx_us=tm,

@@ -372,13 +372,15 @@ PREFILL_WG_CASES = {
     "d64_b2": (2, 2, 2, 70, 200, 64),
     "d128_one_block": (1, 2, 1, 64, 64, 128),
     "d128_stages_reused": (1, 2, 1, 70, 300, 128),  # 5 key tiles: every stage refilled at ST 3 and 4
+    "d128_rows_without_keys": (1, 2, 1, 200, 70, 128),  # Lq > Lk: causal rows that see no key
 }
 
 
 @pytest.mark.parametrize("case", list(PREFILL_WG_CASES))
 @pytest.mark.parametrize("mask_kind", MASKS)
 @pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
-@pytest.mark.parametrize("tiles", [(4, 1, 64, 3), (8, 1, 64, 3), (4, 1, 64, 4)], ids=["wg1_st3", "wg2_st3", "wg1_st4"])
+@pytest.mark.parametrize("tiles", [(4, 1, 64, 3), (8, 1, 64, 3), (4, 1, 64, 4), (8, 1, 128, 3)],
+                         ids=["wg1_st3", "wg2_st3", "wg1_st4", "wg2_bk128"])
 def test_prefill_warpgroup(kernel_backend, monkeypatch, case, mask_kind, dtype_name, tiles):
     b, hq, hkv, lq, lk, d = PREFILL_WG_CASES[case]
     monkeypatch.setattr(att, "PREFILL_MMA_WARPGROUP", True)
@@ -399,24 +401,25 @@ def test_prefill_warpgroup_plan(monkeypatch):
     assert not att._prefill_wg(1024, 96, 96, h, "emulate") and not att._prefill_wg(1024, 64, 128, h, "emulate")
     assert not att._prefill_wg(1024, 128, 128, mx.float32, "emulate")
     assert not att._prefill_wg(1024, 128, 128, h, "metal")
-    monkeypatch.setattr(att, "PREFILL_MMA_WARPGROUP", None)  # the default: unmasked, D == 128
+    monkeypatch.setattr(att, "PREFILL_MMA_WARPGROUP", None)  # the default: unmasked or causal, D == 128
     assert att._prefill_wg(1024, 128, 128, h, "emulate")
     assert att._prefill_wg(1024, 128, 128, h, "cuda") == (att.cuda_limits.architecture() == "sm_90")
-    assert not att._prefill_wg(1024, 128, 128, h, "emulate", att._MASK_CAUSAL)
+    assert att._prefill_wg(1024, 128, 128, h, "emulate", att._MASK_CAUSAL)
+    assert not att._prefill_wg(1024, 128, 128, h, "emulate", att._MASK_BOOL)
     assert not att._prefill_wg(1024, 64, 64, h, "emulate")
     monkeypatch.setattr(att, "PREFILL_MMA_WARPGROUP", True)
-    assert att._prefill_mma_bytes(4, 1, 64, 3, 128, 128, wg=True) == (64 * 128 + 3 * 64 * 256 + 2 * 64 * 64) * 2
+    assert att._prefill_mma_bytes(4, 1, 64, 3, 128, 128, wg=True) == (64 * 128 + 3 * 64 * 256) * 2  # P: registers
     monkeypatch.setattr(att, "PREFILL_MMA_TILES", (4, 1, 16, 1))
     assert not att._prefill_wg(1024, 128, 128, h, "emulate")  # explicit tiles win
     monkeypatch.setattr(att, "PREFILL_MMA_TILES", None)
     monkeypatch.setattr(att, "PREFILL_MMA_WARPGROUP", False)
     assert not att._prefill_wg(1024, 128, 128, h, "emulate")
     assert att._prefill_wg_tiles(128, 128, "cuda") == att.PREFILL_WG_TILES
-    for bad in ((8, 1, 64, 2), (6, 1, 64, 3), (4, 2, 64, 3), (4, 1, 32, 3)):
+    for bad in ((8, 1, 64, 2), (6, 1, 64, 3), (4, 2, 64, 3), (4, 1, 32, 3), (8, 1, 96, 3)):
         monkeypatch.setattr(att, "PREFILL_WG_TILES", bad)
-        with pytest.raises(ValueError, match=r"PREFILL_WG_TILES=.*expected \(WM, 1, 64, ST\)"):
+        with pytest.raises(ValueError, match=r"PREFILL_WG_TILES=.*expected \(WM, 1, BK, ST\)"):
             att._prefill_wg_tiles(128, 128, "cuda")
-    monkeypatch.setattr(att, "PREFILL_WG_TILES", (8, 1, 64, 6))  # 256 KiB at D = 128
+    monkeypatch.setattr(att, "PREFILL_WG_TILES", (8, 1, 64, 7))  # 256 KiB at D = 128
     with pytest.raises(ValueError, match=r"needs 262144 bytes of threadgroup memory"):
         att._prefill_wg_tiles(128, 128, "cuda")
 

@@ -775,14 +775,104 @@ template <class T, int TA, int TB> inline void wgmma_n256(simdgroup_matrix<float
   }
 }
 
+// m64n64k16 with A in registers (a: the warp's 16 x 16 fragment, mma.sync's A layout),
+// B MN-major from shared memory (imm-trans-b 1).
+template <class T> inline void wgmma_rs_n64(simdgroup_matrix<float, 8, 8>* c, const unsigned* a,
+                                              unsigned long long db) {
+  if constexpr (same<T, ::__nv_bfloat16>::v) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+                 "{%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+                 : XK_WG_D4(0, 8),
+                   XK_WG_D4(1, 8),
+                   XK_WG_D4(2, 8),
+                   XK_WG_D4(3, 8),
+                   XK_WG_D4(4, 8),
+                   XK_WG_D4(5, 8),
+                   XK_WG_D4(6, 8),
+                   XK_WG_D4(7, 8)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+  } else {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+                 "{%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+                 : XK_WG_D4(0, 8),
+                   XK_WG_D4(1, 8),
+                   XK_WG_D4(2, 8),
+                   XK_WG_D4(3, 8),
+                   XK_WG_D4(4, 8),
+                   XK_WG_D4(5, 8),
+                   XK_WG_D4(6, 8),
+                   XK_WG_D4(7, 8)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+  }
+}
+
+// m64n128k16 with A in registers (a: the warp's 16 x 16 fragment, mma.sync's A layout),
+// B MN-major from shared memory (imm-trans-b 1).
+template <class T> inline void wgmma_rs_n128(simdgroup_matrix<float, 8, 8>* c, const unsigned* a,
+                                              unsigned long long db) {
+  if constexpr (same<T, ::__nv_bfloat16>::v) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+                 "{%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+                 : XK_WG_D4(0, 16),
+                   XK_WG_D4(1, 16),
+                   XK_WG_D4(2, 16),
+                   XK_WG_D4(3, 16),
+                   XK_WG_D4(4, 16),
+                   XK_WG_D4(5, 16),
+                   XK_WG_D4(6, 16),
+                   XK_WG_D4(7, 16),
+                   XK_WG_D4(8, 16),
+                   XK_WG_D4(9, 16),
+                   XK_WG_D4(10, 16),
+                   XK_WG_D4(11, 16),
+                   XK_WG_D4(12, 16),
+                   XK_WG_D4(13, 16),
+                   XK_WG_D4(14, 16),
+                   XK_WG_D4(15, 16)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+  } else {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+                 "{%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+                 : XK_WG_D4(0, 16),
+                   XK_WG_D4(1, 16),
+                   XK_WG_D4(2, 16),
+                   XK_WG_D4(3, 16),
+                   XK_WG_D4(4, 16),
+                   XK_WG_D4(5, 16),
+                   XK_WG_D4(6, 16),
+                   XK_WG_D4(7, 16),
+                   XK_WG_D4(8, 16),
+                   XK_WG_D4(9, 16),
+                   XK_WG_D4(10, 16),
+                   XK_WG_D4(11, 16),
+                   XK_WG_D4(12, 16),
+                   XK_WG_D4(13, 16),
+                   XK_WG_D4(14, 16),
+                   XK_WG_D4(15, 16)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+  }
+}
+
 #undef XK_WG_D4
 }  // namespace msl_detail
 template <typename T, int BM, int BN, int BK, bool TRANS_A, bool TRANS_B>
 inline void xk_wg_mma(xk_wg_queue<T, BM, BN, BK, TRANS_A, TRANS_B>&, simdgroup_matrix<float, 8, 8>* acc, const T* ta,
-                      const T* tb, int ra) {
+                      const T* tb, int ra, bool check_aligned = true) {
   if constexpr (sizeof(T) == 2 && BK % 16 == 0 && (BN == 64 || BN == 128 || BN == 256)) {
     const unsigned sa = unsigned(__cvta_generic_to_shared(ta)), sb = unsigned(__cvta_generic_to_shared(tb));
-    if (((sa | sb) & 1023u) != 0) __trap();  // the swizzle is anchored at 1024-byte boundaries
+    // the swizzle is anchored at 1024-byte boundaries (check_aligned false: the caller checked
+    // the same bases before; a trap among the products of a loop that also issues
+    // xk_wg_mma_rs made ptxas serialise every product, C7520 "compiler-inserted WG.AR in
+    // divergent path")
+    if (check_aligned && ((sa | sb) & 1023u) != 0) __trap();
     const unsigned a0 = sa + unsigned(TRANS_A ? (ra >> 6) * BK * 128 : (ra & ~63) * 128);
     // a k-step of 16: MN-major +16 rows of 128 bytes; K-major +32 bytes within a panel of 64
     // columns, the next panel (BK > 64) rows * 128 bytes on (xk_tile_wg)
@@ -825,6 +915,49 @@ inline void xk_wg_wait_queue(xk_wg_queue<T, BM, BN, BK, TRANS_A, TRANS_B>&, simd
   msl_detail::wg_fence_acc<BN / 8>(acc);
 }
 inline void xk_wg_fence_copies() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+// xk_wg_mma_rs (A in registers: each warp's 16 rows as its fragments pa[i * BK / 8 + j], B
+// MN-major from the stage tile; _warpgroup.metal has the portable form): BK / 16 products m64nBNk16, k-step kk taking fragments (0, 2kk),
+// (1, 2kk), (0, 2kk + 1), (1, 2kk + 1) as a0 .. a3. The fragments' registers must stay
+// unchanged until the wait (ptxas keeps them).
+template <typename T, int BN, int BK> struct xk_wg_queue_rs {};
+template <typename T, int BN, int BK>
+inline void xk_wg_mma_rs(xk_wg_queue_rs<T, BN, BK>&, simdgroup_matrix<float, 8, 8>* acc,
+                         const simdgroup_matrix<T, 8, 8>* pa, const T* tb) {
+  if constexpr (sizeof(T) == 2 && BK % 16 == 0 && (BN == 64 || BN == 128)) {
+    constexpr int FK = BK / 8;
+    // (no alignment trap here: see xk_wg_mma's check_aligned; the callers' B tiles share
+    // their stage base with a checked xk_wg_mma operand)
+    const unsigned sb = unsigned(__cvta_generic_to_shared(tb));
+    unsigned a[BK / 16][4];  // every k-step's A registers, in place before the fence
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; ++kk) {
+      a[kk][0] = *reinterpret_cast<const unsigned*>(&pa[2 * kk].elements_);
+      a[kk][1] = *reinterpret_cast<const unsigned*>(&pa[FK + 2 * kk].elements_);
+      a[kk][2] = *reinterpret_cast<const unsigned*>(&pa[2 * kk + 1].elements_);
+      a[kk][3] = *reinterpret_cast<const unsigned*>(&pa[FK + 2 * kk + 1].elements_);
+      asm volatile("" : "+r"(a[kk][0]), "+r"(a[kk][1]), "+r"(a[kk][2]), "+r"(a[kk][3])::"memory");
+    }
+    // a k-step of 16: +16 rows of 128 bytes (MN-major; panels of 64 columns BK * 128 bytes apart)
+    msl_detail::wg_fence_acc<BN / 8>(acc);
+    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; ++kk) {
+      const unsigned long long db = msl_detail::wg_desc(sb + unsigned(kk) * 2048u, unsigned(BK) * 128u, 1024u);
+      if constexpr (BN == 64) {
+        msl_detail::wgmma_rs_n64<T>(acc, a[kk], db);
+      } else {
+        msl_detail::wgmma_rs_n128<T>(acc, a[kk], db);
+      }
+    }
+  } else {
+    __trap();  // the host never picks WG for these
+  }
+}
+template <int G, typename T, int BN, int BK>
+inline void xk_wg_wait(xk_wg_queue_rs<T, BN, BK>&, simdgroup_matrix<float, 8, 8>* acc, int, int) {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(G < 0 ? 0 : G) : "memory");
+  msl_detail::wg_fence_acc<BN / 8>(acc);
+}
 #endif
 
 // ---- metal_src/attention.metal's split-KV tile helper (portable form there) -------------

@@ -513,25 +513,26 @@ PREFILL_MMA_SWIZZLE = True
 PREFILL_MMA_TILES: tuple[int, int, int, int] | None = None
 #: Warpgroup products in the tile prefill (template WG: CUDA's wgmma on sm_90, the portable
 #: form of metal_src/_warpgroup.metal on the emulator), with PREFILL_WG_TILES and the Q, K,
-#: V and P tiles in the warpgroup layout (see :func:`_prefill_wg`). None (default): the calls
-#: where the H100 measured it faster than the mma.sync tiles, unmasked ones with D == DV ==
-#: 128 (session 36, probe-prefill-wg-cuda-h100-session36.txt: 1.04-1.17x; causal and D = 64
-#: were slower or mixed); True: every call it can run (float16 / bfloat16, D == DV of 64 or
-#: 128, at least 64 queries; tests, probes); False: none. Never with PREFILL_MMA_TILES.
+#: V tiles in the warpgroup layout and P in registers (see :func:`_prefill_wg`). None
+#: (default): the calls where the H100 measured it faster than the mma.sync tiles, unmasked
+#: and causal ones with D == DV == 128 (session 37, probe-prefill-wg-cuda-h100-session37.txt:
+#: 1.07-1.21x; D = 64 was mixed, other masks not measured); True: every call it can run
+#: (float16 / bfloat16, D == DV of 64 or 128, at least 64 queries; tests, probes); False:
+#: none. Never with PREFILL_MMA_TILES.
 PREFILL_MMA_WARPGROUP: bool | None = None
 #: (WM, RB, BK, ST) of the warpgroup prefill: WM 4 (one warpgroup, 64 query rows) or 8 (two,
-#: 128 rows sharing each K / V tile), 64-key tiles, ST >= 3 stages (tile t + 1 is in while
-#: tile t's P V runs).
-PREFILL_WG_TILES = (8, 1, 64, 3)
+#: 128 rows sharing each K / V tile), 64- or 128-key tiles, ST >= 3 stages (tile t + 1 is in
+#: while tile t's P V runs). (4, 1, 64, 3): 112 KiB at D = 128, two threadgroups an SM,
+#: which run out of step (the fastest on the H100, session 37).
+PREFILL_WG_TILES = (4, 1, 64, 3)
 
 
 def _prefill_mma_bytes(wm: int, rb: int, bk: int, st: int, d: int, dv: int, wg: bool = False) -> int:
     """Threadgroup bytes of ``attention_prefill_mma`` (2-byte dtypes): Q (BQ rows) and ST
     stages of BK K and V rows, head dims padded to multiples of 16 plus 16 bytes per row;
-    with warpgroup products (`wg`) unpadded, plus two BQ x BK tiles of P."""
+    with warpgroup products (`wg`) unpadded (P stays in registers)."""
     if wg:
-        bq = 16 * rb * wm
-        return (bq * d + st * bk * (d + dv) + 2 * bq * bk) * 2
+        return (16 * rb * wm * d + st * bk * (d + dv)) * 2
     ldk, ldv = -(-d // 16) * 16 + 8, -(-dv // 16) * 16 + 8
     return (16 * rb * wm * ldk + st * bk * (ldk + ldv)) * 2
 
@@ -542,14 +543,14 @@ def _prefill_wg(lq: int, d: int, dv: int, dtype: mx.Dtype, backend: str, mask_ki
     64 or 128, there are at least 64 queries (one warpgroup's rows), and the backend is cuda
     on sm_90 (wgmma; other GPUs would run the portable form) or the emulator (its portable
     form, with the launch's dynamic threadgroup memory, as on CUDA). Then PREFILL_MMA_WARPGROUP
-    decides: None, unmasked calls with D == 128 only; True, all; False, none."""
+    decides: None, unmasked and causal calls with D == 128 only; True, all; False, none."""
     if PREFILL_MMA_WARPGROUP is False or PREFILL_MMA_TILES is not None:
         return False
     if dtype not in (mx.float16, mx.bfloat16) or d != dv or d not in (64, 128) or lq < 64:
         return False
     if not (backend == "emulate" or (backend == "cuda" and cuda_limits.architecture() == "sm_90")):
         return False
-    return True if PREFILL_MMA_WARPGROUP else (d == 128 and mask_kind == _MASK_NONE)
+    return True if PREFILL_MMA_WARPGROUP else (d == 128 and mask_kind in (_MASK_NONE, _MASK_CAUSAL))
 
 
 def _prefill_mma_plan(lq: int, d: int, dv: int, dtype: mx.Dtype, backend: str) -> tuple[int, int, int, int] | None:
@@ -596,12 +597,13 @@ def _use_prefill_mma(knob: bool | None, q, v, backend: str) -> bool:
 
 
 def _prefill_wg_tiles(d: int, dv: int, backend: str) -> tuple[int, int, int, int]:
-    """PREFILL_WG_TILES, checked: (WM, RB, BK, ST) with WM 4 or 8, RB 1, BK 64, ST >= 3 (the
+    """PREFILL_WG_TILES, checked: (WM, RB, BK, ST) with WM 4 or 8, RB 1, BK 64 or 128, ST >= 3 (the
     body's static_assert), within the backend's threadgroup memory (dynamic on cuda: 227 KiB
     on sm_90; the emulator models that launch, so its 32 KiB does not apply)."""
     wm, rb, bk, st = PREFILL_WG_TILES
-    if wm not in (4, 8) or rb != 1 or bk != 64 or st < 3:
-        raise ValueError(f"PREFILL_WG_TILES={PREFILL_WG_TILES}: expected (WM, 1, 64, ST) with WM 4 or 8 and ST >= 3")
+    if wm not in (4, 8) or rb != 1 or bk not in (64, 128) or st < 3:
+        raise ValueError(f"PREFILL_WG_TILES={PREFILL_WG_TILES}: expected (WM, 1, BK, ST) with WM 4 or 8, BK 64 or 128 "
+                         f"and ST >= 3")
     need = _prefill_mma_bytes(wm, rb, bk, st, d, dv, wg=True)
     budget = cuda_limits.shared_bytes_per_block()
     if need > budget:
