@@ -878,14 +878,17 @@ inline void xk_wg_mma(xk_wg_queue<T, BM, BN, BK, TRANS_A, TRANS_B>&, simdgroup_m
     // columns, the next panel (BK > 64) rows * 128 bytes on (xk_tile_wg)
     constexpr unsigned A_LBO = TRANS_A ? unsigned(BK) * 128u : 16u, B_LBO = TRANS_B ? 16u : unsigned(BK) * 128u;
     constexpr unsigned A_PANEL = unsigned(BM) * 128u, B_PANEL = unsigned(BN) * 128u;
+    const unsigned long long da0 = msl_detail::wg_desc(a0, A_LBO, 1024u), db0 = msl_detail::wg_desc(sb, B_LBO, 1024u);
     msl_detail::wg_fence_acc<BN / 8>(acc);
     asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
     for (int kk = 0; kk < BK / 16; ++kk) {
       const unsigned ka = TRANS_A ? unsigned(kk) * 2048u : unsigned(kk >> 2) * A_PANEL + unsigned(kk & 3) * 32u;
       const unsigned kb = TRANS_B ? unsigned(kk >> 2) * B_PANEL + unsigned(kk & 3) * 32u : unsigned(kk) * 2048u;
-      const unsigned long long da = msl_detail::wg_desc(a0 + ka, A_LBO, 1024u);
-      const unsigned long long db = msl_detail::wg_desc(sb + kb, B_LBO, 1024u);
+      // a k-step's descriptor: the tile's plus its byte offset / 16 (the address field's 14
+      // bits hold every shared address, so the sum never carries out of it)
+      const unsigned long long da = da0 + (ka >> 4);
+      const unsigned long long db = db0 + (kb >> 4);
       if constexpr (BN == 64) {
         msl_detail::wgmma_n64<T, TRANS_A ? 1 : 0, TRANS_B ? 0 : 1>(acc, da, db);
       } else if constexpr (BN == 128) {
@@ -937,12 +940,14 @@ inline void xk_wg_mma_rs(xk_wg_queue_rs<T, BN, BK>&, simdgroup_matrix<float, 8, 
       a[kk][3] = *reinterpret_cast<const unsigned*>(&pa[FK + 2 * kk + 1].elements_);
       asm volatile("" : "+r"(a[kk][0]), "+r"(a[kk][1]), "+r"(a[kk][2]), "+r"(a[kk][3])::"memory");
     }
-    // a k-step of 16: +16 rows of 128 bytes (MN-major; panels of 64 columns BK * 128 bytes apart)
+    // a k-step of 16: +16 rows of 128 bytes (MN-major; panels of 64 columns BK * 128 bytes
+    // apart), +2048 / 16 in the descriptor (see xk_wg_mma)
+    const unsigned long long db0 = msl_detail::wg_desc(sb, unsigned(BK) * 128u, 1024u);
     msl_detail::wg_fence_acc<BN / 8>(acc);
     asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
     for (int kk = 0; kk < BK / 16; ++kk) {
-      const unsigned long long db = msl_detail::wg_desc(sb + unsigned(kk) * 2048u, unsigned(BK) * 128u, 1024u);
+      const unsigned long long db = db0 + unsigned(kk) * (2048u >> 4);
       if constexpr (BN == 64) {
         msl_detail::wgmma_rs_n64<T>(acc, a[kk], db);
       } else {
