@@ -612,255 +612,71 @@ template <int FN> inline void wg_fence_acc(simdgroup_matrix<float, 8, 8>* c) {
 }
 #define XK_WG_D4(j, FN) "+f"(c[j].elements_[0]), "+f"(c[j].elements_[1]), "+f"(c[FN + j].elements_[0]), \
                         "+f"(c[FN + j].elements_[1])
+// The accumulator operands of one m64nN product (N / 2 floats a lane: fragment j and FN + j of
+// each 8-column block j), and the instruction's text for element type TY ("bf16" / "f16"): SS
+// (both operands from shared memory: descriptors, then the transpose immediates TA, TB) or RS
+// (A in 4 registers, B MN-major). One `asm` each, bfloat16 or half by T (XK_WG_ASM).
+#define XK_WG_ACC_64 XK_WG_D4(0, 8), XK_WG_D4(1, 8), XK_WG_D4(2, 8), XK_WG_D4(3, 8), XK_WG_D4(4, 8), XK_WG_D4(5, 8), XK_WG_D4(6, 8), XK_WG_D4(7, 8)
+#define XK_WG_ACC_128 XK_WG_D4(0, 16), XK_WG_D4(1, 16), XK_WG_D4(2, 16), XK_WG_D4(3, 16), XK_WG_D4(4, 16), XK_WG_D4(5, 16), XK_WG_D4(6, 16), XK_WG_D4(7, 16), XK_WG_D4(8, 16), XK_WG_D4(9, 16), XK_WG_D4(10, 16), XK_WG_D4(11, 16), XK_WG_D4(12, 16), XK_WG_D4(13, 16), XK_WG_D4(14, 16), XK_WG_D4(15, 16)
+#define XK_WG_ACC_256 XK_WG_D4(0, 32), XK_WG_D4(1, 32), XK_WG_D4(2, 32), XK_WG_D4(3, 32), XK_WG_D4(4, 32), XK_WG_D4(5, 32), XK_WG_D4(6, 32), XK_WG_D4(7, 32), XK_WG_D4(8, 32), XK_WG_D4(9, 32), XK_WG_D4(10, 32), XK_WG_D4(11, 32), XK_WG_D4(12, 32), XK_WG_D4(13, 32), XK_WG_D4(14, 32), XK_WG_D4(15, 32), XK_WG_D4(16, 32), XK_WG_D4(17, 32), XK_WG_D4(18, 32), XK_WG_D4(19, 32), XK_WG_D4(20, 32), XK_WG_D4(21, 32), XK_WG_D4(22, 32), XK_WG_D4(23, 32), XK_WG_D4(24, 32), XK_WG_D4(25, 32), XK_WG_D4(26, 32), XK_WG_D4(27, 32), XK_WG_D4(28, 32), XK_WG_D4(29, 32), XK_WG_D4(30, 32), XK_WG_D4(31, 32)
+#define XK_WG_SS_64(TY) "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n" \
+  "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " " \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, " \
+  "%32, %33, p, 1, 1, %35, %36;\n}\n"
+#define XK_WG_SS_128(TY) "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n" \
+  "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " " \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, " \
+  "%64, %65, p, 1, 1, %67, %68;\n}\n"
+#define XK_WG_SS_256(TY) "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n" \
+  "wgmma.mma_async.sync.aligned.m64n256k16.f32." TY "." TY " " \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, " \
+  "%128, %129, p, 1, 1, %131, %132;\n}\n"
+#define XK_WG_RS_64(TY) "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n" \
+  "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " " \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, " \
+  "{%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+#define XK_WG_RS_128(TY) "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n" \
+  "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " " \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, " \
+  "{%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+#define XK_WG_ASM(TEXT, ACC, ...)                                  \
+  if constexpr (same<T, ::__nv_bfloat16>::v) {                     \
+    asm volatile(TEXT("bf16") : ACC : __VA_ARGS__);                \
+  } else {                                                         \
+    asm volatile(TEXT("f16") : ACC : __VA_ARGS__);                 \
+  }
 template <class T, int TA, int TB> inline void wgmma_n64(simdgroup_matrix<float, 8, 8>* c, unsigned long long da,
-                                                        unsigned long long db) {
-  if constexpr (same<T, ::__nv_bfloat16>::v) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-                 "%32, %33, p, 1, 1, %35, %36;\n}\n"
-                 : XK_WG_D4(0, 8),
-                   XK_WG_D4(1, 8),
-                   XK_WG_D4(2, 8),
-                   XK_WG_D4(3, 8),
-                   XK_WG_D4(4, 8),
-                   XK_WG_D4(5, 8),
-                   XK_WG_D4(6, 8),
-                   XK_WG_D4(7, 8)
-                 : "l"(da), "l"(db), "r"(1), "n"(TA), "n"(TB));
-  } else {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
-                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-                 "%32, %33, p, 1, 1, %35, %36;\n}\n"
-                 : XK_WG_D4(0, 8),
-                   XK_WG_D4(1, 8),
-                   XK_WG_D4(2, 8),
-                   XK_WG_D4(3, 8),
-                   XK_WG_D4(4, 8),
-                   XK_WG_D4(5, 8),
-                   XK_WG_D4(6, 8),
-                   XK_WG_D4(7, 8)
-                 : "l"(da), "l"(db), "r"(1), "n"(TA), "n"(TB));
-  }
+                                                         unsigned long long db) {
+  XK_WG_ASM(XK_WG_SS_64, XK_WG_ACC_64, "l"(da), "l"(db), "r"(1), "n"(TA), "n"(TB))
 }
-
 template <class T, int TA, int TB> inline void wgmma_n128(simdgroup_matrix<float, 8, 8>* c, unsigned long long da,
-                                                        unsigned long long db) {
-  if constexpr (same<T, ::__nv_bfloat16>::v) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-                 "%64, %65, p, 1, 1, %67, %68;\n}\n"
-                 : XK_WG_D4(0, 16),
-                   XK_WG_D4(1, 16),
-                   XK_WG_D4(2, 16),
-                   XK_WG_D4(3, 16),
-                   XK_WG_D4(4, 16),
-                   XK_WG_D4(5, 16),
-                   XK_WG_D4(6, 16),
-                   XK_WG_D4(7, 16),
-                   XK_WG_D4(8, 16),
-                   XK_WG_D4(9, 16),
-                   XK_WG_D4(10, 16),
-                   XK_WG_D4(11, 16),
-                   XK_WG_D4(12, 16),
-                   XK_WG_D4(13, 16),
-                   XK_WG_D4(14, 16),
-                   XK_WG_D4(15, 16)
-                 : "l"(da), "l"(db), "r"(1), "n"(TA), "n"(TB));
-  } else {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
-                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-                 "%64, %65, p, 1, 1, %67, %68;\n}\n"
-                 : XK_WG_D4(0, 16),
-                   XK_WG_D4(1, 16),
-                   XK_WG_D4(2, 16),
-                   XK_WG_D4(3, 16),
-                   XK_WG_D4(4, 16),
-                   XK_WG_D4(5, 16),
-                   XK_WG_D4(6, 16),
-                   XK_WG_D4(7, 16),
-                   XK_WG_D4(8, 16),
-                   XK_WG_D4(9, 16),
-                   XK_WG_D4(10, 16),
-                   XK_WG_D4(11, 16),
-                   XK_WG_D4(12, 16),
-                   XK_WG_D4(13, 16),
-                   XK_WG_D4(14, 16),
-                   XK_WG_D4(15, 16)
-                 : "l"(da), "l"(db), "r"(1), "n"(TA), "n"(TB));
-  }
+                                                         unsigned long long db) {
+  XK_WG_ASM(XK_WG_SS_128, XK_WG_ACC_128, "l"(da), "l"(db), "r"(1), "n"(TA), "n"(TB))
 }
-
 template <class T, int TA, int TB> inline void wgmma_n256(simdgroup_matrix<float, 8, 8>* c, unsigned long long da,
-                                                        unsigned long long db) {
-  if constexpr (same<T, ::__nv_bfloat16>::v) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
-                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
-                 "%128, %129, p, 1, 1, %131, %132;\n}\n"
-                 : XK_WG_D4(0, 32),
-                   XK_WG_D4(1, 32),
-                   XK_WG_D4(2, 32),
-                   XK_WG_D4(3, 32),
-                   XK_WG_D4(4, 32),
-                   XK_WG_D4(5, 32),
-                   XK_WG_D4(6, 32),
-                   XK_WG_D4(7, 32),
-                   XK_WG_D4(8, 32),
-                   XK_WG_D4(9, 32),
-                   XK_WG_D4(10, 32),
-                   XK_WG_D4(11, 32),
-                   XK_WG_D4(12, 32),
-                   XK_WG_D4(13, 32),
-                   XK_WG_D4(14, 32),
-                   XK_WG_D4(15, 32),
-                   XK_WG_D4(16, 32),
-                   XK_WG_D4(17, 32),
-                   XK_WG_D4(18, 32),
-                   XK_WG_D4(19, 32),
-                   XK_WG_D4(20, 32),
-                   XK_WG_D4(21, 32),
-                   XK_WG_D4(22, 32),
-                   XK_WG_D4(23, 32),
-                   XK_WG_D4(24, 32),
-                   XK_WG_D4(25, 32),
-                   XK_WG_D4(26, 32),
-                   XK_WG_D4(27, 32),
-                   XK_WG_D4(28, 32),
-                   XK_WG_D4(29, 32),
-                   XK_WG_D4(30, 32),
-                   XK_WG_D4(31, 32)
-                 : "l"(da), "l"(db), "r"(1), "n"(TA), "n"(TB));
-  } else {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 "
-                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
-                 "%128, %129, p, 1, 1, %131, %132;\n}\n"
-                 : XK_WG_D4(0, 32),
-                   XK_WG_D4(1, 32),
-                   XK_WG_D4(2, 32),
-                   XK_WG_D4(3, 32),
-                   XK_WG_D4(4, 32),
-                   XK_WG_D4(5, 32),
-                   XK_WG_D4(6, 32),
-                   XK_WG_D4(7, 32),
-                   XK_WG_D4(8, 32),
-                   XK_WG_D4(9, 32),
-                   XK_WG_D4(10, 32),
-                   XK_WG_D4(11, 32),
-                   XK_WG_D4(12, 32),
-                   XK_WG_D4(13, 32),
-                   XK_WG_D4(14, 32),
-                   XK_WG_D4(15, 32),
-                   XK_WG_D4(16, 32),
-                   XK_WG_D4(17, 32),
-                   XK_WG_D4(18, 32),
-                   XK_WG_D4(19, 32),
-                   XK_WG_D4(20, 32),
-                   XK_WG_D4(21, 32),
-                   XK_WG_D4(22, 32),
-                   XK_WG_D4(23, 32),
-                   XK_WG_D4(24, 32),
-                   XK_WG_D4(25, 32),
-                   XK_WG_D4(26, 32),
-                   XK_WG_D4(27, 32),
-                   XK_WG_D4(28, 32),
-                   XK_WG_D4(29, 32),
-                   XK_WG_D4(30, 32),
-                   XK_WG_D4(31, 32)
-                 : "l"(da), "l"(db), "r"(1), "n"(TA), "n"(TB));
-  }
+                                                         unsigned long long db) {
+  XK_WG_ASM(XK_WG_SS_256, XK_WG_ACC_256, "l"(da), "l"(db), "r"(1), "n"(TA), "n"(TB))
 }
-
-// m64n64k16 with A in registers (a: the warp's 16 x 16 fragment, mma.sync's A layout),
-// B MN-major from shared memory (imm-trans-b 1).
+// m64nNk16 with A in registers (a: the warp's 16 x 16 fragment, mma.sync's A layout), B
+// MN-major from shared memory (imm-trans-b 1).
 template <class T> inline void wgmma_rs_n64(simdgroup_matrix<float, 8, 8>* c, const unsigned* a,
-                                              unsigned long long db) {
-  if constexpr (same<T, ::__nv_bfloat16>::v) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-                 "{%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
-                 : XK_WG_D4(0, 8),
-                   XK_WG_D4(1, 8),
-                   XK_WG_D4(2, 8),
-                   XK_WG_D4(3, 8),
-                   XK_WG_D4(4, 8),
-                   XK_WG_D4(5, 8),
-                   XK_WG_D4(6, 8),
-                   XK_WG_D4(7, 8)
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
-  } else {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
-                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-                 "{%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
-                 : XK_WG_D4(0, 8),
-                   XK_WG_D4(1, 8),
-                   XK_WG_D4(2, 8),
-                   XK_WG_D4(3, 8),
-                   XK_WG_D4(4, 8),
-                   XK_WG_D4(5, 8),
-                   XK_WG_D4(6, 8),
-                   XK_WG_D4(7, 8)
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
-  }
+                                               unsigned long long db) {
+  XK_WG_ASM(XK_WG_RS_64, XK_WG_ACC_64, "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1))
 }
-
-// m64n128k16 with A in registers (a: the warp's 16 x 16 fragment, mma.sync's A layout),
-// B MN-major from shared memory (imm-trans-b 1).
 template <class T> inline void wgmma_rs_n128(simdgroup_matrix<float, 8, 8>* c, const unsigned* a,
-                                              unsigned long long db) {
-  if constexpr (same<T, ::__nv_bfloat16>::v) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-                 "{%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
-                 : XK_WG_D4(0, 16),
-                   XK_WG_D4(1, 16),
-                   XK_WG_D4(2, 16),
-                   XK_WG_D4(3, 16),
-                   XK_WG_D4(4, 16),
-                   XK_WG_D4(5, 16),
-                   XK_WG_D4(6, 16),
-                   XK_WG_D4(7, 16),
-                   XK_WG_D4(8, 16),
-                   XK_WG_D4(9, 16),
-                   XK_WG_D4(10, 16),
-                   XK_WG_D4(11, 16),
-                   XK_WG_D4(12, 16),
-                   XK_WG_D4(13, 16),
-                   XK_WG_D4(14, 16),
-                   XK_WG_D4(15, 16)
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
-  } else {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
-                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-                 "{%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
-                 : XK_WG_D4(0, 16),
-                   XK_WG_D4(1, 16),
-                   XK_WG_D4(2, 16),
-                   XK_WG_D4(3, 16),
-                   XK_WG_D4(4, 16),
-                   XK_WG_D4(5, 16),
-                   XK_WG_D4(6, 16),
-                   XK_WG_D4(7, 16),
-                   XK_WG_D4(8, 16),
-                   XK_WG_D4(9, 16),
-                   XK_WG_D4(10, 16),
-                   XK_WG_D4(11, 16),
-                   XK_WG_D4(12, 16),
-                   XK_WG_D4(13, 16),
-                   XK_WG_D4(14, 16),
-                   XK_WG_D4(15, 16)
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
-  }
+                                               unsigned long long db) {
+  XK_WG_ASM(XK_WG_RS_128, XK_WG_ACC_128, "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1))
 }
 
+#undef XK_WG_ASM
+#undef XK_WG_RS_64
+#undef XK_WG_RS_128
+#undef XK_WG_SS_64
+#undef XK_WG_SS_128
+#undef XK_WG_SS_256
+#undef XK_WG_ACC_64
+#undef XK_WG_ACC_128
+#undef XK_WG_ACC_256
 #undef XK_WG_D4
 }  // namespace msl_detail
 template <typename T, int BM, int BN, int BK, bool TRANS_A, bool TRANS_B>
