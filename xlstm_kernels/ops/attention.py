@@ -44,10 +44,11 @@ Kernels (``metal_src/attention.metal``):
   ``_PREFILL_MMA_ACC_REGISTERS``. Knob ``prefill_mma`` (variable
   ``XLSTM_ATTENTION_PREFILL_MMA``); off by default on Apple GPUs and for float32. A call
   naming ``block_q=`` / ``block_k=`` runs ``attention_prefill``. With warpgroup products
-  (template WG, ``PREFILL_MMA_WARPGROUP``: by default unmasked calls with D == DV == 128 on
-  sm_90, and the emulator) one or two warpgroups of 64 query rows multiply from unpadded
-  warpgroup-layout tiles (``wgmma`` on CUDA), the next tile's scores and this tile's P V in
-  flight together.
+  (template WG, ``PREFILL_MMA_WARPGROUP``: by default unmasked and causal calls with D == DV
+  == 128 on sm_90, and the emulator) one or two warpgroups of 64 query rows multiply from
+  unpadded warpgroup-layout K / V tiles (``wgmma`` on CUDA; P V takes P from registers), the
+  next tile's scores and this tile's P V in flight together; ``PREFILL_WG_TILES`` (4, 1, 64,
+  3) lets two threadgroups share an SM.
 * ``attention_partial`` + ``attention_reduce``: split-KV decode. Pass 1 runs one
   threadgroup per (key block, key/value head and group of R of its query rows, batch):
   the (Hq / Hkv) query heads x Lq queries of a kv head share every K / V read (R = all of
