@@ -15,7 +15,14 @@ reported instead of returning plausible numbers:
   of fixed-size arrays, so out-of-bounds reads and writes name the buffer, the
   element and the thread;
 * ``schedule=`` runs threads in sequential, reverse or seeded random order;
-  :func:`check_schedules` runs them all and demands bit-identical outputs.
+  :func:`check_schedules` runs them all and demands bit-identical outputs;
+* a kernel whose template list has the int ``XK_CLUSTER`` = C (1..8) runs in
+  threadgroup clusters of C consecutive threadgroups along x, as CUDA's
+  ``__cluster_dims__(C, 1, 1)`` on Hopper: ``xk_cluster_sync()`` and
+  ``xk_cluster_peer(p, rank)`` (``metal_src/_cluster.metal``) work natively; the
+  schedules let one threadgroup run ahead of its peers up to a cluster sync, a peer's
+  memory read after its threads returned faults, and a grid whose threadgroup count
+  along x is not a multiple of C raises ``ValueError`` before launch.
 """
 
 from __future__ import annotations
@@ -42,6 +49,12 @@ MAX_THREADGROUP_MEMORY = 32 * 1024
 MAX_CUDA_SHARED_MEMORY = 232448
 MAX_THREADS_PER_THREADGROUP = 1024
 SCHEDULES = {"sequential": 0, "reverse": 1, "random": 2}
+#: The template argument that makes a launch one of threadgroup clusters, and the most
+#: threadgroups a cluster may have (XK_CLUSTER_MAX of csrc/msl_sync.h; CUDA's portable limit).
+CLUSTER_TEMPLATE = "XK_CLUSTER"
+MAX_CLUSTER = 8
+#: xk_abi_version() of csrc/runtime.cpp, whose LaunchDesc _LaunchDesc mirrors.
+_RUNTIME_ABI = 2
 _MATH_MODES = {"safe": (), "relaxed": ("-fno-math-errno", "-fno-trapping-math"), "fast": ("-ffast-math",)}
 
 
@@ -145,7 +158,7 @@ class _LaunchDesc(ctypes.Structure):
         ("tg_bytes", ctypes.c_uint64),
         ("stack_bytes", ctypes.c_uint64),
         ("n_regions", ctypes.c_uint32),
-        ("pad_", ctypes.c_uint32),
+        ("cluster", ctypes.c_uint32),  # threadgroups per cluster along x (XK_CLUSTER); 0 or 1: none
         ("regions", ctypes.POINTER(_Region)),
     ]
 
@@ -155,6 +168,12 @@ def _runtime() -> ctypes.CDLL:
     source = (csrc_dir() / "runtime.cpp").read_text()
     path = compile_shared(source, name="xk_runtime", opt="-O2", extra_flags=("-pthread",))
     lib = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
+    lib.xk_abi_version.restype = ctypes.c_int
+    if lib.xk_abi_version() != _RUNTIME_ABI:
+        raise EmulatorCompileError(
+            f"the emulator runtime {path} has ABI version {lib.xk_abi_version()}, expected {_RUNTIME_ABI} "
+            "(a stale build: clear the emulator cache, XLSTM_KERNELS_EMULATE_CACHE)"
+        )
     lib.xk_launch.argtypes = [ctypes.POINTER(_LaunchDesc), ctypes.c_char_p, ctypes.c_size_t]
     lib.xk_launch.restype = ctypes.c_int
     lib.xk_guarded_alloc.argtypes = [ctypes.c_size_t, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_size_t)]
@@ -265,6 +284,38 @@ def launch_shape(grid: Any, threadgroup: Any) -> tuple[tuple[int, int, int], tup
     return g, t, n_threads
 
 
+def cluster_size(name: str, template_args: Sequence[tuple[str, Any]], grid: Sequence[int],
+                 group: Sequence[int]) -> int:
+    """Threadgroups per cluster of a launch: the template int ``XK_CLUSTER`` (1 without it).
+
+    Args:
+        name: the kernel's name, for messages.
+        template_args: the launch's template arguments.
+        grid, group: the launch's grid (threads) and threadgroup size.
+
+    Raises:
+        ValueError: ``XK_CLUSTER`` is not an int in 1..MAX_CLUSTER, or the launch's number
+            of threadgroups along x is not a multiple of it.
+    """
+    value = dict(template_args).get(CLUSTER_TEMPLATE)
+    if value is None:
+        return 1
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_CLUSTER:
+        raise ValueError(
+            f"[{name}] template {CLUSTER_TEMPLATE}={value!r}: expected an int in 1..{MAX_CLUSTER} "
+            f"(threadgroups per cluster; XK_CLUSTER_MAX is {MAX_CLUSTER} in the emulator)"
+        )
+    groups_x = -(-grid[0] // group[0]) if group[0] else 0
+    if groups_x % value:
+        raise ValueError(
+            f"[{name}] template {CLUSTER_TEMPLATE}={value}: the grid {tuple(grid)} (threads) with threadgroup "
+            f"{tuple(group)} has {groups_x} threadgroups along x, not a multiple of {value}; expected "
+            f"threadgroups_per_grid.x to be a multiple of {CLUSTER_TEMPLATE} (clusters of {value} consecutive "
+            "threadgroups along x)"
+        )
+    return value
+
+
 
 # ---------------------------------------------------------------------------
 # The kernel object
@@ -334,7 +385,9 @@ class EmulatedKernel:
         Args:
             inputs, output_shapes, output_dtypes, grid, threadgroup, template,
                 init_value, verbose, stream: as for ``mx.fast.metal_kernel``
-                (``grid`` counts threads; ``stream`` is accepted and ignored).
+                (``grid`` counts threads; ``stream`` is accepted and ignored). An int
+                ``XK_CLUSTER`` = C in ``template`` runs the launch in threadgroup clusters
+                of C (1..8) consecutive threadgroups along x (see the module docstring).
             schedule: ``"sequential"``, ``"reverse"`` or ``"random"`` thread order.
             seed: seeds the ``"random"`` schedule (per threadgroup).
             check_bounds: guard pages behind every buffer and index checks on
@@ -365,6 +418,7 @@ class EmulatedKernel:
             _np_dtype(dt, f"output {n!r}")
         out_shapes = [tuple(int(d) for d in s) for s in output_shapes]
         gen = self.generate(arrays, out_dtypes, template)
+        cluster = cluster_size(self.name, gen.template_args, grid, _clipped_group(group, grid))
         if verbose:
             print(sig.format_verbose(self.name, gen), end="", flush=True)
 
@@ -400,7 +454,7 @@ class EmulatedKernel:
                 o[...] = init_value
             outs.append(o)
 
-        _launch(self, gen, compiled, hosts, outs, grid, group, schedule, seed, check_bounds, workers)
+        _launch(self, gen, compiled, hosts, outs, grid, group, schedule, seed, check_bounds, workers, cluster)
 
         if check_unwritten and init_value is None:
             for n, o, dt in zip(self.output_names, outs, out_dtypes):
@@ -489,7 +543,13 @@ class _Guarded:
         self.slacks.clear()
 
 
-def _launch(kernel, gen, compiled, hosts, outs, grid, group, schedule, seed, check_bounds, workers) -> None:
+def _clipped_group(group: Sequence[int], grid: Sequence[int]) -> tuple[int, int, int]:
+    """The threadgroup size a launch runs with: no larger than a non-empty grid."""
+    return tuple(min(t, g) if g else t for t, g in zip(group, grid))  # type: ignore[return-value]
+
+
+def _launch(kernel, gen, compiled, hosts, outs, grid, group, schedule, seed, check_bounds, workers,
+            cluster: int = 1) -> None:
     keep: list[Any] = []  # everything the C side points at stays alive here
     slots: list[int] = []
     regions: list[tuple[int, int, int, int, bytes, int]] = []
@@ -552,13 +612,14 @@ def _launch(kernel, gen, compiled, hosts, outs, grid, group, schedule, seed, che
         desc.entry = compiled.entry
         desc.buffers = ctypes.cast(buf_arr, ctypes.POINTER(ctypes.c_void_p))
         desc.grid = (ctypes.c_uint32 * 3)(*grid)
-        desc.group = (ctypes.c_uint32 * 3)(*(min(t, g) if g else t for t, g in zip(group, grid)))
+        desc.group = (ctypes.c_uint32 * 3)(*_clipped_group(group, grid))
         desc.schedule = SCHEDULES[schedule]
         desc.workers = max(1, int(n_workers))
         desc.seed = int(seed) & (2**64 - 1)
         desc.tg_bytes = compiled.tg_bytes
         desc.stack_bytes = stack_kb * 1024
         desc.n_regions = len(regions)
+        desc.cluster = cluster
         desc.regions = ctypes.cast(reg_arr, ctypes.POINTER(_Region))
         err = ctypes.create_string_buffer(4096)
         rc = _runtime().xk_launch(ctypes.byref(desc), err, len(err))
@@ -629,6 +690,7 @@ def check_schedules(
                     f"[{kernel.name}] output '{name}' differs between schedules {base_label} and {label}: "
                     f"{bad.size} of {a.size} elements, first at {tuple(int(i) for i in idx)} "
                     f"({a[idx]!r} vs {b[idx]!r}). The kernel has a race: a missing threadgroup_barrier "
-                    "or threads sharing a cell without synchronisation."
+                    "(or xk_cluster_sync, in a kernel of threadgroup clusters) or threads sharing a cell "
+                    "without synchronisation."
                 )
     return first

@@ -1,6 +1,7 @@
 // msl_sync.h -- Metal's synchronisation and SIMD-group functions for emulated kernels:
 // threadgroup_barrier, simdgroup_barrier, simd_* and quad_* collectives, simd_vote,
-// and 8x8 simdgroup_matrix with the hardware lane layout.
+// and 8x8 simdgroup_matrix with the hardware lane layout; and the threadgroup clusters'
+// xk_cluster_sync and xk_cluster_peer (CUDA's, not Metal's).
 //
 // Every collective records its call site (__builtin_FILE/LINE/COLUMN), parks the
 // calling thread's fiber, and is resolved by the runtime once all live lanes of the
@@ -9,6 +10,15 @@
 #pragma once
 #include "msl_types.h"
 #include "xk_abi.h"
+
+// Threadgroup clusters, natively (the contract and the portable stub that this replaces:
+// metal_src/_cluster.metal). A kernel whose template list has the int XK_CLUSTER = C runs
+// in clusters of C consecutive threadgroups along x, run side by side by the runtime
+// (runtime.cpp): xk_cluster_sync waits for every thread of the cluster, and
+// xk_cluster_peer(p, rank) is the same byte as p in threadgroup `rank`'s memory (both
+// checked loudly, as threadgroup_barrier is).
+#define XK_CLUSTER_NATIVE 1
+#define XK_CLUSTER_MAX 8
 
 // Call sites: file and line from the caller; the third number tells apart several
 // calls on one line. xk_kernel.h wraps every barrier and collective in a macro that
@@ -40,6 +50,18 @@ inline void simdgroup_barrier(mem_flags = mem_flags::mem_none, XK_SITE_PARAMS) {
   xk_collective op = {xk_file, xk_line, xk_col, "simdgroup_barrier", nullptr, nullptr, nullptr, 0};
   xk_collective_wait(&op);
 }
+
+}  // namespace metal
+
+inline void xk_cluster_sync(XK_SITE_PARAMS) { xk_cluster_barrier(XK_SITE_ARGS); }
+
+// `threadgroup T*` is T* here (the address space is an empty macro); T may be const.
+template <typename T>
+inline T* xk_cluster_peer(T* p, uint rank) {
+  return static_cast<T*>(xk_cluster_peer_address(p, rank));
+}
+
+namespace metal {
 
 // ---------------------------------------------------------------------------
 // Element access shared by scalars and vectors

@@ -6,6 +6,16 @@
 // at different barriers, faults (guard pages behind buffers, stacks and threadgroup
 // memory) and errors raised by kernel code end the launch with a message naming the
 // thread, never with a hang or a crash.
+//
+// Threadgroup clusters (a kernel whose template list has the int XK_CLUSTER = C > 1, as
+// CUDA's __cluster_dims__(C,1,1)): a worker runs the C consecutive threadgroups along x of
+// a cluster at once, their threads side by side as fibers of one scheduler loop
+// (run_cluster). Each threadgroup keeps its own threadgroup memory, attributes, simd
+// collectives and threadgroup_barrier; xk_cluster_sync is a barrier over every thread of
+// the cluster and xk_cluster_peer maps an address into a peer's threadgroup memory (the
+// distributed shared memory of Hopper). A threadgroup whose threads have all returned
+// while its peers run on loses its memory (PROT_NONE), as a CTA's shared memory is gone
+// once it exits. Without XK_CLUSTER every threadgroup is a cluster of one.
 #include "xk_abi.h"
 
 #include <errno.h>
@@ -168,7 +178,7 @@ size_t page_size() {
 size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
 // ---------------------------------------------------------------------------
-// Launch description (mirrored by ctypes in launcher.py)
+// Launch description (mirrored by ctypes in kernel.py)
 // ---------------------------------------------------------------------------
 struct Region {  // a buffer, for naming faults
   const char* lo;
@@ -191,20 +201,39 @@ struct LaunchDesc {
   uint64_t tg_bytes;
   uint64_t stack_bytes;
   uint32_t n_regions;
-  uint32_t pad_;
+  uint32_t cluster;  // threadgroups per cluster along x (XK_CLUSTER); 0 or 1: none
   const Region* regions;
 };
 
-enum State : uint8_t { READY, AT_BARRIER, AT_COLLECTIVE, DONE };
+// AT_BARRIER: threadgroup_barrier; AT_CLUSTER: xk_cluster_sync.
+enum State : uint8_t { READY, AT_BARRIER, AT_CLUSTER, AT_COLLECTIVE, DONE };
 
 struct Fiber {
   Context ctx;
   xk_thread_attrs attrs;
   State state;
+  uint8_t rank;      // its threadgroup, Worker::groups[rank] (the threadgroup's rank in its cluster)
+  uint32_t simd;     // its simdgroup, Worker::simds[simd]
   const char* file;  // wait site
   uint32_t line, column;
   xk_collective* op;
+  char* tg_mem;           // its threadgroup's memory
   xk_thread_slot_t slot;  // kernel code's per-thread state (the pending async copies)
+};
+
+// One threadgroup of the cluster a worker runs.
+struct Group {
+  uint32_t id[3];     // threadgroup_position_in_grid
+  uint32_t first, n;  // its threads: Worker::fibers[first, first + n)
+  uint32_t done;      // how many of them have returned
+  char* tg_map;       // its threadgroup memory's mapping: Worker::tg_map_size bytes, then a guard page
+  char* tg_mem;       // the memory (tg_bytes, 16-byte aligned), ending near the guard page
+  bool retired;       // all its threads returned while peers ran on: the mapping is PROT_NONE
+};
+
+// One simdgroup: the threads Worker::fibers[first, first + width), width <= 32.
+struct Simd {
+  uint32_t first, width;
 };
 
 // Bytes of each thread's slot (runtime-owned: no allocation inside a fiber).
@@ -212,34 +241,37 @@ constexpr size_t kSlotBytes = 16384;
 
 struct Launch;
 
+// A CPU thread running clusters, one at a time. Its fibers, simdgroups and threadgroup
+// memory are those of the cluster it runs: threadgroup after threadgroup, by rank.
 struct Worker {
   Launch* launch = nullptr;
   Context sched;
-  std::vector<Fiber> fibers;
-  char* stacks = nullptr;  // n fibers * (guard page + stack)
-  char* slots = nullptr;   // n fibers * kSlotBytes (xk_thread_slot)
+  std::vector<Fiber> fibers;  // cluster * threads per threadgroup (the last groups may use fewer)
+  std::vector<Group> groups;  // cluster
+  std::vector<Simd> simds;
+  char* stacks = nullptr;  // fibers * (guard page + stack)
+  char* slots = nullptr;   // fibers * kSlotBytes (xk_thread_slot)
   size_t stack_stride = 0;
   size_t stacks_map = 0;
-  char* tg_map = nullptr;  // threadgroup memory; its end abuts a guard page
-  size_t tg_map_size = 0;
-  char* tg_mem = nullptr;
+  char* tg_maps = nullptr;  // the groups' threadgroup memory mappings, each followed by a guard page
+  size_t tg_map_size = 0;   // bytes of one mapping, without its guard page
   char* altstack = nullptr;
   Fiber* cur = nullptr;
   int in_resolver = 0;
   sigjmp_buf fault_jmp;
   std::vector<uint32_t> order;
   uint64_t rng = 0;
-  uint32_t group_id[3] = {0, 0, 0};
 };
 
 struct Launch {
   const LaunchDesc* d;
-  std::atomic<uint64_t> next_group{0};
+  std::atomic<uint64_t> next_cluster{0};
   std::atomic<bool> failed{false};
   std::mutex err_mu;
   std::string error;
-  uint64_t n_groups = 0;
-  uint32_t groups[3];
+  uint64_t n_clusters = 0;
+  uint32_t groups[3];    // threadgroups_per_grid
+  uint32_t cluster = 1;  // threadgroups per cluster (along x)
 
   void fail(const std::string& msg) {
     std::lock_guard<std::mutex> g(err_mu);
@@ -261,12 +293,22 @@ std::string fmt(const char* f, ...) {
   return buf;
 }
 
-std::string who(const Worker* w, const Fiber* f) {
+std::string who(const Fiber* f) {
   const xk_thread_attrs& a = f->attrs;
   return fmt("thread (%u,%u,%u) of threadgroup (%u,%u,%u) [thread_index_in_threadgroup %u, simdgroup %u lane %u]",
              a.thread_position_in_grid.x, a.thread_position_in_grid.y, a.thread_position_in_grid.z,
-             w->group_id[0], w->group_id[1], w->group_id[2], a.thread_index_in_threadgroup,
-             a.simdgroup_index_in_threadgroup, a.thread_index_in_simdgroup);
+             a.threadgroup_position_in_grid.x, a.threadgroup_position_in_grid.y, a.threadgroup_position_in_grid.z,
+             a.thread_index_in_threadgroup, a.simdgroup_index_in_threadgroup, a.thread_index_in_simdgroup);
+}
+
+// "threadgroup (x,y,z)", for messages.
+std::string group_name(const Group& g) { return fmt("threadgroup (%u,%u,%u)", g.id[0], g.id[1], g.id[2]); }
+
+// "the cluster of threadgroups (x0..x1,y,z)", for messages.
+std::string cluster_name(const Worker* w) {
+  const Group& a = w->groups.front();
+  const Group& b = w->groups.back();
+  return fmt("the cluster of threadgroups (%u..%u,%u,%u)", a.id[0], b.id[0], a.id[1], a.id[2]);
 }
 
 // The third number only tells apart several calls on one line: not printed.
@@ -290,9 +332,16 @@ std::string describe_fault(Worker* w, const char* addr) {
                  byte / (long long)(r.elem_size ? r.elem_size : 1), byte, n);
     }
   }
-  if (w->tg_map && addr >= w->tg_mem && addr < w->tg_map + w->tg_map_size + page_size()) {
-    return fmt("out-of-bounds access to threadgroup memory: byte %lld of %llu declared",
-               (long long)(addr - w->tg_mem), (unsigned long long)w->launch->d->tg_bytes);
+  for (const Group& g : w->groups) {
+    if (!g.tg_map || addr < g.tg_map || addr >= g.tg_map + w->tg_map_size + page_size()) continue;
+    if (g.retired && addr < g.tg_map + w->tg_map_size)
+      return fmt("access to the threadgroup memory of %s, whose threads had returned (a cluster peer must "
+                 "xk_cluster_sync before returning: a threadgroup's memory is gone once its threads return)",
+                 group_name(g).c_str());
+    if (addr >= g.tg_mem)
+      return fmt("out-of-bounds access to threadgroup memory: byte %lld of %llu declared%s",
+                 (long long)(addr - g.tg_mem), (unsigned long long)w->launch->d->tg_bytes,
+                 w->groups.size() > 1 ? (" (that of " + group_name(g) + ")").c_str() : "");
   }
   if (w->stacks && addr >= w->stacks && addr < w->stacks + w->stacks_map) {
     size_t off = (addr - w->stacks) % w->stack_stride;
@@ -316,7 +365,7 @@ void on_fault(int sig, siginfo_t* info, void* uctx) {
       what = "illegal instruction (a trap in kernel code)";
     else
       what = describe_fault(w, static_cast<const char*>(info->si_addr));
-    w->launch->fail(what + " by " + who(w, w->cur));
+    w->launch->fail(what + " by " + who(w->cur));
     siglongjmp(w->fault_jmp, 1);
   }
   // Not ours: hand it to whoever had it before.
@@ -391,22 +440,35 @@ void set_uint3(xk_uint3& u, uint32_t x, uint32_t y, uint32_t z) {
   u.pad_ = 0;
 }
 
-// Runs one threadgroup to completion. Returns false if the launch failed.
-bool run_group(Worker* w, uint64_t gid) {
+// Lays out threadgroup `rank` of the cluster being started (threadgroup_position_in_grid
+// g) as the fibers from `first` on and their simdgroups, and readies its threadgroup
+// memory (given back its pages if the last cluster retired it, then poisoned). Returns
+// its number of threads.
+uint32_t start_group(Worker* w, uint32_t rank, const uint32_t g[3], uint32_t first) {
   Launch* L = w->launch;
   const LaunchDesc* d = L->d;
-  uint32_t g[3] = {uint32_t(gid % L->groups[0]), uint32_t((gid / L->groups[0]) % L->groups[1]),
-                   uint32_t(gid / (uint64_t(L->groups[0]) * L->groups[1]))};
-  memcpy(w->group_id, g, sizeof g);
   uint32_t actual[3];
   for (int i = 0; i < 3; ++i) actual[i] = std::min(d->group[i], d->grid[i] - g[i] * d->group[i]);
   const uint32_t n = actual[0] * actual[1] * actual[2];
   const uint32_t n_dispatch = d->group[0] * d->group[1] * d->group[2];
 
-  if (d->tg_bytes) memset(w->tg_mem, 0xFF, d->tg_bytes);  // poison
+  Group& grp = w->groups[rank];
+  memcpy(grp.id, g, sizeof grp.id);
+  grp.first = first;
+  grp.n = n;
+  grp.done = 0;
+  if (grp.retired) {
+    mprotect(grp.tg_map, w->tg_map_size, PROT_READ | PROT_WRITE);
+    grp.retired = false;
+  }
+  if (d->tg_bytes) memset(grp.tg_mem, 0xFF, d->tg_bytes);  // poison
+
+  for (uint32_t s0 = 0; s0 < n; s0 += 32) w->simds.push_back(Simd{first + s0, std::min<uint32_t>(32, n - s0)});
+  const uint32_t simd0 = uint32_t(w->simds.size()) - (n + 31) / 32;
 
   for (uint32_t t = 0; t < n; ++t) {
-    Fiber& f = w->fibers[t];
+    const uint32_t i = first + t;  // the fiber
+    Fiber& f = w->fibers[i];
     xk_thread_attrs& a = f.attrs;
     uint32_t lx = t % actual[0], ly = (t / actual[0]) % actual[1], lz = t / (actual[0] * actual[1]);
     set_uint3(a.dispatch_threads_per_threadgroup, d->group[0], d->group[1], d->group[2]);
@@ -431,55 +493,191 @@ bool run_group(Worker* w, uint64_t gid) {
     a.thread_index_in_threadgroup = t;
     a.threads_per_simdgroup = 32;
     f.state = READY;
+    f.rank = uint8_t(rank);
+    f.simd = simd0 + t / 32;
     f.op = nullptr;
     f.file = nullptr;
-    f.slot.data = w->slots + size_t(t) * kSlotBytes;  // zeroed: no state left by the last thread here
+    f.tg_mem = grp.tg_mem;
+    f.slot.data = w->slots + size_t(i) * kSlotBytes;  // zeroed: no state left by the last thread here
     f.slot.bytes = kSlotBytes;
     memset(f.slot.data, 0, 64);
-    ctx_make(&f.ctx, w->stacks + size_t(t) * w->stack_stride + page_size(), w->stack_stride - page_size(),
+    ctx_make(&f.ctx, w->stacks + size_t(i) * w->stack_stride + page_size(), w->stack_stride - page_size(),
              fiber_main);
+  }
+  return n;
+}
+
+// A threadgroup whose threads have all returned while its cluster peers run on: its
+// memory becomes inaccessible, so a peer that reads it now faults (describe_fault).
+void retire_group(Worker* w, Group& g) {
+  mprotect(g.tg_map, w->tg_map_size, PROT_NONE);
+  g.retired = true;
+}
+
+inline bool can_move(const Fiber& f) { return f.state == READY || f.state == AT_COLLECTIVE; }
+
+bool any_can_move(const Worker* w, uint32_t first, uint32_t end) {
+  for (uint32_t t = first; t < end; ++t)
+    if (can_move(w->fibers[t])) return true;
+  return false;
+}
+
+enum Release { NOTHING, RELEASED, FAILED };
+
+// A threadgroup none of whose threads can move: if they wait at a threadgroup_barrier,
+// check that every thread of the group waits at that same one and release it.
+Release release_group_barrier(Worker* w, Group& g) {
+  Launch* L = w->launch;
+  Fiber* at = nullptr;  // the first thread at a threadgroup barrier
+  Fiber* at_cluster = nullptr;
+  for (uint32_t t = g.first; t < g.first + g.n; ++t) {
+    Fiber* f = &w->fibers[t];
+    if (f->state == AT_CLUSTER && !at_cluster) at_cluster = f;
+    if (f->state != AT_BARRIER) continue;
+    if (!at) {
+      at = f;
+    } else if (!site_eq(f, at)) {
+      L->fail(fmt("barrier mismatch in threadgroup (%u,%u,%u): threads wait at different "
+                  "threadgroup_barrier calls, %s (e.g. thread_index_in_threadgroup %u) and %s (thread %u)%s",
+                  g.id[0], g.id[1], g.id[2], site(at->file, at->line, at->column).c_str(),
+                  at->attrs.thread_index_in_threadgroup, site(f->file, f->line, f->column).c_str(),
+                  f->attrs.thread_index_in_threadgroup,
+                  at->line == f->line ? " (two different calls on that line)" : ""));
+      return FAILED;
+    }
+  }
+  if (!at) return NOTHING;
+  if (at_cluster) {
+    L->fail(fmt("barrier mismatch in threadgroup (%u,%u,%u): threads wait at threadgroup_barrier at %s (e.g. "
+                "thread_index_in_threadgroup %u) while others wait at xk_cluster_sync at %s (thread %u). Every "
+                "thread of a threadgroup must reach the same barriers, in the same order.",
+                g.id[0], g.id[1], g.id[2], site(at->file, at->line, at->column).c_str(),
+                at->attrs.thread_index_in_threadgroup,
+                site(at_cluster->file, at_cluster->line, at_cluster->column).c_str(),
+                at_cluster->attrs.thread_index_in_threadgroup));
+    return FAILED;
+  }
+  if (g.done > 0) {
+    uint32_t exited = 0;
+    for (uint32_t t = 0; t < g.n; ++t)
+      if (w->fibers[g.first + t].state == DONE) {
+        exited = t;
+        break;
+      }
+    L->fail(fmt("barrier divergence in threadgroup (%u,%u,%u): %u of %u threads returned while %u wait at "
+                "threadgroup_barrier at %s (first exited: thread_index_in_threadgroup %u). Every thread of a "
+                "threadgroup must reach each barrier: do not return early before a barrier.",
+                g.id[0], g.id[1], g.id[2], g.done, g.n, g.n - g.done, site(at->file, at->line, at->column).c_str(),
+                exited));
+    return FAILED;
+  }
+  for (uint32_t t = g.first; t < g.first + g.n; ++t) w->fibers[t].state = READY;
+  return RELEASED;
+}
+
+// Every thread of the cluster that has not returned waits at xk_cluster_sync: check that
+// they all wait at the same one and that none has returned, and release it.
+bool release_cluster_sync(Worker* w, uint32_t n, uint32_t done) {
+  Launch* L = w->launch;
+  Fiber* at = nullptr;
+  for (uint32_t t = 0; t < n; ++t) {
+    Fiber* f = &w->fibers[t];
+    if (f->state != AT_CLUSTER) continue;
+    if (!at) {
+      at = f;
+    } else if (!site_eq(f, at)) {
+      const xk_uint3 &ga = at->attrs.threadgroup_position_in_grid, &gf = f->attrs.threadgroup_position_in_grid;
+      L->fail(fmt("cluster sync mismatch in %s: threads wait at different xk_cluster_sync calls, %s (e.g. "
+                  "thread_index_in_threadgroup %u of threadgroup (%u,%u,%u)) and %s (thread %u of threadgroup "
+                  "(%u,%u,%u))%s",
+                  cluster_name(w).c_str(), site(at->file, at->line, at->column).c_str(),
+                  at->attrs.thread_index_in_threadgroup, ga.x, ga.y, ga.z, site(f->file, f->line, f->column).c_str(),
+                  f->attrs.thread_index_in_threadgroup, gf.x, gf.y, gf.z,
+                  at->line == f->line ? " (two different calls on that line)" : ""));
+      return false;
+    }
+  }
+  if (!at) {  // unreachable: run_cluster calls this only when every live thread waits here
+    L->fail("emulator scheduler: no thread of " + cluster_name(w) + " can move (an emulator bug)");
+    return false;
+  }
+  if (done > 0) {
+    const Fiber* exited = nullptr;
+    for (uint32_t t = 0; t < n && !exited; ++t)
+      if (w->fibers[t].state == DONE) exited = &w->fibers[t];
+    const xk_uint3& ge = exited->attrs.threadgroup_position_in_grid;
+    L->fail(fmt("cluster sync divergence in %s: %u of %u threads returned while %u wait at xk_cluster_sync at %s "
+                "(first exited: thread_index_in_threadgroup %u of threadgroup (%u,%u,%u)). Every thread of every "
+                "threadgroup of a cluster must reach each xk_cluster_sync: do not return early before one.",
+                cluster_name(w).c_str(), done, n, n - done, site(at->file, at->line, at->column).c_str(),
+                exited->attrs.thread_index_in_threadgroup, ge.x, ge.y, ge.z));
+    return false;
+  }
+  for (uint32_t t = 0; t < n; ++t) w->fibers[t].state = READY;
+  return true;
+}
+
+// Runs one cluster (one threadgroup without XK_CLUSTER) to completion. Returns false if
+// the launch failed.
+bool run_cluster(Worker* w, uint64_t cid) {
+  Launch* L = w->launch;
+  const LaunchDesc* d = L->d;
+  const uint32_t C = L->cluster;
+  const uint32_t cx = L->groups[0] / C;  // clusters along x
+  const uint32_t c[3] = {uint32_t(cid % cx), uint32_t((cid / cx) % L->groups[1]),
+                         uint32_t(cid / (uint64_t(cx) * L->groups[1]))};
+  w->simds.clear();
+  uint32_t n = 0;  // threads of the cluster
+  for (uint32_t r = 0; r < C; ++r) {
+    const uint32_t g[3] = {c[0] * C + r, c[1], c[2]};
+    n += start_group(w, r, g, n);
   }
 
   std::vector<uint32_t>& order = w->order;
   order.resize(n);
   for (uint32_t t = 0; t < n; ++t) order[t] = d->schedule == 1 ? n - 1 - t : t;
-  w->rng = d->seed * 0x2545F4914F6CDD1Dull ^ (gid + 1) * 0x9E3779B97F4A7C15ull;
+  w->rng = d->seed * 0x2545F4914F6CDD1Dull ^ (cid + 1) * 0x9E3779B97F4A7C15ull;
 
-  const uint32_t n_simd = (n + 31) / 32;
+  const uint32_t n_simd = uint32_t(w->simds.size());
   const bool lockstep = d->schedule == 0;
   int32_t prev_lead = -1;
   uint32_t done = 0;
   for (;;) {
     if (d->schedule == 2)
       for (uint32_t i = n; i > 1; --i) std::swap(order[i - 1], order[splitmix(w->rng) % i]);
-    // The sequential schedule runs all simdgroups side by side. Reverse and random run
-    // one simdgroup (the first in the schedule's order that can move) until all its
-    // lanes wait at a threadgroup barrier or end, then the next: simdgroups drift as far
-    // apart as a barrier allows, so one that overwrites threadgroup memory another has
-    // not read yet (a missing barrier, or scratch reused across reductions) gives
-    // different bits from the sequential schedule.
+    // The sequential schedule runs all simdgroups of the cluster side by side. Reverse
+    // and random run one simdgroup (the first in the schedule's order that can move)
+    // until all its lanes wait at a barrier or end, then the next: simdgroups drift as
+    // far apart as a barrier allows, so one that overwrites threadgroup memory another
+    // has not read yet (a missing barrier, or scratch reused across reductions) gives
+    // different bits from the sequential schedule. Their threadgroup barriers are
+    // released as soon as the lead's threadgroup has stopped, so a threadgroup runs
+    // ahead of its cluster peers up to a cluster sync (a missing xk_cluster_sync shows).
     int32_t lead = -1;
     if (!lockstep && prev_lead >= 0) {  // keep running the same simdgroup while it can move
-      const uint32_t lo = uint32_t(prev_lead) * 32, hi = std::min(n, lo + 32);
-      for (uint32_t t = lo; t < hi && lead < 0; ++t)
-        if (w->fibers[t].state == READY || w->fibers[t].state == AT_COLLECTIVE) lead = prev_lead;
+      const Simd& s = w->simds[prev_lead];
+      if (any_can_move(w, s.first, s.first + s.width)) lead = prev_lead;
     }
     if (!lockstep && lead < 0) {
       for (uint32_t i = 0; i < n && lead < 0; ++i)
-        if (w->fibers[order[i]].state == READY) lead = int32_t(order[i] / 32);
+        if (w->fibers[order[i]].state == READY) lead = int32_t(w->fibers[order[i]].simd);
       for (uint32_t i = 0; i < n && lead < 0; ++i)
-        if (w->fibers[order[i]].state == AT_COLLECTIVE) lead = int32_t(order[i] / 32);
+        if (w->fibers[order[i]].state == AT_COLLECTIVE) lead = int32_t(w->fibers[order[i]].simd);
     }
     prev_lead = lead;
     // 1. Run every ready thread (of the lead simdgroup) until it blocks or ends.
     for (uint32_t i = 0; i < n; ++i) {
       Fiber& f = w->fibers[order[i]];
-      if (f.state != READY || (lead >= 0 && order[i] / 32 != uint32_t(lead))) continue;
+      if (f.state != READY || (lead >= 0 && f.simd != uint32_t(lead))) continue;
       w->cur = &f;
       ctx_switch(&w->sched, &f.ctx);
       w->cur = nullptr;
       if (L->failed.load(std::memory_order_relaxed)) return false;
-      if (f.state == DONE) ++done;
+      if (f.state == DONE) {
+        ++done;
+        Group& g = w->groups[f.rank];
+        if (++g.done == g.n && done < n) retire_group(w, g);  // only in a cluster of several
+      }
     }
     if (done == n) return true;
 
@@ -488,22 +686,23 @@ bool run_group(Worker* w, uint64_t gid) {
     //    schedule releases every simdgroup at once (lockstep); reverse and random only
     //    the lead simdgroup, which then runs on (see above).
     bool released = false;
-    for (uint32_t si = 0; si < n_simd; ++si) {
-      if (lead >= 0 && si != uint32_t(lead)) continue;
-      const uint32_t s = si;
+    for (uint32_t s = 0; s < n_simd; ++s) {
+      if (lead >= 0 && s != uint32_t(lead)) continue;
+      Fiber* lane0 = &w->fibers[w->simds[s].first];
+      const uint32_t width = w->simds[s].width;
       Fiber* first = nullptr;
-      uint32_t width = std::min<uint32_t>(32, n - s * 32);
       for (uint32_t l = 0; l < width; ++l) {
-        Fiber* f = &w->fibers[s * 32 + l];
+        Fiber* f = lane0 + l;
         if (f->state == AT_COLLECTIVE && (!first || site_less(f, first))) first = f;
       }
       if (!first) continue;
       xk_collective* lanes[32] = {nullptr};
       for (uint32_t l = 0; l < width; ++l) {
-        Fiber* f = &w->fibers[s * 32 + l];
+        Fiber* f = lane0 + l;
         if (f->state == AT_COLLECTIVE && site_eq(f, first)) {
           if (f->op->resolve != first->op->resolve) {
-            L->fail(fmt("simdgroup %u: lanes call different simd functions at %s (%s and %s)", s,
+            L->fail(fmt("simdgroup %u of %s: lanes call different simd functions at %s (%s and %s)",
+                        f->attrs.simdgroup_index_in_threadgroup, group_name(w->groups[f->rank]).c_str(),
                         site(f->file, f->line, f->column).c_str(), f->op->what, first->op->what));
             return false;
           }
@@ -519,48 +718,32 @@ bool run_group(Worker* w, uint64_t gid) {
         if (L->failed.load()) return false;
       }
       for (uint32_t l = 0; l < width; ++l)
-        if (lanes[l]) w->fibers[s * 32 + l].state = READY;
+        if (lanes[l]) lane0[l].state = READY;
       released = true;
     }
     if (released) continue;
-    if (lead >= 0) {  // other simdgroups may still have work before the barrier
-      bool moving = false;
-      for (uint32_t t = 0; t < n && !moving; ++t)
-        moving = w->fibers[t].state == READY || w->fibers[t].state == AT_COLLECTIVE;
-      if (moving) continue;
+    if (lead >= 0) {
+      // Other simdgroups of the lead's threadgroup may still have work before its barrier.
+      Group& g = w->groups[w->fibers[w->simds[lead].first].rank];
+      if (any_can_move(w, g.first, g.first + g.n)) continue;
+      const Release r = release_group_barrier(w, g);
+      if (r == FAILED) return false;
+      if (r == RELEASED) continue;
+      // It waits at a cluster sync (or has returned): its peers may still have work before it.
+      if (C > 1 && any_can_move(w, 0, n)) continue;
     }
 
-    // 3. Everyone left waits at a threadgroup barrier: it must be the same one.
-    Fiber* at = nullptr;
-    for (uint32_t t = 0; t < n; ++t) {
-      Fiber* f = &w->fibers[t];
-      if (f->state != AT_BARRIER) continue;
-      if (!at) {
-        at = f;
-      } else if (!site_eq(f, at)) {
-        L->fail(fmt("barrier mismatch in threadgroup (%u,%u,%u): threads wait at different "
-                    "threadgroup_barrier calls, %s (e.g. thread_index_in_threadgroup %u) and %s (thread %u)%s",
-                    g[0], g[1], g[2], site(at->file, at->line, at->column).c_str(),
-                    at->attrs.thread_index_in_threadgroup, site(f->file, f->line, f->column).c_str(),
-                    f->attrs.thread_index_in_threadgroup,
-                    at->line == f->line ? " (two different calls on that line)" : ""));
-        return false;
-      }
+    // 3. No thread of the cluster can move. Threads waiting at a threadgroup barrier
+    //    (all of their group, at the same one) go on first.
+    bool any = false;
+    for (Group& g : w->groups) {
+      const Release r = release_group_barrier(w, g);
+      if (r == FAILED) return false;
+      any = any || r == RELEASED;
     }
-    if (done > 0) {
-      uint32_t exited = 0;
-      for (uint32_t t = 0; t < n; ++t)
-        if (w->fibers[t].state == DONE) {
-          exited = t;
-          break;
-        }
-      L->fail(fmt("barrier divergence in threadgroup (%u,%u,%u): %u of %u threads returned while %u wait at "
-                  "threadgroup_barrier at %s (first exited: thread_index_in_threadgroup %u). Every thread of a "
-                  "threadgroup must reach each barrier: do not return early before a barrier.",
-                  g[0], g[1], g[2], done, n, n - done, site(at->file, at->line, at->column).c_str(), exited));
-      return false;
-    }
-    for (uint32_t t = 0; t < n; ++t) w->fibers[t].state = READY;
+    if (any) continue;
+    // 4. Every thread left waits at xk_cluster_sync: it must be the same one.
+    if (!release_cluster_sync(w, n, done)) return false;
   }
 }
 
@@ -572,20 +755,28 @@ void* map_or_die(size_t n) {
 bool worker_setup(Worker* w, Launch* L) {
   const LaunchDesc* d = L->d;
   const size_t ps = page_size();
-  const uint32_t n = d->group[0] * d->group[1] * d->group[2];
+  const uint32_t C = L->cluster;
+  const uint32_t n = C * d->group[0] * d->group[1] * d->group[2];  // fibers
   w->launch = L;
   w->fibers.resize(n);
+  w->simds.reserve(C * ((d->group[0] * d->group[1] * d->group[2] + 31) / 32));
   w->stack_stride = round_up(d->stack_bytes, ps) + ps;
   w->stacks_map = w->stack_stride * n;
   w->stacks = static_cast<char*>(map_or_die(w->stacks_map));
   if (!w->stacks) return false;
   for (uint32_t t = 0; t < n; ++t) mprotect(w->stacks + size_t(t) * w->stack_stride, ps, PROT_NONE);
-  size_t tg = round_up(std::max<uint64_t>(d->tg_bytes, 16), ps);
+  const size_t tg = round_up(std::max<uint64_t>(d->tg_bytes, 16), ps);
   w->tg_map_size = tg;
-  w->tg_map = static_cast<char*>(map_or_die(tg + ps));
-  if (!w->tg_map) return false;
-  mprotect(w->tg_map + tg, ps, PROT_NONE);
-  w->tg_mem = w->tg_map + tg - round_up(d->tg_bytes, 16);
+  w->tg_maps = static_cast<char*>(map_or_die((tg + ps) * C));
+  if (!w->tg_maps) return false;
+  w->groups.resize(C);
+  for (uint32_t r = 0; r < C; ++r) {
+    Group& g = w->groups[r];
+    g.tg_map = w->tg_maps + (tg + ps) * r;
+    mprotect(g.tg_map + tg, ps, PROT_NONE);
+    g.tg_mem = g.tg_map + tg - round_up(d->tg_bytes, 16);
+    g.retired = false;
+  }
   w->slots = static_cast<char*>(map_or_die(kSlotBytes * n));
   if (!w->slots) return false;
   w->altstack = static_cast<char*>(map_or_die(1 << 16));
@@ -595,7 +786,7 @@ bool worker_setup(Worker* w, Launch* L) {
 void worker_teardown(Worker* w) {
   if (w->stacks) munmap(w->stacks, w->stacks_map);
   if (w->slots) munmap(w->slots, kSlotBytes * w->fibers.size());
-  if (w->tg_map) munmap(w->tg_map, w->tg_map_size + page_size());
+  if (w->tg_maps) munmap(w->tg_maps, (w->tg_map_size + page_size()) * w->groups.size());
   if (w->altstack) munmap(w->altstack, 1 << 16);
 }
 
@@ -610,9 +801,9 @@ void worker_run(Worker* w) {
   if (sigsetjmp(w->fault_jmp, 1) == 0) {
     for (;;) {
       if (L->failed.load()) break;
-      uint64_t gid = L->next_group.fetch_add(1);
-      if (gid >= L->n_groups) break;
-      if (!run_group(w, gid)) break;
+      uint64_t cid = L->next_cluster.fetch_add(1);
+      if (cid >= L->n_clusters) break;
+      if (!run_cluster(w, cid)) break;
     }
   }
   w->cur = nullptr;
@@ -647,7 +838,39 @@ XK_EXPORT void xk_collective_wait(xk_collective* op) {
   f->op = nullptr;
 }
 
-XK_EXPORT char* xk_threadgroup_memory(void) { return tl_worker->tg_mem; }
+// xk_cluster_sync: a barrier over every thread of every threadgroup of the cluster.
+XK_EXPORT void xk_cluster_barrier(const char* file, uint32_t line, uint32_t column) {
+  Worker* w = tl_worker;
+  Fiber* f = w->cur;
+  f->state = AT_CLUSTER;
+  f->file = file;
+  f->line = line;
+  f->column = column;
+  ctx_switch(&f->ctx, &w->sched);
+}
+
+XK_EXPORT void* xk_cluster_peer_address(const void* p, uint32_t rank) {
+  Worker* w = tl_worker;
+  const char* c = static_cast<const char*>(p);
+  const char* lo = w->cur->tg_mem;
+  const uint64_t bytes = w->launch->d->tg_bytes;
+  char msg[512];
+  if (c < lo || c >= lo + bytes) {
+    snprintf(msg, sizeof msg,
+             "xk_cluster_peer: the address %p is not in the calling threadgroup's threadgroup memory "
+             "(%llu bytes at %p); pass a pointer into a threadgroup array of the kernel",
+             p, (unsigned long long)bytes, (const void*)lo);
+    xk_error(msg);
+  }
+  if (rank >= w->groups.size()) {
+    snprintf(msg, sizeof msg, "xk_cluster_peer: rank %u, but the cluster has %u threadgroups (XK_CLUSTER = %u)",
+             rank, unsigned(w->groups.size()), unsigned(w->groups.size()));
+    xk_error(msg);
+  }
+  return w->groups[rank].tg_mem + (c - lo);
+}
+
+XK_EXPORT char* xk_threadgroup_memory(void) { return tl_worker->cur->tg_mem; }
 XK_EXPORT xk_thread_slot_t* xk_thread_slot(void) { return &tl_worker->cur->slot; }
 XK_EXPORT uint32_t xk_lane(void) { return tl_worker->cur->attrs.thread_index_in_simdgroup; }
 XK_EXPORT uint32_t xk_simd_width(void) {
@@ -663,13 +886,14 @@ XK_EXPORT void xk_error(const char* message) {
     abort();
   }
   if (w->in_resolver) {
-    w->launch->fail(fmt("%s (simdgroup %u of threadgroup (%u,%u,%u))", message,
-                        w->cur->attrs.simdgroup_index_in_threadgroup, w->group_id[0], w->group_id[1],
-                        w->group_id[2]));
+    const xk_thread_attrs& a = w->cur->attrs;
+    w->launch->fail(fmt("%s (simdgroup %u of threadgroup (%u,%u,%u))", message, a.simdgroup_index_in_threadgroup,
+                        a.threadgroup_position_in_grid.x, a.threadgroup_position_in_grid.y,
+                        a.threadgroup_position_in_grid.z));
     return;
   }
   Fiber* f = w->cur;
-  w->launch->fail(std::string(message) + " by " + who(w, f));
+  w->launch->fail(std::string(message) + " by " + who(f));
   f->state = DONE;
   ctx_switch(&f->ctx, &w->sched);
   abort();
@@ -678,7 +902,8 @@ XK_EXPORT void xk_error(const char* message) {
 // ---------------------------------------------------------------------------
 // Entry points for Python (ctypes)
 // ---------------------------------------------------------------------------
-XK_EXPORT int xk_abi_version(void) { return 1; }
+// 2: LaunchDesc::cluster (was padding).
+XK_EXPORT int xk_abi_version(void) { return 2; }
 
 XK_EXPORT int xk_launch(const LaunchDesc* d, char* err, size_t errlen) {
   Launch L;
@@ -688,19 +913,27 @@ XK_EXPORT int xk_launch(const LaunchDesc* d, char* err, size_t errlen) {
     snprintf(err, errlen, "threadgroup of %u threads (must be 1..1024)", n);
     return 1;
   }
-  L.n_groups = 1;
+  L.cluster = d->cluster ? d->cluster : 1;
+  uint64_t n_groups = 1;
   for (int i = 0; i < 3; ++i) {
     L.groups[i] = d->grid[i] == 0 ? 0 : (d->grid[i] + d->group[i] - 1) / d->group[i];
-    L.n_groups *= L.groups[i];
+    n_groups *= L.groups[i];
   }
-  if (L.n_groups == 0) return 0;
-  uint32_t nw = std::max<uint32_t>(1, std::min<uint64_t>(d->workers, L.n_groups));
+  if (L.cluster > 8 || L.groups[0] % L.cluster != 0) {
+    snprintf(err, errlen, "XK_CLUSTER = %u with %u threadgroups along x (expected 1..8 dividing them)", L.cluster,
+             L.groups[0]);
+    return 1;
+  }
+  L.n_clusters = n_groups / L.cluster;
+  if (L.n_clusters == 0) return 0;
+  uint32_t nw = std::max<uint32_t>(1, std::min<uint64_t>(d->workers, L.n_clusters));
   std::vector<Worker> workers(nw);
   bool ok = true;
   for (auto& w : workers) ok = ok && worker_setup(&w, &L);
   if (!ok) {
     for (auto& w : workers) worker_teardown(&w);
-    snprintf(err, errlen, "could not map memory for %u emulated threads per group: %s", n, strerror(errno));
+    snprintf(err, errlen, "could not map memory for %u emulated threads per group (%u groups a cluster): %s", n,
+             L.cluster, strerror(errno));
     return 1;
   }
   signals_acquire();

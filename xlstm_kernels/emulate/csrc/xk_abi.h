@@ -70,6 +70,11 @@ typedef struct {
 
 /* ---- services the runtime provides to kernel code ---- */
 void xk_threadgroup_barrier(const char* file, uint32_t line, uint32_t column);
+/* Threadgroup clusters (a kernel with the template int XK_CLUSTER): a barrier over every
+   thread of the cluster, and the address of the byte at p (in the running thread's
+   threadgroup memory) in the memory of the cluster's threadgroup `rank`. */
+void xk_cluster_barrier(const char* file, uint32_t line, uint32_t column);
+void* xk_cluster_peer_address(const void* p, uint32_t rank);
 void xk_collective_wait(xk_collective* op);
 char* xk_threadgroup_memory(void);
 xk_thread_slot_t* xk_thread_slot(void); /* the running thread's slot */

@@ -242,6 +242,7 @@ extern "C" __attribute__((visibility("hidden"))) void __ubsan_handle_out_of_boun
 #define XK_SITE_ARGS_AT(...) __VA_ARGS__ __VA_OPT__(, ) __FILE__, __LINE__, __COUNTER__ + 1u
 #define threadgroup_barrier(...) threadgroup_barrier(XK_SITE_ARGS_AT(__VA_ARGS__))
 #define simdgroup_barrier(...) simdgroup_barrier(XK_SITE_ARGS_AT(__VA_ARGS__))
+#define xk_cluster_sync(...) xk_cluster_sync(XK_SITE_ARGS_AT(__VA_ARGS__))
 #define simd_sum(...) simd_sum(XK_SITE_ARGS_AT(__VA_ARGS__))
 #define simd_product(...) simd_product(XK_SITE_ARGS_AT(__VA_ARGS__))
 #define simd_max(...) simd_max(XK_SITE_ARGS_AT(__VA_ARGS__))
