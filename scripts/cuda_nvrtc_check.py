@@ -95,7 +95,7 @@ def record(out: str, pytest_args: list[str]) -> int:
 # ---------------------------------------------------------------------------- compile
 def mlx_source(rec: dict) -> tuple[str, str]:
     """(kernel name, full text) as mx.fast.cuda_kernel builds it for this launch."""
-    from xlstm_kernels.cuda.kernel import CudaKernel
+    from xlstm_kernels.cuda.kernel import CudaKernel, _cluster_size, _min_blocks
 
     k = CudaKernel(rec["name"], rec["input_names"], rec["output_names"], rec["source"], rec["header"],
                    rec["ensure_row_contiguous"], rec["atomic_outputs"])
@@ -104,7 +104,8 @@ def mlx_source(rec: dict) -> tuple[str, str]:
     ins, outs = k.cuda_names(zero_d, exact_grid=exact)
     source = k.cuda_source(zero_d, tuple(tuple(t) for t in rec["template"]), native_grid=True,
                            exact_grid=exact)
-    header = k.cuda_header(rec["threads"])
+    key = tuple(tuple(t) for t in rec["template"])
+    header = k.cuda_header(rec["threads"], _min_blocks(key), _cluster_size(key))
     in_info = [*rec["inputs"]] + ([] if exact else [["int32", 1]])  # + xk_grid on ragged grids
     func = "custom_kernel_" + rec["name"]  # the factory passes no template= (see template_lines)
     text = _DEFAULT_HEADER + header + "namespace mlx::core::cu {\n\nnamespace cg = cooperative_groups;\n\n"

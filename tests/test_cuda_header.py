@@ -231,6 +231,43 @@ def test_min_blocks_template_becomes_the_launch_bounds_hint(recorder):
     assert hint(4, 2 * 4097, mx.bfloat16) is None  # not a FULL row
 
 
+def test_cluster_template_becomes_the_cluster_shape(recorder, monkeypatch):
+    """A template entry XK_CLUSTER = C > 1 compiles the kernel with __cluster_dims__(C, 1, 1)
+    (the header defines XK_CLUSTER_DIMS C, which also turns on compat.h's xk_cluster_sync /
+    xk_cluster_peer); C = 1 adds nothing. Refused with a clear error: C outside 1..8, a grid
+    whose threadgroups along x are not a multiple of C, a grid launched as linear blocks, a
+    GPU before sm_90."""
+    from xlstm_kernels.cuda import limits
+
+    monkeypatch.setattr(limits, "_arch", ["sm_90"])
+    k = ck.CudaKernel("copy", ["x", "n"], ["y"], COPY)
+    x = mx.array(np.random.default_rng(3).standard_normal(512).astype(np.float32))
+
+    def go(template, grid=(512, 1, 1)):
+        return k(inputs=[x, mx.array(512, dtype=mx.int32)], output_shapes=[(512,)], output_dtypes=[mx.float32],
+                 grid=grid, threadgroup=(128, 1, 1), template=template)
+
+    go([("T", mx.float32), ("XK_CLUSTER", 1)])
+    go([("T", mx.float32), ("XK_CLUSTER", 4)])
+    plain, clustered = recorder.built
+    assert "XK_CLUSTER_DIMS" not in plain["header"]
+    assert "#define XK_CLUSTER_DIMS 4\n" in clustered["header"]
+    assert "constexpr int XK_CLUSTER = 4;" in clustered["source"]
+    text = ck.compat_header()
+    assert "__cluster_dims__(XK_CLUSTER_DIMS, 1, 1)" in text and "barrier.cluster.arrive.release" in text
+    assert "mapa.u64" in text
+    for bad in (0, 9, True):
+        with pytest.raises(ValueError, match="XK_CLUSTER"):
+            go([("T", mx.float32), ("XK_CLUSTER", bad)])
+    with pytest.raises(ValueError, match="XK_CLUSTER=4: the threadgroups along x \\(3"):
+        go([("T", mx.float32), ("XK_CLUSTER", 4)], grid=(384, 1, 1))
+    with pytest.raises(ck.CudaKernelError, match="3-D grid"):
+        go([("T", mx.float32), ("XK_CLUSTER", 4)], grid=(512, 70000, 1))
+    monkeypatch.setattr(limits, "_arch", ["sm_89"])
+    with pytest.raises(ck.CudaKernelError, match="sm_90"):
+        go([("T", mx.float32), ("XK_CLUSTER", 2)])
+
+
 def test_bad_launches_still_raise_after_a_good_one(recorder):
     k = ck.CudaKernel("copy", ["x", "n"], ["y"], COPY)
     x = mx.zeros((8,))

@@ -1129,6 +1129,26 @@ template <class T> inline T* dynamic_threadgroup(size_t bytes) {
 }
 }  // namespace msl_detail
 
+// ---- Threadgroup clusters (metal_src/_cluster.metal) -------------------------------------
+// Defined for a launch whose template names XK_CLUSTER > 1 (the header then defines
+// XK_CLUSTER_DIMS; clusters need sm_90): the kernel gets __cluster_dims__(XK_CLUSTER_DIMS, 1,
+// 1) below, a cluster sync is barrier.cluster (release / acquire, every thread of the
+// cluster), a peer's threadgroup memory a generic address from mapa (Hopper's distributed
+// shared memory). Without XK_CLUSTER_DIMS, _cluster.metal's stand-ins apply (XK_CLUSTER_MAX 1).
+#ifdef XK_CLUSTER_DIMS
+#define XK_CLUSTER_NATIVE 1
+#define XK_CLUSTER_MAX 8
+__device__ __forceinline__ void xk_cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+template <typename T>
+__device__ __forceinline__ T* xk_cluster_peer(T* p, unsigned rank) {
+  unsigned long long a;
+  asm volatile("mapa.u64 %0, %1, %2;" : "=l"(a) : "l"(reinterpret_cast<unsigned long long>(p)), "r"(rank));
+  return reinterpret_cast<T*>(a);
+}
+#endif
+
 }  // namespace mlx::core::cu
 
 // Registers: the kernel is compiled for its launch's threadgroup size, so a
@@ -1136,11 +1156,17 @@ template <class T> inline T* dynamic_threadgroup(size_t bytes) {
 // template names XK_MIN_BLOCKS (an occupancy hint: other backends ignore it) also asks
 // for that many resident blocks per SM, which caps the registers per thread at
 // 65536 / (XK_MAX_THREADS * XK_MIN_BLOCKS); the header defines it as XK_LAUNCH_MIN_BLOCKS (e.g. 48 for 128 threads x 10 blocks).
+// A launch in clusters (XK_CLUSTER_DIMS, above) adds the kernel's cluster shape.
+#ifdef XK_CLUSTER_DIMS
+#define XK_CLUSTER_ATTRIBUTE __cluster_dims__(XK_CLUSTER_DIMS, 1, 1)
+#else
+#define XK_CLUSTER_ATTRIBUTE
+#endif
 #undef __global__
 #ifdef XK_LAUNCH_MIN_BLOCKS
-#define __global__ __location__(global) __launch_bounds__(XK_MAX_THREADS, XK_LAUNCH_MIN_BLOCKS)
+#define __global__ __location__(global) __launch_bounds__(XK_MAX_THREADS, XK_LAUNCH_MIN_BLOCKS) XK_CLUSTER_ATTRIBUTE
 #else
-#define __global__ __location__(global) __launch_bounds__(XK_MAX_THREADS)
+#define __global__ __location__(global) __launch_bounds__(XK_MAX_THREADS) XK_CLUSTER_ATTRIBUTE
 #endif
 
 #endif  // XLSTM_CUDA_COMPAT_H

@@ -314,12 +314,15 @@ class CudaKernel:
         outs = [f"xk_a_{n}" if self.atomic_outputs else n for n in self.output_names]
         return ins, outs
 
-    def cuda_header(self, threads: int, min_blocks: int = 0) -> str:
+    def cuda_header(self, threads: int, min_blocks: int = 0, cluster: int = 1) -> str:
         """The ``header`` given to cuda_kernel; `min_blocks` > 0 (the template's
-        ``XK_MIN_BLOCKS``) adds the occupancy hint of ``__launch_bounds__``."""
+        ``XK_MIN_BLOCKS``) adds the occupancy hint of ``__launch_bounds__``, `cluster` > 1
+        (the template's ``XK_CLUSTER``) the kernel's ``__cluster_dims__(cluster, 1, 1)``."""
         parts = [f"#define XK_MAX_THREADS {int(threads)}\n"]
         if min_blocks > 0:
             parts.append(f"#define XK_LAUNCH_MIN_BLOCKS {int(min_blocks)}\n")
+        if cluster > 1:
+            parts.append(f"#define XK_CLUSTER_DIMS {int(cluster)}\n")
         code = _blank_comments_only(self._family_header + "\n" + self._body)
         body = _blank_comments_only(self._body)
         for name, pattern in HEADER_PARTS:
@@ -367,7 +370,7 @@ class CudaKernel:
             return obj
         ins, outs = self.cuda_names(zero_d, exact_grid and native_grid)
         source = self.cuda_source(zero_d, template, native_grid, exact_grid)
-        header = self.cuda_header(threads, _min_blocks(template))
+        header = self.cuda_header(threads, _min_blocks(template), _cluster_size(template))
         if INCLUDE_HEADERS:  # MLX hashes the text per launch: hand it one #include line each
             # cuda_kernel passes an input's shape / strides / ndim when its name + "_shape"
             # (...) occurs in the source text: the short text names the ones the body uses
@@ -511,6 +514,18 @@ class CudaKernel:
                                       f"more than CUDA can launch ({_MAX_GRID_X_THREADS // block[0]} x "
                                       f"{_MAX_GRID_YZ_BLOCKS} blocks of {block[0]} x {block[1]} x {block[2]})")
             launch_grid = (bx * block[0], by * block[1], block[2])
+        cluster = _cluster_size(template_key)
+        if cluster > 1:
+            if not native:
+                raise CudaKernelError(f"[{self.name}] grid {g} with threadgroup {t}: template {CLUSTER_TEMPLATE}="
+                                      f"{cluster} needs CUDA's own 3-D grid of blocks (at most "
+                                      f"{_MAX_GRID_YZ_BLOCKS} threadgroups in y and z)")
+            if counts[0] % cluster:
+                raise ValueError(f"[metal_kernel] template {CLUSTER_TEMPLATE}={cluster}: the threadgroups along x "
+                                 f"({counts[0]}, grid {g}, threadgroup {t}) must be a multiple of the cluster size")
+            if not limits.has_clusters():
+                raise CudaKernelError(f"[{self.name}] template {CLUSTER_TEMPLATE}={cluster}: threadgroup clusters "
+                                      f"need sm_90 or newer, this GPU is {limits.architecture()}")
         exact = native and all(gg % bb == 0 for gg, bb in zip(g, block))
         obj = self._object(zero_d, n_threads, template_key, native, exact, shared_memory)
         grid_arg = None if exact else device_array([*g, *counts], mx.int32)
@@ -535,6 +550,25 @@ def _min_blocks(key: tuple) -> int:
                                  "(resident threadgroups per SM)")
             return v
     return 0
+
+
+CLUSTER_TEMPLATE = "XK_CLUSTER"
+#: The largest cluster CUDA launches without an opt-in (cudaFuncAttributeNonPortableClusterSizeAllowed,
+#: which MLX's launch does not set).
+MAX_CLUSTER = 8
+
+
+def _cluster_size(key: tuple) -> int:
+    """The cluster size of a template key: the int ``XK_CLUSTER`` (threadgroups along x that
+    run together and share their threadgroup memory, ``metal_src/_cluster.metal``), 1 when
+    absent. Bodies read it (they sync and merge across the cluster)."""
+    for name, kind, v in key:
+        if name == CLUSTER_TEMPLATE:
+            if kind != "int" or not 1 <= v <= MAX_CLUSTER:
+                raise ValueError(f"[metal_kernel] template {CLUSTER_TEMPLATE}={v!r}: expected an int from 1 to "
+                                 f"{MAX_CLUSTER} (threadgroups a cluster)")
+            return v
+    return 1
 
 
 def _template_key(template: Sequence[tuple[str, Any]] | None) -> tuple:

@@ -71,3 +71,13 @@ def shared_bytes_per_sm(arch: str | None = None) -> int:
     """Shared memory of one SM on `arch` (default: this GPU's)."""
     a = _normalise(arch) if arch else architecture()
     return SHARED_BYTES_PER_SM.get(a, SHARED_BYTES_PER_SM[UNKNOWN_ARCHITECTURE])
+
+
+def has_clusters(arch: str | None = None) -> bool:
+    """Whether `arch` (default: this GPU's) launches threadgroup clusters (thread-block
+    clusters and distributed shared memory: sm_90 and newer)."""
+    a = _normalise(arch) if arch else architecture()
+    try:
+        return int(a.removeprefix("sm_")) >= 90
+    except ValueError:
+        return False
