@@ -1435,12 +1435,21 @@ for (int e = int(tid); e < R * DV; e += NT) {
 // Keys at or past a row's limit do not exist for it (-inf), as in attention_partial; the
 // copies clamp rows past the block's last visible key to it (their P is 0). Head dims are
 // zero-padded to DP / DVP (multiples of 8) in the tiles.
+// * XK_CLUSTER = C > 1 (NW > 1; clusters: metal_src/_cluster.metal, cuda on sm_90 and the
+//   emulator): the C threadgroups of consecutive key blocks form a cluster, and merge their
+//   states as attention_reduce would (same weights, key counts where every key is masked):
+//   each threadgroup leaves its block's normalised output and log-sum-exp in its threadgroup
+//   memory, the cluster syncs, and each threadgroup merges its share of the (row, column)
+//   elements from the cluster's C blocks (read in place, block order). The outputs then
+//   hold n_blocks / C blocks; with n_blocks == C the one block IS the attention output, so
+//   a decode step is one launch (o_part in T, no pass 2).
 // Threadgroup (32 * NW, 1, 1); grid (32 * NW * n_blocks, Hkv * ceil(G * Lq / R), B).
-// Threadgroup memory: max(NW * ST stages, NW > 1 ? NW * NQ * (DVP + 2) floats : 0) (on
-// CUDA the launch's dynamic shared memory).
+// Threadgroup memory: max(NW * ST stages, NW > 1 ? NW * NQ * (DVP + 2) floats (+ NQ * (DV + 1)
+// with clusters) : 0) (on CUDA the launch's dynamic shared memory).
 // inputs: q, k, v (T); mask (MT); params (int64); scale (float).
-// outputs: o_part (B, Hq, Lq, n_blocks, DV) float; lse (B, Hq, Lq, n_blocks) float
-// template: T, MT, D, DV, MASK, R, RM, KT, ST, NW
+// outputs: o_part (B, Hq, Lq, n_blocks / C, DV) OT (float; T where n_blocks == C);
+//          lse (B, Hq, Lq, n_blocks / C) float
+// template: T, OT, MT, D, DV, MASK, R, RM, KT, ST, NW, XK_CLUSTER
 constexpr int DP = (D + 7) / 8 * 8;
 constexpr int DVP = (DV + 7) / 8 * 8;
 constexpr int TD = DP / 8;   // 8-element blocks of a q / k row
@@ -1457,13 +1466,17 @@ constexpr int V16 = 16 / int(sizeof(T));
 constexpr int CWK = D % V16 == 0 ? V16 : (V16 > 4 && D % 4 == 0) ? 4 : D % 2 == 0 ? 2 : 1;  // copy runs
 constexpr int CWV = DV % V16 == 0 ? V16 : (V16 > 4 && DV % 4 == 0) ? 4 : DV % 2 == 0 ? 2 : 1;
 constexpr int STAGE_WORDS = (NW * ST * STAGE * int(sizeof(T)) + 15) / 16;
-constexpr int MERGE_WORDS = NW > 1 ? (NW * NQ * (DVP + 2) + 3) / 4 : 0;  // float O, max, sum per simdgroup
+constexpr int SLOT = XK_CLUSTER > 1 ? NQ * (DV + 1) : 0;  // the block's normalised O and lse, read by its cluster
+constexpr int MERGE_WORDS = NW > 1 ? (NW * NQ * (DVP + 2) + SLOT + 3) / 4 : 0;  // float O, max, sum per simdgroup
 constexpr int TG_WORDS = STAGE_WORDS > MERGE_WORDS ? STAGE_WORDS : MERGE_WORDS;
 static_assert(KT % 16 == 0 && RM >= 1 && RM <= 2 && R <= NQ && NW >= 1, "attention_partial_mma: bad tile");
 static_assert(NQ * LDK <= ST * STAGE, "attention_partial_mma: q staging does not fit the stages");
+static_assert(XK_CLUSTER >= 1 && XK_CLUSTER <= XK_CLUSTER_MAX && (XK_CLUSTER == 1 || NW > 1),
+              "attention_partial_mma: clusters need a backend that has them, and NW > 1");
 
 const long Hq = params[0], Hkv = params[1], Lq = params[2], Lk = long(k_shape[2]);
 const long bs = params[8], nb = long(threadgroups_per_grid.x);
+const long nbo = nb / XK_CLUSTER;  // blocks of the outputs: one a cluster
 const long off = Lk - Lq;
 const long G = Hq / Hkv;
 const long nrows = G * Lq;
@@ -1784,6 +1797,8 @@ if (NW > 1) {
   threadgroup float* mo = reinterpret_cast<threadgroup float*>(xk_tiles);  // [NW][NQ][DVP]
   threadgroup float* mm = mo + NW * NQ * DVP;                               // [NW][NQ] running max
   threadgroup float* ml = mm + NW * NQ;                                     // [NW][NQ] sum
+  threadgroup float* co = ml + NW * NQ;  // clusters: [NQ][DV] the block's normalised O ...
+  threadgroup float* cl = co + NQ * DV;  // ... and [NQ] its log-sum-exp
   XK_ATTN_UNROLL
   for (int c = 0; c < NE; ++c) {
     const float lsum = xk_frag_col_sum(l_i[c]);
@@ -1819,11 +1834,63 @@ if (NW > 1) {
       }
       const long row = row0 + ri;
       const bool some = !(lsum <= 0.0f);  // NaN propagates
-      o_part[(row * nb + blk) * DV + d] = some ? acc / lsum : 0.0f;
-      if (d == 0) {
-        lse[row * nb + blk] = some ? (mx + metal::log2(lsum)) * XK_LN2 : -INFINITY;
+      const float ob = some ? acc / lsum : 0.0f;
+      const float lb = some ? (mx + metal::log2(lsum)) * XK_LN2 : -INFINITY;
+      if (XK_CLUSTER > 1) {
+        co[ri * DV + d] = ob;
+        if (d == 0) {
+          cl[ri] = lb;
+        }
+      } else {
+        o_part[(row * nb + blk) * DV + d] = OT(ob);
+        if (d == 0) {
+          lse[row * nb + blk] = lb;
+        }
       }
     }
+  }
+  if (XK_CLUSTER > 1) {
+    // The cluster's C blocks merged as attention_reduce merges blocks: weights exp(lse_s -
+    // M), or the blocks' key counts where every key is masked (lse at the -FLT_MAX level).
+    // With one output block the result is final (0 / 0 = NaN where no key exists, like
+    // MLX); else a partial block (0 and -inf where none exists) for attention_reduce.
+    xk_cluster_sync();  // every block's slot written
+    const int rank = int(blk % XK_CLUSTER);
+    const long s0 = blk - rank;  // the cluster's first block
+    const bool last = nbo == 1;
+    for (int e = tid + rank * 32 * NW; e < R * DV; e += 32 * NW * XK_CLUSTER) {
+      const int ri = e / DV;
+      const int d = e % DV;
+      if (gr0 + ri < nrows) {
+        float lv[XK_CLUSTER];
+        float mall = -INFINITY;
+        XK_ATTN_UNROLL
+        for (int c = 0; c < XK_CLUSTER; ++c) {
+          lv[c] = xk_cluster_peer(cl, uint(c))[ri];
+          mall = metal::max(mall, lv[c]);
+        }
+        const bool all_masked = mall > -INFINITY && mall < -2.0e38f;
+        float num = 0.0f;
+        float den = 0.0f;
+        XK_ATTN_UNROLL
+        for (int c = 0; c < XK_CLUSTER; ++c) {
+          const float w = all_masked ? float(metal::min(bs, Lk - (s0 + c) * bs)) : metal::exp(lv[c] - mall);
+          num += w * xk_cluster_peer(co, uint(c))[ri * DV + d];
+          den += w;
+        }
+        const long row = row0 + ri;
+        const long ob = row * nbo + blk / XK_CLUSTER;
+        if (last) {
+          o_part[ob * DV + d] = OT(num / den);
+        } else {
+          o_part[ob * DV + d] = OT(den > 0.0f ? num / den : 0.0f);
+        }
+        if (d == 0) {
+          lse[ob] = den > 0.0f ? (all_masked ? mall : mall + metal::log(den)) : -INFINITY;
+        }
+      }
+    }
+    xk_cluster_sync();  // the peers' slots read before any threadgroup returns
   }
 } else {
   XK_ATTN_UNROLL
@@ -1833,13 +1900,13 @@ if (NW > 1) {
       const int r = c / 2;
       const int e = c % 2;
       const long row = row0 + 8 * r + fc + e;
-      device float* op = o_part + (row * nb + blk) * DV;
+      device OT* op = o_part + (row * nb + blk) * DV;
       const bool some = !(lsum <= 0.0f);  // NaN propagates
       XK_ATTN_UNROLL
       for (int tv = 0; tv < TV; ++tv) {
         const int d = tv * 8 + fr;
         if (d < DV) {
-          op[d] = some ? xk_frag_get(Ot[r][tv])[e] / lsum : 0.0f;
+          op[d] = OT(some ? xk_frag_get(Ot[r][tv])[e] / lsum : 0.0f);
         }
       }
       if (fr == 0) {

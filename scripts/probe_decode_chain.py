@@ -20,6 +20,8 @@ Dotted rule names combine tokens (session 27): "nw4.bs1024" runs 4 simdgroups pe
 threadgroup (SPLIT_KV_MMA_WARPS) at 1024 keys a block; "nw2" the shipped block rule; "nw4.tg128.st2"
 aims for 128 threadgroups at 2 stages; ktN: tiles of N keys (SPLIT_KV_MMA_TILE); pf0 / pf1 (session 28):
 pass 2 without / with its first batch of loads ahead of the lse reduction (REDUCE_PREFETCH).
+clN (session 38): the split_kv_cluster knob N (threadgroup clusters; cuda needs MLX_USE_CUDA_GRAPHS=0;
+no clN token: the shipped default, none).
 """
 
 from __future__ import annotations
@@ -50,18 +52,18 @@ def _pow2_at_least(n: int) -> int:
 def _floor_rule(lo: int, blocks: int):
     """The shipped block size, raised to at least `lo` keys and to at most `blocks` key
     blocks (pass 2 merges 32 blocks at a time)."""
-    return lambda per_block, lk, target=None: max(_shipped_rule(per_block, lk, target), lo,
-                                                  _pow2_at_least(-(-lk // blocks)))
+    return lambda per_block, lk, target=None, clusters=False: max(_shipped_rule(per_block, lk, target), lo,
+                                                                  _pow2_at_least(-(-lk // blocks)))
 
 
 def _groups_rule(groups: int):
     """The shipped rule aiming for `groups` threadgroups whatever the head width."""
-    return lambda per_block, lk, target=None: _shipped_rule(per_block, lk, groups)
+    return lambda per_block, lk, target=None, clusters=False: _shipped_rule(per_block, lk, groups)
 
 
 def _fixed_rule(bs: int):
     """Every call `bs` keys a block, whatever the shape (session 26's marginal chains)."""
-    return lambda per_block, lk, target=None: bs
+    return lambda per_block, lk, target=None, clusters=False: bs
 
 
 RULES = {"shipped": _shipped_rule, "max32": _floor_rule(64, 32), "max32 min128": _floor_rule(128, 32),
@@ -73,6 +75,8 @@ _REDUCE_BATCH = att.REDUCE_BATCH
 _PREFETCH = att.REDUCE_PREFETCH
 _WARPS = att.SPLIT_KV_MMA_WARPS
 _TILE = att.SPLIT_KV_MMA_TILE
+_cluster_for = att._cluster_for
+_clusters_possible = att._clusters_possible
 
 
 def _token(name: str, prefix: str) -> int | None:
@@ -108,6 +112,9 @@ def _use(groups: int | None, stages: int | None, saved: dict, rule=None, name: s
     att.SPLIT_KV_MMA_TARGET_GROUPS = groups or saved["SPLIT_KV_MMA_TARGET_GROUPS"]
     att.SPLIT_KV_MMA_MAX_STAGES = stages or saved["SPLIT_KV_MMA_MAX_STAGES"]
     att._mma_block_for = rule or _shipped_rule
+    cl = _token(name, "cl")
+    att._cluster_for = _cluster_for if cl is None else (lambda knob, *a: _cluster_for(cl, *a))
+    att._clusters_possible = _clusters_possible if cl is None else (lambda knob, *a: _clusters_possible(cl, *a))
     att._CALLS.clear()
     att._FAMILIES.clear()
     att._LAST_FAMILY[0] = None
@@ -152,9 +159,11 @@ def main() -> None:
             if name not in errs:
                 o = ours(q).astype(mx.float32)
                 errs[name] = (mx.abs(o - ref).max() / mx.abs(ref).max()).item()
-                bs = att._auto_block_size_mma(q, k, v, "cuda")
+                cl_knob = _token(name, "cl")
+                bs = att._auto_block_size_mma(q, k, v, "cuda", cl_knob)
                 nw = att._mma_warps(hq // hkv, d, d, q.dtype, "cuda")
-                plans[name] = f"bs{bs} nb{-(-lk // bs)} w{nw}"
+                cl = att._cluster_for(cl_knob, -(-lk // bs), hq // hkv, d, d, q.dtype, "cuda")
+                plans[name] = f"bs{bs} nb{-(-lk // bs)} w{nw} c{cl}"
             return ours
 
         times = measure_chained_variants([(n, (lambda n=n, g=g, s=s: prepare(n, g, s))) for n, g, s in variants], q,

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from xlstm_kernels import emulate, runtime
+from xlstm_kernels.runtime import current_backend
 from xlstm_kernels.ops import attention as att
 
 DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
@@ -174,14 +175,37 @@ class LaunchSpy:
         monkeypatch.setattr(att, "prepare_launch", spy_prepare)
 
 
-WALKS = ("lane", "mma")  # split-KV pass 1: attention_partial (lane walk) / attention_partial_mma (tiles)
-PARTIAL_KERNEL = {"lane": "attention_partial", "mma": "attention_partial_mma"}
+# split-KV pass 1: attention_partial (lane walk) / attention_partial_mma (tiles) / the tiles
+# with their key blocks merged in threadgroup clusters (backends that have them)
+WALKS = ("lane", "mma", "cluster")
+PARTIAL_KERNEL = {"lane": "attention_partial", "mma": "attention_partial_mma", "cluster": "attention_partial_mma"}
 
 
 def set_walk(monkeypatch, walk: str) -> None:
-    """Pin the split-KV pass 1 through its knob's variable (the op's default: mma for 2-byte
-    dtypes, lane for float32)."""
-    monkeypatch.setenv("XLSTM_ATTENTION_SPLIT_KV_MMA", "1" if walk == "mma" else "0")
+    """Pin the split-KV pass 1 through its knobs' variables (the op's default: mma for 2-byte
+    dtypes, lane for float32, no clusters): "mma" without clusters, "cluster" with clusters of
+    up to 8 blocks (the largest divisor of the block count; skipped where the backend runs no
+    clusters: Apple GPUs, cuda before sm_90 or with MLX's CUDA graphs on)."""
+    if walk == "cluster" and not att._has_clusters(current_backend()):
+        pytest.skip(att._cluster_support(current_backend()))
+    monkeypatch.setenv("XLSTM_ATTENTION_SPLIT_KV_MMA", "0" if walk == "lane" else "1")
+    monkeypatch.setenv("XLSTM_ATTENTION_SPLIT_KV_CLUSTER", "8" if walk == "cluster" else "0")
+
+
+def assert_split_kernels(spy, walk: str, n_blocks: int, backend: str) -> None:
+    """The launches of one split-KV call on `walk`: pass 1 and pass 2, or pass 1 alone where
+    a cluster merged all n_blocks key blocks. Walk "cluster" (which runs only where the
+    backend has clusters) must run in clusters of the largest divisor of the block count up
+    to 8 wherever the tile plan has several simdgroups a threadgroup."""
+    t = spy.templates[0]
+    if walk != "cluster":
+        assert spy.kernels == [PARTIAL_KERNEL[walk], "attention_reduce"]
+        assert t.get("XK_CLUSTER", 1) == 1
+        return
+    c = t["XK_CLUSTER"]
+    assert c == (max(n for n in range(1, 9) if n_blocks % n == 0) if t["NW"] > 1 else 1), (c, n_blocks)
+    assert spy.kernels == (["attention_partial_mma"] if c == n_blocks and c > 1
+                           else ["attention_partial_mma", "attention_reduce"])
 
 
 # (B, Hq, Hkv, Lq, Lk, D, DV, additive mask layout): GQA ratios 1/4/8, query lengths
@@ -522,7 +546,7 @@ def test_split_kv_chunks(kernel_backend, monkeypatch, dtype_name, d, mask_kind, 
     out = att.attention_decode_split_kv(q, k, v, scale=d**-0.5, mask=mask, block_size=300)
     assert_close(out, np_attention(q, k, v, d**-0.5, mask), dtype, f"split-KV chunks {dtype_name} D={d} {mask_kind}")
     if kernel_backend != "reference":
-        assert spy.kernels == [PARTIAL_KERNEL[walk], "attention_reduce"]
+        assert_split_kernels(spy, walk, 4, kernel_backend)
         t = spy.templates[0]
         if walk == "lane":
             assert t["NSG"] == 8
@@ -786,6 +810,166 @@ def test_split_kv_mma_plan(monkeypatch):
     assert att._use_mma(True, q.astype(h), k.astype(h), k.astype(h), "metal") is True
 
 
+# Split-KV pass 1 in threadgroup clusters (XK_CLUSTER: cuda on sm_90, the emulator): the
+# cluster's key blocks merge in one launch. (B, Hq, Hkv, Lq, Lk, D, dtype, block size,
+# cluster knob, expected cluster size, blocks). One launch where the cluster holds every
+# block; a cluster and pass 2 where the blocks make several clusters; none where the block
+# count has no divisor from 2 to the knob. Lq > 1 puts 12 rows of a kv head in a
+# threadgroup (RM = 2); Lk is never a multiple of the block or the tile.
+CLUSTER_CASES = {
+    "one_launch_c4_d128": (2, 4, 2, 1, 1000, 128, "float16", 256, 8, 4, 4),
+    "one_launch_c3_d64_rows12": (1, 8, 2, 3, 301, 64, "bfloat16", 112, 8, 3, 3),
+    "one_launch_c8_gqa8": (1, 8, 1, 1, 1015, 64, "float16", 128, 8, 8, 8),
+    "two_clusters_and_reduce": (1, 4, 1, 2, 1001, 64, "bfloat16", 128, 4, 4, 8),
+    "c2_of_6_and_reduce": (1, 4, 2, 1, 550, 40, "float16", 96, 2, 2, 6),
+    "prime_blocks_no_cluster": (1, 4, 2, 1, 700, 64, "float16", 112, 4, 1, 7),
+}
+
+
+@pytest.mark.parametrize("case", list(CLUSTER_CASES))
+@pytest.mark.parametrize("mask_kind", ["none", "causal", "bool", "additive"])
+def test_split_kv_cluster(kernel_backend, monkeypatch, case, mask_kind):
+    b, hq, hkv, lq, lk, d, dtype_name, bs, knob, want, nb = CLUSTER_CASES[case]
+    dtype = DTYPES[dtype_name]
+    seed = seed_of("cluster", case, mask_kind)
+    q, k, v = make_qkv(b, hq, hkv, lq, lk, d, d, dtype, seed)
+    mask = make_mask(mask_kind, b, hq, lq, lk, dtype, seed, layout="default" if mask_kind == "bool" else "head")
+    set_walk(monkeypatch, "cluster")
+    monkeypatch.setenv("XLSTM_ATTENTION_SPLIT_KV_CLUSTER", str(knob))
+    spy = LaunchSpy(monkeypatch)
+    out = att.attention_decode_split_kv(q, k, v, scale=d**-0.5, mask=mask, block_size=bs)
+    assert tuple(out.shape) == (b, hq, lq, d) and out.dtype == dtype
+    assert_close(out, np_attention(q, k, v, d**-0.5, mask), dtype, f"split-KV clusters {case} {mask_kind}")
+    c = spy.templates[0]["XK_CLUSTER"]
+    assert c == want and -(-lk // bs) == nb
+    assert spy.kernels == (["attention_partial_mma"] if c == nb else ["attention_partial_mma", "attention_reduce"])
+
+
+@pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
+def test_split_kv_cluster_like_two_passes(kernel_backend, monkeypatch, dtype_name):
+    """Clusters against the pass pair on the same inputs: NaN in the same places (a NaN key
+    poisons its block's rows, a NaN query its row), rows whose every key is masked averaged
+    uniformly, the rest within the dtype's rounding."""
+    if kernel_backend == "reference":
+        pytest.skip("compares two kernel paths")
+    dtype = DTYPES[dtype_name]
+    b, hq, hkv, lq, lk, d = 1, 4, 2, 2, 500, 64
+    q, k, v = make_qkv(b, hq, hkv, lq, lk, d, d, dtype, seed_of("cluster nan", dtype_name))
+    qn = np.asarray(q.astype(mx.float32)).copy()
+    kn = np.asarray(k.astype(mx.float32)).copy()
+    qn[0, 3, 1, 5] = np.nan
+    kn[0, 0, 140, 7] = np.nan
+    args = [mx.array(qn).astype(dtype), mx.array(kn).astype(dtype), v]
+    bool_mask = make_mask("bool", b, hq, lq, lk, dtype, 7)  # row 1: every key masked
+    for inputs, mask in ((args, "causal"), ((q, k, v), bool_mask)):
+        outs = {}
+        for walk in ("mma", "cluster"):
+            set_walk(monkeypatch, walk)
+            outs[walk] = f64(att.attention_decode_split_kv(*inputs, scale=0.2, mask=mask, block_size=128))
+        nan = np.isnan(outs["mma"])
+        assert np.array_equal(np.isnan(outs["cluster"]), nan)
+        assert nan.any() == isinstance(mask, str) and not nan.all()
+        assert rel_err(outs["cluster"][~nan], outs["mma"][~nan]) < tolerance(dtype)
+
+
+@pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
+def test_decode_loop_in_clusters(kernel_backend, monkeypatch, dtype_name):
+    """A decode loop whose growing cache crosses from blocks one cluster merges (one launch)
+    to blocks that need pass 2 and back to clusters: each step matches float64."""
+    dtype = getattr(mx, dtype_name)
+    set_walk(monkeypatch, "cluster")
+    monkeypatch.setattr(att, "_mma_block_for", lambda per_block, lk, target=None, clusters=False: 64)
+    q, kc, vc = make_qkv(1, 4, 2, 1, 600, 64, 64, dtype, seed_of("cluster loop", dtype_name))
+    spy = LaunchSpy(monkeypatch)
+    for lk in (250, 256, 257, 449, 512, 513, 577):  # 4, 4, 5, 8, 8, 9 and 10 blocks of 64
+        k, v = kc[:, :, :lk], vc[:, :, :lk]
+        spy.kernels.clear()
+        out = att.scaled_dot_product_attention(q, k, v, scale=0.125)
+        assert_close(out, np_attention(q, k, v, 0.125, None), dtype, f"decode loop in clusters, Lk {lk}")
+
+
+def test_split_kv_cluster_plan(monkeypatch):
+    """Clusters are opt-in (the split_kv_cluster knob): the largest divisor of the block count
+    up to the knob, where the backend runs clusters (the emulator; cuda on sm_90 with MLX's
+    CUDA graphs off), the plan has more than one simdgroup and the cluster's buffer fits."""
+    h = mx.float16
+    assert [att._cluster_for(None, nb, 1, 128, 128, h, "emulate") for nb in (2, 4, 8)] == [1, 1, 1]  # off by default
+    assert [att._cluster_for(8, nb, 1, 128, 128, h, "emulate") for nb in (12, 16, 9, 11, 4)] == [6, 8, 3, 1, 4]
+    assert [att._cluster_for(k, 16, 1, 128, 128, h, "emulate") for k in (0, 1, 2, 3, 4)] == [1, 1, 2, 2, 4]
+    assert att._cluster_for(4, 4, 1, 256, 256, mx.float32, "emulate") == 1  # one simdgroup: no cluster
+    assert att._cluster_for(4, 4, 1, 128, 128, h, "metal") == 1
+    assert "no threadgroup clusters" in att._cluster_support("metal")
+    # cuda: sm_90 and MLX's CUDA graphs off (MLX_USE_CUDA_GRAPHS read as C's atoi, as MLX does)
+    for env, graphs in ((None, True), ("1", True), (" 7x", True), ("0", False), ("false", False), ("", False)):
+        if env is None:
+            monkeypatch.delenv("MLX_USE_CUDA_GRAPHS", raising=False)
+        else:
+            monkeypatch.setenv("MLX_USE_CUDA_GRAPHS", env)
+        assert att._mlx_cuda_graphs() is graphs, env
+        assert att._cluster_for(4, 4, 4, 128, 128, h, "cuda") == (1 if graphs else 4)
+    monkeypatch.setenv("MLX_USE_CUDA_GRAPHS", "1")
+    assert "MLX_USE_CUDA_GRAPHS=0" in att._cluster_support("cuda")
+    q, k = mx.zeros((1, 32, 1, 128), dtype=h), mx.zeros((1, 8, 4096, 128), dtype=h)
+    with pytest.raises(ValueError, match="cluster of 4 key blocks.*MLX_USE_CUDA_GRAPHS=0"):
+        att._partial_mma_launch(q, k, k, att._Mask(0), 0.1, 1024, "cuda", cluster=4)
+    monkeypatch.setenv("MLX_USE_CUDA_GRAPHS", "0")
+    from xlstm_kernels.cuda import limits
+
+    monkeypatch.setattr(limits, "_arch", ["sm_89"])
+    assert att._cluster_for(4, 4, 4, 128, 128, h, "cuda") == 1 and "sm_90" in att._cluster_support("cuda")
+    monkeypatch.setattr(limits, "_arch", ["sm_90"])
+    _, kw = att._partial_mma_launch(q, k, k, att._Mask(0), 0.1, 1024, "cuda", cluster=4)
+    assert kw["output_shapes"] == [(1, 32, 1, 1, 128), (1, 32, 1, 1)] and kw["output_dtypes"][0] == h
+    assert dict(kw["template"])["XK_CLUSTER"] == 4
+    assert kw["shared_memory"] == 4 * 3 * 16 * 272 * 2  # the stages hold the merge and cluster buffers too
+    _, kw = att._partial_mma_launch(q, k, k, att._Mask(0), 0.1, 256, "cuda", cluster=8)
+    assert kw["output_shapes"] == [(1, 32, 1, 2, 128), (1, 32, 1, 2)] and kw["output_dtypes"][0] == mx.float32
+    with pytest.raises(ValueError, match="divisor of the 16 blocks"):
+        att._partial_mma_launch(q, k, k, att._Mask(0), 0.1, 256, "cuda", cluster=3)
+
+    def plan(b, hq, hkv, lk, cluster):
+        q, k = mx.zeros((b, hq, 1, 128), dtype=h), mx.zeros((b, hkv, lk, 128), dtype=h)
+        bs = att._auto_block_size_mma(q, k, k, "cuda", cluster)
+        return bs, b * hkv * -(-lk // bs)
+
+    # with clusters, one sequence aims for SPLIT_KV_CLUSTER_GROUPS (64) threadgroups where that
+    # makes 2..8 blocks (one cluster); batches, and sequences needing more blocks, keep the rule
+    assert plan(1, 32, 32, 4096, 8) == (2048, 64) and plan(1, 32, 32, 4096, None) == (1024, 128)
+    assert plan(1, 32, 8, 16384, 8) == (2048, 64) and plan(1, 32, 8, 16384, 0) == (1024, 128)
+    assert plan(1, 32, 8, 4096, 8) == (512, 64)
+    assert plan(1, 32, 8, 1 << 20, 8) == (4096, 2048)
+    assert plan(8, 32, 8, 8192, 8) == (4096, 128)
+
+
+def test_split_kv_cluster_refused_where_not_run(kernel_backend, monkeypatch):
+    """split_kv_cluster set where the backend runs no clusters: a clear error naming the knob
+    and the reason, not a silent fallback."""
+    if kernel_backend == "reference":
+        pytest.skip("the reference backend runs no kernels")
+    monkeypatch.setattr(att, "_cluster_support", lambda backend: "no clusters on this test's backend")
+    q, k, v = make_qkv(1, 4, 2, 1, 600, 64, 64, mx.float16, seed_of("cluster refused"))
+    monkeypatch.setenv("XLSTM_ATTENTION_SPLIT_KV_CLUSTER", "4")
+    att._CALLS.clear()
+    with pytest.raises(ValueError, match="split_kv_cluster=4: no clusters on this test's backend"):
+        att.attention_decode_split_kv(q, k, v, scale=0.125, block_size=128)
+
+
+@pytest.mark.emulator_only
+@pytest.mark.parametrize("dtype_name, mask_kind, cluster", [("float16", "causal", 3), ("bfloat16", "bool", 2)])
+def test_check_schedules_split_kv_cluster(backend, dtype_name, mask_kind, cluster):
+    """The tile pass 1 in clusters under every schedule: a threadgroup's slot read by its
+    peers after the cluster sync, kept until the second; 6 blocks of 64 keys, Lq = 2."""
+    dtype = DTYPES[dtype_name]
+    q, k, v = make_qkv(1, 4, 2, 2, 370, 64, 64, dtype, seed_of("sched-cluster", dtype_name))
+    mask = make_mask(mask_kind, 1, 4, 2, 370, dtype, 4)
+    spec, kwargs = att._partial_mma_launch(q, k, v, _mask_obj(mask, q, k), 0.125, 64, "emulate", cluster=cluster)
+    assert dict(kwargs["template"])["XK_CLUSTER"] == cluster
+    o_part, lse = emulate.check_schedules(runtime.get_kernel(spec, "emulate"), **kwargs)
+    spec, kwargs = att._reduce_launch(o_part, lse, 64 * cluster, 370, dtype)
+    (out,) = runtime.get_kernel(spec, "emulate")(**kwargs)
+    assert_close(out.reshape(1, 4, 2, 64), np_attention(q, k, v, 0.125, mask), dtype, "split-KV clusters (schedules)")
+
+
 def test_split_kv_mma_knob_fallback(kernel_backend, monkeypatch):
     """split_kv_mma on where the tiles do not fit (float32, D = 256 on 32 KiB): the lane walk."""
     if kernel_backend not in ("emulate", "metal"):
@@ -826,7 +1010,7 @@ def test_split_kv_auto_decode(kernel_backend, monkeypatch):
                                "attention_reduce"]
 
 
-@pytest.mark.parametrize("walk", WALKS)
+@pytest.mark.parametrize("walk", ["lane", "mma"])
 def test_partial_lse_and_reduce(kernel_backend, walk):
     """Pass 1's per-block log-sum-exp and normalised outputs, and pass 2 on its own."""
     if kernel_backend == "reference":
@@ -1069,7 +1253,7 @@ MX_FAST_CASES = _mx_fast_cases()
 
 
 @pytest.mark.parametrize("case", list(MX_FAST_CASES))
-@pytest.mark.parametrize("path", ["auto", "prefill", "split", "split_mma"])
+@pytest.mark.parametrize("path", ["auto", "prefill", "split", "split_mma", "split_cluster"])
 def test_matches_mx_fast_float32(kernel_backend, monkeypatch, case, path):
     lq, lk, mask = MX_FAST_CASES[case]
     q, k, v = make_qkv(2, 4, 2, lq, lk, 64, 64, mx.float32, seed_of("mxfast", case))
@@ -1079,7 +1263,7 @@ def test_matches_mx_fast_float32(kernel_backend, monkeypatch, case, path):
     elif path == "prefill":
         out = att.attention_prefill(q, k, v, scale=0.125, mask=mask)
     else:
-        set_walk(monkeypatch, "mma" if path == "split_mma" else "lane")
+        set_walk(monkeypatch, {"split_mma": "mma", "split_cluster": "cluster"}.get(path, "lane"))
         out = att.attention_decode_split_kv(q, k, v, scale=0.125, mask=mask, block_size=32)
     got = f64(out)
     assert np.array_equal(np.isnan(got), np.isnan(ref)), f"{case}: NaN rows differ from mx.fast"

@@ -111,6 +111,8 @@ from __future__ import annotations
 
 import functools
 import math
+import os
+import re
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -775,13 +777,17 @@ SPLIT_KV_MMA_MAX_BLOCKS = 32
 #: beat 1, 2 and 8 at the same block size and at the block sizes each does best with;
 #: 2 and 4 stages no better.
 SPLIT_KV_MMA_WARPS = 4
-def _mma_bytes(rows_per_group: int, d: int, dv: int, dtype: mx.Dtype, st: int, warps: int) -> int:
+def _mma_bytes(rows_per_group: int, d: int, dv: int, dtype: mx.Dtype, st: int, warps: int, cluster: int = 1) -> int:
     """Threadgroup bytes of the tile pass 1: `warps` x `st` stages of K / V tiles, or (more
-    than one simdgroup) their merge buffer, float O, max and sum per query row of each."""
+    than one simdgroup) their merge buffer, float O, max and sum per query row of each (and,
+    in a cluster, the block's normalised O and lse per row, which the cluster reads)."""
     itemsize = 4 if dtype == mx.float32 else 2
     pad = 16 // itemsize
     stages = warps * st * SPLIT_KV_MMA_TILE * (_round8(d) + _round8(dv) + 2 * pad) * itemsize
-    merge = warps * 8 * -(-rows_per_group // 8) * (_round8(dv) + 2) * 4 if warps > 1 else 0
+    nq = 8 * -(-rows_per_group // 8)
+    merge = warps * nq * (_round8(dv) + 2) * 4 if warps > 1 else 0
+    if merge and cluster > 1:
+        merge += nq * (dv + 1) * 4
     return -(-max(stages, merge) // 16) * 16
 
 
@@ -832,21 +838,30 @@ def _use_mma(knob: bool | None, q, k, v, backend: str) -> bool:
                               backend) is not None
 
 
-def _auto_block_size_mma(q, k, v, backend: str) -> int:
-    """Tile pass 1 block size when none is set (:func:`_mma_block_for`)."""
+def _auto_block_size_mma(q, k, v, backend: str, cluster_knob: int | None = None) -> int:
+    """Tile pass 1 block size when none is set (:func:`_mma_block_for`; `cluster_knob`: the
+    split_kv_cluster knob, see :func:`_clusters_possible`)."""
     b, hq, lq, d = q.shape
-    hkv, lk = k.shape[1], k.shape[2]
+    hkv, lk, dv = k.shape[1], k.shape[2], v.shape[3]
     rows = hq // hkv * lq
-    r = _mma_plan(rows, d, v.shape[3], q.dtype, backend)[0]
-    return _mma_block_for(b * hkv * -(-rows // r), lk)
+    r = _mma_plan(rows, d, dv, q.dtype, backend)[0]
+    return _mma_block_for(b * hkv * -(-rows // r), lk,
+                          clusters=_clusters_possible(cluster_knob, rows, d, dv, q.dtype, backend))
 
 
-def _mma_block_for(per_block: int, lk: int, target: int | None = None) -> int:
+def _mma_block_for(per_block: int, lk: int, target: int | None = None, clusters: bool = False) -> int:
     """The tile pass 1's automatic block size for `lk` keys, where each key block makes
     `per_block` threadgroups (batch x kv heads x row groups): SPLIT_KV_MMA_MAX_BLOCK halved
     (down to 64) while the grid has fewer than `target` threadgroups (default
     SPLIT_KV_MMA_TARGET_GROUPS), then raised (by powers of two,
-    up to SPLIT_KV_MMA_MAX_BLOCK) until the keys make at most SPLIT_KV_MMA_MAX_BLOCKS blocks."""
+    up to SPLIT_KV_MMA_MAX_BLOCK) until the keys make at most SPLIT_KV_MMA_MAX_BLOCKS blocks.
+    `clusters` (the backend merges blocks in threadgroup clusters) and per_block below
+    SPLIT_KV_CLUSTER_GROUPS: the same halving aiming for SPLIT_KV_CLUSTER_GROUPS threadgroups,
+    where that gives 2 to MAX_CLUSTER blocks (one cluster: one launch)."""
+    if clusters and target is None and per_block < SPLIT_KV_CLUSTER_GROUPS:
+        bs = _mma_block_for(per_block, lk, SPLIT_KV_CLUSTER_GROUPS)
+        if 2 <= -(-lk // bs) <= MAX_CLUSTER:
+            return bs
     target = SPLIT_KV_MMA_TARGET_GROUPS if target is None else target
     bs = SPLIT_KV_MMA_MAX_BLOCK
     while bs > 64 and per_block * -(-lk // bs) < target:
@@ -857,10 +872,12 @@ def _mma_block_for(per_block: int, lk: int, target: int | None = None) -> int:
 
 
 def _partial_mma_launch(q, k, v, m: _Mask, scale: float, block_size: int, backend: str,
-                        warps: int | None = None) -> tuple[KernelSpec, dict]:
+                        warps: int | None = None, cluster: int = 1) -> tuple[KernelSpec, dict]:
     """(spec, launch kwargs) of the tile pass 1: one threadgroup of `warps` simdgroups
     (default :func:`_mma_warps`) per (key block, key/value head and group of R of its query
-    rows, batch)."""
+    rows, batch). `cluster` > 1 (a divisor of the block count, :func:`_cluster_for`): that
+    many consecutive blocks merged in a threadgroup cluster, so the outputs hold n_blocks /
+    cluster blocks, o_part in q's dtype where that is one block (the attention output)."""
     b, hq, lq, d = q.shape
     hkv, lk, dv = k.shape[1], k.shape[2], v.shape[3]
     rows = hq // hkv * lq
@@ -873,22 +890,107 @@ def _partial_mma_launch(q, k, v, m: _Mask, scale: float, block_size: int, backen
     r, rm, kt, st = plan
     nrg = -(-rows // r)
     nb = -(-lk // block_size)
+    if cluster > 1 and (nb % cluster or nw < 2 or cluster > MAX_CLUSTER or not _has_clusters(backend)):
+        why = _cluster_support(backend)
+        raise ValueError(f"split-KV tile pass 1: a cluster of {cluster} key blocks needs a divisor of the {nb} "
+                         f"blocks, at most {MAX_CLUSTER}, more than one simdgroup per threadgroup (plan: {nw})"
+                         + (f"; {why}" if why else ""))
+    nbo = nb // cluster
     mbuf = m.kernel_buffer()
     params = _params([hq, hkv, lq, 0, *m.strides, block_size, 0])  # Lk, n_blocks: k_shape, the grid
     check_int32("scaled_dot_product_attention", "the split-KV grid x (threads per block * key blocks)",
                 32 * nw * nb, f"k has shape {tuple(k.shape)}")
+    out_dtype = q.dtype if nbo == 1 and cluster > 1 else mx.float32
     return PARTIAL_MMA, dict(
         inputs=[q, k, v, mbuf, params, _scale_array(scale)],
-        output_shapes=[(b, hq, lq, nb, dv), (b, hq, lq, nb)],
-        output_dtypes=[mx.float32, mx.float32],
+        output_shapes=[(b, hq, lq, nbo, dv), (b, hq, lq, nbo)],
+        output_dtypes=[out_dtype, mx.float32],
         grid=(32 * nw * nb, hkv * nrg, b),
         threadgroup=(32 * nw, 1, 1),
-        template=[("T", q.dtype), ("MT", mbuf.dtype), ("D", d), ("DV", dv), ("MASK", m.kind),
-                  ("R", r), ("RM", rm), ("KT", kt), ("ST", st), ("NW", nw)],
+        template=[("T", q.dtype), ("OT", out_dtype), ("MT", mbuf.dtype), ("D", d), ("DV", dv), ("MASK", m.kind),
+                  ("R", r), ("RM", rm), ("KT", kt), ("ST", st), ("NW", nw), ("XK_CLUSTER", cluster)],
         # cuda: the buffer is the launch's dynamic shared memory (the emulator and Metal
         # declare it statically, within 32 KiB)
-        shared_memory=_mma_bytes(r, d, dv, q.dtype, st, nw) if backend == "cuda" else 0,
+        shared_memory=_mma_bytes(r, d, dv, q.dtype, st, nw, cluster) if backend == "cuda" else 0,
     )
+
+
+#: The most key blocks a threadgroup cluster merges (CUDA's portable cluster size).
+MAX_CLUSTER = 8
+#: Split-KV in threadgroup clusters (the split_kv_cluster knob; metal_src/_cluster.metal): a
+#: decode step with fewer threadgroups per key block (batch x kv heads x row groups) than
+#: this splits its keys for this many threadgroups (:func:`_mma_block_for`), and where that
+#: makes 2 to MAX_CLUSTER blocks, one cluster merges them all: one launch, no pass 2.
+#: Session 38 (H200, MLX_USE_CUDA_GRAPHS=0, fp16 / bf16; probe-decode-cluster-cuda-h200-session38.txt):
+#: kernel time (Nsight Compute) of one launch against the pass pair: 1x32x32x4096 25.8 (128
+#: threadgroups in clusters of 4) and 27.5 (64 in clusters of 2) against 21.6 + 2.8 us,
+#: 1x32x8x16384 28.3 (64 in clusters of 8) against 22.4 + 3.2: a cluster's threadgroups stream
+#: slower than free ones, by more than pass 2 costs. Marginal chains, us a call, pair -> clusters:
+#: 1x32x32x4096 26.1 -> 28.1, 1x32x8x16384 27.9 -> 29.0, 1x32x8x4096 21.0 -> 12.7 (one launch
+#: instead of two short ones), 8x32x8x8192 75.4 -> 71.9. So clusters stay opt-in.
+SPLIT_KV_CLUSTER_GROUPS = 64
+
+
+def _mlx_cuda_graphs() -> bool:
+    """Whether MLX's CUDA backend records CUDA graphs: MLX_USE_CUDA_GRAPHS unset, or set to a
+    value whose leading integer (C's atoi, as MLX reads it) is not 0."""
+    text = os.environ.get("MLX_USE_CUDA_GRAPHS")
+    if text is None:
+        return True
+    m = re.match(r"\s*([+-]?\d+)", text)
+    return bool(m and int(m.group(1)) != 0)
+
+
+def _cluster_support(backend: str) -> str | None:
+    """None where `backend` runs threadgroup clusters (the emulator; cuda on sm_90 and newer
+    with MLX's CUDA graphs off), else why not. With graphs on, MLX updates a recorded graph
+    in place (cudaGraphExecUpdate) whenever a new one has the same shape of nodes, and its
+    kernel nodes carry no cluster shape there: a kernel compiled for clusters would replace a
+    plain kernel's node (or the other way round) and run with the wrong cluster shape, so
+    that calls long after, ours or MLX's own, give wrong results (session 38 on an H100: 72
+    of 183 attention tests failed with graphs on, none with them off)."""
+    if backend == "emulate":
+        return None
+    if backend != "cuda":
+        return f"backend {backend!r} has no threadgroup clusters (cuda on sm_90 and newer, the emulator)"
+    if not cuda_limits.has_clusters():
+        return f"threadgroup clusters need sm_90 or newer (this GPU is {cuda_limits.architecture()})"
+    if _mlx_cuda_graphs():
+        return ("threadgroup clusters on cuda need MLX's CUDA graphs off (MLX_USE_CUDA_GRAPHS=0 before MLX starts): "
+                "MLX 0.32 updates a recorded graph's kernel nodes in place without their cluster shape")
+    return None
+
+
+def _has_clusters(backend: str) -> bool:
+    """Whether `backend` runs threadgroup clusters now (:func:`_cluster_support`)."""
+    return _cluster_support(backend) is None
+
+
+def _clusters_possible(knob: int | None, rows: int, d: int, dv: int, dtype: mx.Dtype, backend: str) -> bool:
+    """Whether the tile pass 1 of `rows` query rows per kv head runs in clusters: the
+    split_kv_cluster knob asks for them (2..8; off by default), the backend has them, the
+    plan has more than one simdgroup a threadgroup (they merge in threadgroup memory first)
+    and the cluster's buffer fits beside the merge buffer."""
+    if knob is None or knob < 2 or not _has_clusters(backend):
+        return False
+    nw = _mma_warps(rows, d, dv, dtype, backend)
+    plan = _mma_plan(rows, d, dv, dtype, backend, nw)
+    if nw < 2 or plan is None:
+        return False
+    r, _, _, st = plan
+    return _mma_bytes(r, d, dv, dtype, st, nw, MAX_CLUSTER) <= _tg_budget(backend)
+
+
+def _cluster_for(knob: int | None, nb: int, rows: int, d: int, dv: int, dtype: mx.Dtype, backend: str) -> int:
+    """Key blocks of the tile pass 1 merged per threadgroup cluster (1: none) for `nb`
+    blocks: the largest divisor of nb up to the split_kv_cluster knob, where
+    :func:`_clusters_possible`."""
+    if not _clusters_possible(knob, rows, d, dv, dtype, backend):
+        return 1
+    c = min(int(knob), MAX_CLUSTER)
+    while c > 1 and nb % c:
+        c -= 1
+    return c
 
 
 #: Split-KV pass 2: key blocks whose partial rows a lane loads before it adds any (the
@@ -933,18 +1035,27 @@ def _run(spec_kwargs, backend: str) -> list[mx.array]:
 
 
 def _split_kv_forward(q, k, v, m: _Mask, scale: float, block_size: int | None, backend: str,
-                      mma: bool = False, plans: dict | None = None) -> mx.array:
-    """Pass 1 and pass 2 of one call. `plans` (a dict kept by the caller, for masks without
-    an array): the two launches prepared once per (block size, block count) and reused, as
-    a decode loop's growing cache calls with a new Lk every step (the kernels read Lk by
-    value; the grid changes only with the block count)."""
+                      mma: bool = False, plans: dict | None = None, cluster: int | None = None) -> mx.array:
+    """Pass 1 and pass 2 of one call (pass 1 alone where a threadgroup cluster merges all
+    its key blocks, see :func:`_cluster_for`; `cluster`: the split_kv_cluster knob). `plans`
+    (a dict kept by the caller, for masks without an array): the launches prepared once per
+    (block size, block count) and reused, as a decode loop's growing cache calls with a new
+    Lk every step (the kernels read Lk by value; the grid changes only with the block count)."""
     lk = k.shape[2]
+    b, hq, lq, d = q.shape
+    dv = v.shape[3]
+
+    def clusters(bs: int) -> int:
+        if not mma:
+            return 1
+        return _cluster_for(cluster, -(-lk // bs), hq // k.shape[1] * lq, d, dv, q.dtype, backend)
+
     if plans is not None and m.array is None:
         # a decode loop's step: the block size from Lk alone (a rule made once), the launches
         # per (block size, block count), Lk to pass 2 through k's shape
         rule = plans.get("block size")
         if rule is None:
-            rule = plans["block size"] = _block_size_rule(q, k, v, block_size, mma, backend)
+            rule = plans["block size"] = _block_size_rule(q, k, v, block_size, mma, backend, cluster)
         bs = rule(lk)
         plan = plans.get((bs, -(-lk // bs)))
         if plan is None:
@@ -952,32 +1063,42 @@ def _split_kv_forward(q, k, v, m: _Mask, scale: float, block_size: int | None, b
             # (B, Hq, Lq, DV): the same row-major bytes as the public shapes (kernels index
             # their outputs flat and read only their inputs' shapes), so a step runs no
             # reshape between or after the two launches.
-            spec1, kw1 = (_partial_mma_launch(q, k, v, m, scale, bs, backend) if mma
+            cl = clusters(bs)
+            spec1, kw1 = (_partial_mma_launch(q, k, v, m, scale, bs, backend, cluster=cl) if mma
                           else _partial_launch(q, k, v, m, scale, bs))
-            *lead, nb, dv = kw1["output_shapes"][0]
+            *lead, nb, _ = kw1["output_shapes"][0]
             rows = 1
             for n in lead:
                 rows *= n
-            kw1 = {**kw1, "output_shapes": [(rows, nb, dv), (rows, nb)]}
+            last = cl > 1 and nb == 1  # pass 1's o_part is the output
+            kw1 = {**kw1, "output_shapes": [(*q.shape[:3], dv) if last else (rows, nb, dv), (rows, nb)]}
             run1, consts1 = prepare_launch(spec1, **kw1, backend=backend), kw1["inputs"][3:]
             o_part, lse = run1([q, k, v, *consts1])
-            spec2, kw2 = _reduce_launch(o_part, lse, bs, lk, q.dtype, klen=k)
+            if last:
+                plan = plans[(bs, -(-lk // bs))] = (run1, consts1, None, None)
+                return o_part
+            spec2, kw2 = _reduce_launch(o_part, lse, bs * cl, lk, q.dtype, klen=k)
             kw2 = {**kw2, "output_shapes": [(*q.shape[:3], dv)]}
             plan = plans[(bs, -(-lk // bs))] = (run1, consts1, prepare_launch(spec2, **kw2, backend=backend),
                                                kw2["inputs"][2])
         else:
             o_part, lse = plan[0]([q, k, v, *plan[1]])
+            if plan[2] is None:
+                return o_part
         (o,) = plan[2]([o_part, lse, plan[3], k])
         return o
-    bs = block_size or (_auto_block_size_mma(q, k, v, backend) if mma else _auto_block_size(q, k, v))
-    spec1, kw1 = (_partial_mma_launch(q, k, v, m, scale, bs, backend) if mma
+    bs = block_size or (_auto_block_size_mma(q, k, v, backend, cluster) if mma else _auto_block_size(q, k, v))
+    cl = clusters(bs)
+    spec1, kw1 = (_partial_mma_launch(q, k, v, m, scale, bs, backend, cluster=cl) if mma
                   else _partial_launch(q, k, v, m, scale, bs))
     o_part, lse = _run((spec1, kw1), backend)
-    (o,) = _run(_reduce_launch(o_part, lse, bs, lk, q.dtype, klen=k), backend)
-    return o.reshape(*q.shape[:3], v.shape[3])
+    if cl > 1 and o_part.shape[3] == 1:
+        return o_part.reshape(b, hq, lq, dv)
+    (o,) = _run(_reduce_launch(o_part, lse, bs * cl, lk, q.dtype, klen=k), backend)
+    return o.reshape(b, hq, lq, dv)
 
 
-def _block_size_rule(q, k, v, block_size: int | None, mma: bool, backend: str):
+def _block_size_rule(q, k, v, block_size: int | None, mma: bool, backend: str, cluster_knob: int | None = None):
     """lk -> the split-KV block size of calls like this one that differ only in Lk (what
     _auto_block_size(_mma) give, computed from ints: no array attribute reads per call)."""
     if block_size:
@@ -987,7 +1108,8 @@ def _block_size_rule(q, k, v, block_size: int | None, mma: bool, backend: str):
     if mma:
         rows = hq // hkv * lq
         per_block = b * hkv * -(-rows // _mma_plan(rows, d, dv, q.dtype, backend)[0])
-        return lambda lk: _mma_block_for(per_block, lk)
+        clusters = _clusters_possible(cluster_knob, rows, d, dv, q.dtype, backend)
+        return lambda lk: _mma_block_for(per_block, lk, clusters=clusters)
     per_block = _partial_groups(b, hq, hkv, lq, 1, d, dv, q.dtype, 1)  # groups per key block
     top, target = SPLIT_KV_BLOCK_SIZE, SPLIT_KV_TARGET_GROUPS
 
@@ -1023,8 +1145,8 @@ def _knob_args(cfg: dict) -> dict:
 
 def knob_values(lq: int, lk: int, d: int, dv: int, dtype: Any, args: dict | None = None) -> dict[str, int]:
     """The knobs a call with these sizes uses, defaults and heuristics filled in:
-    {"block_q", "block_k", "split_kv_block_size", "split_kv_min_keys", "split_kv_mma", "prefill_mma"}. `args`: knob
-    arguments ({knob: value})."""
+    {"block_q", "block_k", "split_kv_block_size", "split_kv_min_keys", "split_kv_mma", "split_kv_cluster",
+    "prefill_mma"} (split_kv_cluster: the cluster size asked for, 0 for none). `args`: knob arguments ({knob: value})."""
     v = resolve_knobs("attention", dtype, lk, args=args, fits=attention_fits(d, dv, dtype)).values
     bq, bk = _prefill_tiles(lq, d, dv, getattr(mx, dtype_name(dtype)), v["block_q"], v["block_k"])
     mx_dtype = getattr(mx, dtype_name(dtype))
@@ -1035,6 +1157,7 @@ def knob_values(lq: int, lk: int, d: int, dv: int, dtype: Any, args: dict | None
             "split_kv_block_size": SPLIT_KV_BLOCK_SIZE if v["split_kv_block_size"] is None else v["split_kv_block_size"],
             "split_kv_min_keys": SPLIT_KV_MIN_KEYS if v["split_kv_min_keys"] is None else v["split_kv_min_keys"],
             "split_kv_mma": mma and _mma_plan(1, d, dv, mx_dtype, backend) is not None,
+            "split_kv_cluster": v["split_kv_cluster"] or 0,
             "prefill_mma": pmma and _prefill_mma_plan(lq, d, dv, mx_dtype, backend) is not None}
 
 
@@ -1188,6 +1311,8 @@ def _build_attention(q, k, v, scale, mask, path: str, cfg: dict, replay: bool = 
         reference.last_lk = lk
         return reference
     mma = path == "split" and _use_mma(kv["split_kv_mma"], q, k, v, backend)
+    if path == "split" and (kv["split_kv_cluster"] or 0) >= 2 and _cluster_support(backend) is not None:
+        raise ValueError(f"split_kv_cluster={kv['split_kv_cluster']}: {_cluster_support(backend)}")
     # the tile prefill, unless the call names attention_prefill's tiles (block_q= / block_k=)
     prefill_mma = (path == "prefill" and cfg.get("block_q") is None and cfg.get("block_k") is None
                    and _use_prefill_mma(kv["prefill_mma"], q, v, backend))
@@ -1200,7 +1325,8 @@ def _build_attention(q, k, v, scale, mask, path: str, cfg: dict, replay: bool = 
     def forward(q, k, v, mm: _Mask) -> mx.array:
         q = mx.contiguous(q)  # k and v are read in place (_IN_PLACE)
         if path == "split":
-            return _split_kv_forward(q, k, v, mm, scale, block_size, backend, mma, split_plans)
+            return _split_kv_forward(q, k, v, mm, scale, block_size, backend, mma, split_plans,
+                                     kv["split_kv_cluster"])
         if prefill_mma:
             (o,) = _run(_prefill_mma_launch(q, k, v, mm, scale, backend), backend)
             return o

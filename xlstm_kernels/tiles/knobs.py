@@ -18,6 +18,11 @@ Ops and their knobs (the names are public API: env variables, preset keys, ``kno
                                            (attention_partial_mma; default on for 2-byte dtypes on
                                            cuda / the emulator) or
                                            the lane walk (attention_partial)
+                           split_kv_cluster 0..8: key blocks of the tile pass 1 merged in one
+                                           threadgroup cluster (0 / 1, the default: none; a cluster
+                                           holding every block makes a decode step one launch). Only
+                                           the emulator and cuda on sm_90 with MLX_USE_CUDA_GRAPHS=0
+                                           run clusters (ops.attention._cluster_support says why)
                            prefill_mma     true | false: prefill as 16 x 16 simdgroup-matrix tiles
                                            (attention_prefill_mma; default on for 2-byte dtypes on
                                            cuda / the emulator) or attention_prefill (the one
@@ -204,6 +209,10 @@ KNOBS: dict[str, dict[str, Knob]] = {
              "built-in default: on for float16 / bfloat16 on cuda and the emulator, off for float32 and on "
              "Apple GPUs (ops.attention._mma_default)", (False, True),
              (False, True), "split-KV pass 1 as simdgroup-matrix tiles (tensor cores on CUDA) instead of the lane walk"),
+        Knob("split_kv_cluster", "int", _IntRule(0, 8),
+             "built-in default: none (opt-in: the emulator, cuda on sm_90 with MLX_USE_CUDA_GRAPHS=0; "
+             "ops.attention._cluster_support)", (), (),
+             "key blocks of the split-KV tile pass 1 merged in one threadgroup cluster (0 / 1: none)"),
         Knob("prefill_mma", "bool", None,
              "built-in default: on for float16 / bfloat16 on cuda and the emulator, off for float32 and on "
              "Apple GPUs (ops.attention._prefill_mma_default)", (False, True),
