@@ -816,14 +816,22 @@ void worker_run(Worker* w) {
 // ---------------------------------------------------------------------------
 // Services for kernel code
 // ---------------------------------------------------------------------------
-XK_EXPORT void xk_threadgroup_barrier(const char* file, uint32_t line, uint32_t column) {
+namespace {
+// Parks the running thread at a barrier of kind `state` (its site kept for the scheduler's
+// checks and messages) until the scheduler releases it.
+void park_at(State state, const char* file, uint32_t line, uint32_t column) {
   Worker* w = tl_worker;
   Fiber* f = w->cur;
-  f->state = AT_BARRIER;
+  f->state = state;
   f->file = file;
   f->line = line;
   f->column = column;
   ctx_switch(&f->ctx, &w->sched);
+}
+}  // namespace
+
+XK_EXPORT void xk_threadgroup_barrier(const char* file, uint32_t line, uint32_t column) {
+  park_at(AT_BARRIER, file, line, column);
 }
 
 XK_EXPORT void xk_collective_wait(xk_collective* op) {
@@ -840,13 +848,7 @@ XK_EXPORT void xk_collective_wait(xk_collective* op) {
 
 // xk_cluster_sync: a barrier over every thread of every threadgroup of the cluster.
 XK_EXPORT void xk_cluster_barrier(const char* file, uint32_t line, uint32_t column) {
-  Worker* w = tl_worker;
-  Fiber* f = w->cur;
-  f->state = AT_CLUSTER;
-  f->file = file;
-  f->line = line;
-  f->column = column;
-  ctx_switch(&f->ctx, &w->sched);
+  park_at(AT_CLUSTER, file, line, column);
 }
 
 XK_EXPORT void* xk_cluster_peer_address(const void* p, uint32_t rank) {
