@@ -76,8 +76,15 @@ Kernels (``metal_src/attention.metal``):
   block size automatic from ``SPLIT_KV_MMA_MAX_BLOCK`` (4096) halved (down to 64) until the
   grid has ``SPLIT_KV_MMA_TARGET_GROUPS`` (128) threadgroups, then doubled while the keys make more than
   ``SPLIT_KV_MMA_MAX_BLOCKS`` (32) blocks. Where one stage does not fit
-  (float32 with head dims near 256 on 32 KiB) the lane walk runs. Split-KV is chosen
-  automatically for
+  (float32 with head dims near 256 on 32 KiB) the lane walk runs. Opt-in (knob
+  ``split_kv_cluster`` = C, 2..8): the tile pass 1's threadgroups of consecutive key blocks
+  form threadgroup clusters of C (the largest divisor of the block count up to C) that
+  merge their blocks in threadgroup memory as pass 2 would; where one cluster holds every
+  block, a decode step is one launch. Only the emulator and cuda on sm_90 with MLX's CUDA
+  graphs off run clusters (:func:`_cluster_support`: MLX's graph updates drop a kernel
+  node's cluster shape); elsewhere the knob is an error. Not the default: on an H200 the
+  one launch was slower than the pass pair at 64 MiB of K / V (session 38). Split-KV is
+  chosen automatically for
   Lq <= ``SPLIT_KV_MAX_QUERIES`` (8) and Lk >= ``SPLIT_KV_MIN_KEYS`` (1024; override with
   the ``split_kv_min_keys`` argument or ``XLSTM_ATTENTION_SPLIT_KV_MIN_KEYS``, alias
   ``XLSTM_KERNELS_ATTN_SPLIT_MIN_KEYS``).
@@ -85,8 +92,8 @@ Kernels (``metal_src/attention.metal``):
 Knobs (:mod:`xlstm_kernels.tiles.knobs`, op ``attention``, shape class by Lk): ``block_q``,
 ``block_k`` (prefill tiles; the heuristic above when unset), ``split_kv_block_size``
 (automatic when unset, see above; :func:`knob_values` reports ``SPLIT_KV_BLOCK_SIZE`` =
-256, its largest value), ``split_kv_min_keys`` and ``split_kv_mma`` (tile or lane pass 1;
-``XLSTM_ATTENTION_SPLIT_KV_MMA=0`` selects the lane walk). Per call: the keyword
+256, its largest value), ``split_kv_min_keys``, ``split_kv_mma`` (tile or lane pass 1;
+``XLSTM_ATTENTION_SPLIT_KV_MMA=0`` selects the lane walk) and ``split_kv_cluster`` (above). Per call: the keyword
 arguments (``block_q=``, ``block_k=``, ``block_size=``, ``split_kv_min_keys=``, or
 ``knobs=`` of :func:`scaled_dot_product_attention`), then ``XLSTM_ATTENTION_*`` variables,
 then the presets. A block_k whose K/V tiles do not fit 32 KiB for the head dims is an
