@@ -951,11 +951,12 @@ def _mlx_cuda_graphs() -> bool:
 def _cluster_support(backend: str) -> str | None:
     """None where `backend` runs threadgroup clusters (the emulator; cuda on sm_90 and newer
     with MLX's CUDA graphs off), else why not. With graphs on, MLX updates a recorded graph
-    in place (cudaGraphExecUpdate) whenever a new one has the same shape of nodes, and its
-    kernel nodes carry no cluster shape there: a kernel compiled for clusters would replace a
-    plain kernel's node (or the other way round) and run with the wrong cluster shape, so
-    that calls long after, ours or MLX's own, give wrong results (session 38 on an H100: 72
-    of 183 attention tests failed with graphs on, none with them off)."""
+    in place (cudaGraphExecUpdate) whenever a new one has the same shape of nodes; a node
+    that held a kernel compiled for clusters keeps its cluster shape, and a plain kernel
+    updated into it whose block count is no multiple of that shape silently does not run,
+    so calls long after, ours or MLX's own, give wrong results (session 38: 72 of 183
+    attention tests failed with graphs on, none with them off;
+    scripts/repro_mlx_cluster_graph.py shows it with two plain cuda_kernels)."""
     if backend == "emulate":
         return None
     if backend != "cuda":
