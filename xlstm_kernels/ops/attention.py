@@ -81,8 +81,8 @@ Kernels (``metal_src/attention.metal``):
   form threadgroup clusters of C (the largest divisor of the block count up to C) that
   merge their blocks in threadgroup memory as pass 2 would; where one cluster holds every
   block, a decode step is one launch. Only the emulator and cuda on sm_90 with MLX's CUDA
-  graphs off run clusters (:func:`_cluster_support`: MLX's graph updates drop a kernel
-  node's cluster shape); elsewhere the knob is an error. Not the default: on an H200 the
+  graphs off run clusters (:func:`_cluster_support`: a graph node MLX updates keeps a
+  cluster kernel's shape for the next kernel); elsewhere the knob is an error. Not the default: on an H200 the
   one launch was slower than the pass pair at 64 MiB of K / V (session 38). Split-KV is
   chosen automatically for
   Lq <= ``SPLIT_KV_MAX_QUERIES`` (8) and Lk >= ``SPLIT_KV_MIN_KEYS`` (1024; override with
