@@ -92,6 +92,82 @@ asm volatile("cp.async.wait_group 0;" ::: "memory");
 out[blockIdx.x * blockDim.x + threadIdx.x] = acc;
 """
 
+# Session 39: the same walk through Hopper's bulk copies (TMA, `cp.async.bulk`): lane 0 of each warp copies a
+# tile of TB keys of K and of V (each one contiguous run of TB * 256 bytes) into its stage and arms the stage's
+# mbarrier with the bytes; the warp waits on the barrier's phase, XORs a word, and lane 0 refills the stage.
+# The bulk-copy machinery (also probe_decode_stream.py's): given lane, warp, st (the warp's ST
+# stages of 2 * TB rows of SROW bytes), kb / vb and ntiles, bar0 (the warp's bars) and
+# issue(t, s), which copies tile t into stage s (ROWS: a copy a row; else one a tile);
+# BULK_WAIT waits for stage s's phase `parity`.
+BULK_SETUP = """
+const unsigned bar0 = unsigned(__cvta_generic_to_shared(bars + warp * {ST}));
+if (lane == 0) {{
+  for (int s = 0; s < {ST}; ++s) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar0 + 8 * s));
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}}
+__syncwarp();
+auto issue = [&](int t, int s) {{
+  if (t >= ntiles) return;
+  const unsigned b = bar0 + 8 * s;
+  const unsigned dk = unsigned(__cvta_generic_to_shared(st + size_t(s) * 2 * {TB} * {SROW}));
+  if ({ROWS}) {{   // one copy a row (lane r: row r of K and of V) into rows of SROW bytes
+    if (lane == 0)
+      asm volatile("{{ .reg .b64 state; mbarrier.arrive.expect_tx.shared::cta.b64 state, [%0], %1; }}"
+                   ::"r"(b), "r"(2 * {TB} * {ROW}) : "memory");
+    __syncwarp();
+    for (int r = lane; r < {TB}; r += 32) {{
+      asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                   ::"r"(dk + r * {SROW}), "l"(kb + (size_t(t) * {TB} + r) * {ROW}), "r"({ROW}), "r"(b) : "memory");
+      asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                   ::"r"(dk + ({TB} + r) * {SROW}), "l"(vb + (size_t(t) * {TB} + r) * {ROW}), "r"({ROW}), "r"(b)
+                   : "memory");
+    }}
+  }} else if (lane == 0) {{
+    asm volatile("{{ .reg .b64 state; mbarrier.arrive.expect_tx.shared::cta.b64 state, [%0], %1; }}"
+                 ::"r"(b), "r"(2 * {TB} * {ROW}) : "memory");
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 ::"r"(dk), "l"(kb + size_t(t) * {TB} * {ROW}), "r"({TB} * {ROW}), "r"(b) : "memory");
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 ::"r"(dk + {TB} * {ROW}), "l"(vb + size_t(t) * {TB} * {ROW}), "r"({TB} * {ROW}), "r"(b) : "memory");
+  }}
+}};
+"""
+BULK_WAIT = """\
+  {{
+    unsigned done = 0;
+    while (!done)
+      asm volatile("{{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }}"
+                   : "=r"(done) : "r"(bar0 + 8 * s), "r"(parity) : "memory");
+  }}
+"""
+
+BULK = """
+extern __shared__ __align__(128) unsigned char smem[];
+__shared__ __align__(8) unsigned long long bars[{NW} * {ST}];
+const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+const size_t base = size_t(blockIdx.x) * {BK} * {ROW};   // K and V are contiguous: blocks may span heads
+const unsigned char* kb = reinterpret_cast<const unsigned char*>(k) + base;
+const unsigned char* vb = reinterpret_cast<const unsigned char*>(v) + base;
+unsigned char* st = smem + size_t(warp) * {ST} * 2 * {TB} * {SROW};
+const int ntiles = {BK} / {TB};
+""" + BULK_SETUP + """
+unsigned acc = 0;
+int t = warp;
+#pragma unroll
+for (int s = 0; s < {ST}; ++s) issue(t + s * {NW}, s);
+for (int i = 0; t < ntiles; ++i, t += {NW}) {{
+  const int s = i % {ST};
+  const unsigned parity = (i / {ST}) & 1;
+""" + BULK_WAIT + """\
+  const unsigned char* dk = st + size_t(s) * 2 * {TB} * {SROW};
+  acc ^= reinterpret_cast<const unsigned*>(dk)[lane];
+  acc ^= reinterpret_cast<const unsigned*>(dk + {TB} * {SROW})[lane];
+  __syncwarp();
+  issue(t + {ST} * {NW}, s);
+}}
+out[blockIdx.x * blockDim.x + threadIdx.x] = acc;
+"""
+
 LDG = """
 const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 const int blocks_per_head = {KEYS} / {BK};
@@ -134,6 +210,24 @@ VARIANTS = (
     ("spin1500", 8, 2, 1024), ("spin1500", 8, 3, 1024),
 )
 
+# Session 39: can one threadgroup a head (32 threadgroups on 32 SMs; 64 with two) stream the 64 MiB as fast?
+# If so, one-sequence decode at 32 KV heads needs no pass 2. Stages fill up to ~204 KiB of shared memory.
+FEW_VARIANTS = (
+    ("cp", 4, 3, 1024), ("cp", 8, 3, 4096), ("cp", 4, 6, 4096), ("cp", 12, 2, 4096), ("cp", 6, 4, 4096),
+    ("ldg", 32, 0, 4096), ("ldg", 16, 0, 4096), ("cp", 8, 3, 2048), ("cp", 4, 6, 2048), ("cp", 4, 3, 2048),
+    ("ldg", 32, 0, 2048),
+)
+# The same through bulk copies (``bulk<keys a copy>``), up to 192 KiB of stages.
+BULK_VARIANTS = (
+    ("bulk16", 4, 3, 1024), ("bulk32", 4, 3, 1024), ("bulk16", 8, 3, 4096), ("bulk32", 4, 3, 4096),
+    ("bulk64", 2, 3, 4096), ("bulk64", 1, 6, 4096), ("bulk32", 2, 6, 4096), ("bulk128", 1, 3, 4096),
+    ("bulk32", 4, 3, 2048), ("bulk64", 2, 3, 2048), ("bulk16", 4, 3, 2048),
+    # a copy a padded row (pass 1's tile layout), and fewer threadgroups than heads (16, 8)
+    ("bulkrow16", 4, 3, 1024), ("bulkrow32", 4, 3, 1024), ("bulkrow16", 8, 3, 4096), ("bulkrow32", 4, 3, 4096),
+    ("bulkrow32", 2, 6, 4096), ("bulkrow64", 2, 3, 4096), ("bulkrow32", 4, 2, 4096), ("bulk128", 1, 3, 8192),
+    ("bulk128", 1, 3, 16384), ("bulkrow32", 4, 3, 8192),
+)
+
 
 def _launch(name: str, source: str, k, v, blocks: int, threads: int, smem: int = 0, params=None):
     kern = mx.fast.cuda_kernel(name=name, input_names=["k", "v", "params"], output_names=["out"], source=source,
@@ -162,13 +256,20 @@ def _at(keys: int, variants) -> None:
         mx.eval(params)
         par = mode.startswith("par")
         mode = mode[3:] if par else mode
-        blocks = HEADS * keys // bk
+        blocks = HEADS * keys // bk   # bk > keys (bulk only): a threadgroup reads bk / keys heads
         # "spinN": the cp.async walk with a warp busy for N clocks on each landed tile (pass 1's work)
         spin = int(mode[4:]) if mode.startswith("spin") else 0
         spin_code = f"{{ long long t0 = clock64(); while (clock64() - t0 < {spin}) {{ }} }}" if spin else ""
-        src = (LDG if mode == "ldg" else CPASYNC).format(NW=nw, ST=st, BK=bk, SPIN=spin_code, PARAMS=int(par),
-                                                          **consts)
-        smem = 0 if mode == "ldg" else nw * st * 2 * TILE_KEYS * PAD_ROW
+        if mode.startswith("bulk"):   # "bulk<TB>": TB keys a bulk copy; "bulkrow<TB>": a copy a padded row
+            rows = mode.startswith("bulkrow")
+            tb = int(mode[7:] if rows else mode[4:])
+            srow = PAD_ROW if rows else ROW
+            src = BULK.format(NW=nw, ST=st, BK=bk, TB=tb, SROW=srow, ROWS=int(rows), **consts)
+            smem = nw * st * 2 * tb * srow
+        else:
+            src = (LDG if mode == "ldg" else CPASYNC).format(NW=nw, ST=st, BK=bk, SPIN=spin_code, PARAMS=int(par),
+                                                              **consts)
+            smem = 0 if mode == "ldg" else nw * st * 2 * TILE_KEYS * PAD_ROW
         _launch(f"p1f_L{keys}_{'par' if par else ''}{mode}_w{nw}_s{st}_b{bk}", src, k, v, blocks, nw * 32, smem,
                 params=params)
     q = mx.random.normal((1, HEADS, 1, D)).astype(mx.float16)
@@ -208,6 +309,12 @@ def main(argv: list[str]) -> int:
     if argv and argv[0] == "sizes":   # the same geometry over sizes: intercept (fixed cost) and slope
         for keys in (int(a) for a in argv[1:] or ("2048", "4096", "8192", "16384")):
             _at(keys, (("cp", 4, 3, 0), ("cp", 8, 3, 0), ("spin1000", 4, 3, 0)))
+        return 0
+    if argv[:1] == ["few"]:   # session 39: one threadgroup a head (32) or two (64), no key split to merge
+        _at(KEYS, FEW_VARIANTS)
+        return 0
+    if argv[:1] == ["bulk"]:
+        _at(KEYS, BULK_VARIANTS)
         return 0
     _at(KEYS, VARIANTS)
     return 0
