@@ -313,3 +313,41 @@ inline bool xk_async_runs_aligned(const device T* src, long ld) {
   return true;
 }
 #endif
+
+// @header xk_bulk_bar
+// Bulk copies of a run of 16-byte words from device to threadgroup memory, completed on a
+// barrier (attention_decode_stream: a named section, for the kernels that name xk_bulk_bar).
+// One thread of a simdgroup issues; every thread that reads the destination waits:
+//   threadgroup xk_bulk_bar bars[N];        one per stage
+//   xk_bulk_init(bar)                      one thread, once, before the bar's first use
+//                                          (a simdgroup barrier after it)
+//   xk_bulk_expect(bar, bytes)             the issuing thread: the bar's current phase
+//                                          completes once `bytes` have landed (CUDA:
+//                                          mbarrier.arrive.expect_tx)
+//   xk_bulk_copy(dst, src, n, bar)         the issuing thread: n elements, n * sizeof(T)
+//                                          a multiple of 16, dst and src 16-byte aligned
+//                                          (xk_bulk_aligned), counted on bar's phase
+//   xk_bulk_wait(bar, parity)              until the bar's phase of that parity (0, 1, 0,
+//                                          ... in issue order) completed
+// followed by a simdgroup barrier before the destination is read (here, where the copies
+// are the issuing thread's plain stores, that barrier is what publishes them). Backends
+// with bulk copies define XK_BULK_COPY and their own versions (CUDA sm_90: cp.async.bulk;
+// the emulator: checked phases, see emulate/csrc/xk_kernel.h).
+#ifndef XK_BULK_COPY
+typedef uint xk_bulk_bar;
+inline void xk_bulk_init(threadgroup xk_bulk_bar* bar) {
+  *bar = 0u;
+}
+inline void xk_bulk_expect(threadgroup xk_bulk_bar*, uint) {}
+template <typename T>
+inline void xk_bulk_copy(threadgroup T* dst, const device T* src, uint n, threadgroup xk_bulk_bar*) {
+  for (uint k = 0; k < n; ++k) {
+    dst[k] = src[k];
+  }
+}
+inline void xk_bulk_wait(threadgroup xk_bulk_bar*, uint) {}
+template <typename T>
+inline bool xk_bulk_aligned(const device T*) {
+  return true;
+}
+#endif

@@ -164,9 +164,9 @@ HEADER_PARTS: tuple[tuple[str, "re.Pattern[str] | None"], ...] = (
     ("atomics.h", re.compile(r"\b(atomic|atomic_\w+)\b|\bmemory_order")),
 )
 
-# A body calling the asynchronous copies (the shared header's fallbacks mention them in
-# every family) takes simdgroup_matrix.h too: cp.async there.
-_ASYNC_COPY = re.compile(r"\bxk_async_\w+")
+# A body calling the asynchronous or bulk copies (the shared header's fallbacks mention the
+# asynchronous ones in every family) takes simdgroup_matrix.h too: cp.async(.bulk) there.
+_ASYNC_COPY = re.compile(r"\bxk_(async|bulk)_\w+")
 
 # C/C++ comments (removed) or string / char literals (kept, so asm("...") survives).
 _COMMENT_OR_LITERAL = re.compile(r'//[^\n]*|/\*.*?\*/|"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'', re.S)

@@ -81,3 +81,9 @@ def has_clusters(arch: str | None = None) -> bool:
         return int(a.removeprefix("sm_")) >= 90
     except ValueError:
         return False
+
+
+def has_bulk_copies(arch: str | None = None) -> bool:
+    """Whether `arch` (default: this GPU's) has bulk copies into shared memory completed on an
+    mbarrier (``cp.async.bulk``, Hopper's TMA: sm_90 and newer)."""
+    return has_clusters(arch)

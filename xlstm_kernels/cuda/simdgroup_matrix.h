@@ -579,6 +579,47 @@ inline void xk_async_commit() {}
 template <int G> inline void xk_async_wait() {}
 #endif
 
+// ---- Bulk copies (metal_src/_memory.metal's xk_bulk_bar section) ----------------------------
+// sm_90: cp.async.bulk global -> shared, each copy completing on an mbarrier (one arrival a
+// phase: xk_bulk_expect's arrive.expect_tx by the issuing thread), waited with
+// try_wait.parity. Before sm_90 the portable synchronous forms (the issuing thread's stores,
+// published by the simdgroup barrier the bodies place after xk_bulk_wait).
+#define XK_BULK_COPY
+typedef unsigned long long xk_bulk_bar;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+inline unsigned xk_bulk_smem_(const void* p) { return unsigned(__cvta_generic_to_shared(p)); }
+inline void xk_bulk_init(xk_bulk_bar* bar) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(xk_bulk_smem_(bar)) : "memory");
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+inline void xk_bulk_expect(xk_bulk_bar* bar, unsigned bytes) {
+  asm volatile("{ .reg .b64 state; mbarrier.arrive.expect_tx.shared::cta.b64 state, [%0], %1; }"
+               ::"r"(xk_bulk_smem_(bar)), "r"(bytes) : "memory");
+}
+template <typename T> inline void xk_bulk_copy(T* dst, const T* src, unsigned n, xk_bulk_bar* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+               ::"r"(xk_bulk_smem_(dst)), "l"(src), "r"(unsigned(n * sizeof(T))), "r"(xk_bulk_smem_(bar))
+               : "memory");
+}
+inline void xk_bulk_wait(xk_bulk_bar* bar, unsigned parity) {
+  const unsigned b = xk_bulk_smem_(bar);
+  unsigned done = 0;
+  do {
+    asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                 : "=r"(done) : "r"(b), "r"(parity) : "memory");
+  } while (!done);
+}
+template <typename T> inline bool xk_bulk_aligned(const T* p) { return (reinterpret_cast<size_t>(p) & 15u) == 0; }
+#else
+inline void xk_bulk_init(xk_bulk_bar* bar) { *bar = 0ull; }
+inline void xk_bulk_expect(xk_bulk_bar*, unsigned) {}
+template <typename T> inline void xk_bulk_copy(T* dst, const T* src, unsigned n, xk_bulk_bar*) {
+  for (unsigned k = 0; k < n; ++k) dst[k] = src[k];
+}
+inline void xk_bulk_wait(xk_bulk_bar*, unsigned) {}
+template <typename T> inline bool xk_bulk_aligned(const T*) { return true; }
+#endif
+
 // ---- Warpgroup products (gemm_simd and attention_prefill_mma with WG; portable form in ---
 // ---- metal_src/_warpgroup.metal) ---------------------------------------------------------
 // Hopper's wgmma (sm_90a): each xk_wg_mma issues the BK / 16 products m64nBNk16 of one K

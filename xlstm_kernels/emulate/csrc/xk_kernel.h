@@ -196,6 +196,92 @@ inline void xk_async_wait() {
 }
 
 // ---------------------------------------------------------------------------
+// Bulk copies (metal_src/_memory.metal's xk_bulk_bar section) with CUDA's completion rules
+// checked: a bar counts phases (0, 1, 2, ...); xk_bulk_expect arms the current phase with a
+// byte count (once a phase), each xk_bulk_copy delivers its bytes to it, and xk_bulk_wait on
+// the current phase's parity completes it, which must then be armed and have received exactly
+// the bytes expected (on CUDA it would never complete: a hang), while a wait on the other
+// parity returns at once (that phase completed earlier), as mbarrier.try_wait.parity. A copy
+// must go to threadgroup memory, from and to 16-byte aligned addresses, in whole 16-byte
+// words. The bytes land when the copy is issued (a read before the wait is not caught here,
+// as on Metal; the schedules still catch a stage refilled before every lane read it).
+// State in the bar's 8 bytes: phase (bits 0-15), armed (bit 16), a 15-bit mark that
+// xk_bulk_init writes (bits 17-31: threadgroup memory starts poisoned, so an uninitialised
+// bar fails the mark), and the bytes expected and not yet delivered as a signed 32-bit count
+// (bits 32-63).
+// ---------------------------------------------------------------------------
+#define XK_BULK_COPY
+typedef uint64_t xk_bulk_bar;
+namespace {
+constexpr uint64_t xk_bulk_armed_ = 1ull << 16;
+constexpr uint64_t xk_bulk_ready_ = uint64_t(0x2B6D) << 17;  // the mark
+constexpr uint64_t xk_bulk_mark_mask_ = uint64_t(0x7FFF) << 17;
+inline int32_t xk_bulk_left(uint64_t b) { return int32_t(uint32_t(b >> 32)); }
+inline uint64_t xk_bulk_with_left(uint64_t b, int64_t left) {
+  if (left > INT32_MAX || left < INT32_MIN) {
+    xk_error("xk_bulk: more bytes in one phase than a bar counts");
+  }
+  return (b & 0xFFFFFFFFull) | (uint64_t(uint32_t(int32_t(left))) << 32);
+}
+inline void xk_bulk_check_ready(const xk_bulk_bar* bar, const char* who) {
+  if (!xk_async_in_threadgroup(bar, sizeof(xk_bulk_bar))) {
+    xk_error(who);  // the message names the call
+  }
+  if ((*bar & xk_bulk_mark_mask_) != xk_bulk_ready_) {
+    xk_error("xk_bulk: a bar used before xk_bulk_init");
+  }
+}
+}  // namespace
+inline void xk_bulk_init(xk_bulk_bar* bar) {
+  if (!xk_async_in_threadgroup(bar, sizeof(xk_bulk_bar))) {
+    xk_error("xk_bulk_init: the bar is not in threadgroup memory");
+  }
+  *bar = xk_bulk_ready_;
+}
+inline void xk_bulk_expect(xk_bulk_bar* bar, uint bytes) {
+  xk_bulk_check_ready(bar, "xk_bulk_expect: the bar is not in threadgroup memory");
+  if (*bar & xk_bulk_armed_) {
+    xk_error("xk_bulk_expect: the bar's phase was armed already (one xk_bulk_expect a phase)");
+  }
+  *bar = xk_bulk_with_left(*bar | xk_bulk_armed_, int64_t(xk_bulk_left(*bar)) + bytes);
+}
+template <typename T>
+inline void xk_bulk_copy(T* dst, const T* src, uint n, xk_bulk_bar* bar) {
+  xk_bulk_check_ready(bar, "xk_bulk_copy: the bar is not in threadgroup memory");
+  const size_t bytes = size_t(n) * sizeof(T);
+  if (bytes % 16 != 0) {
+    xk_error("xk_bulk_copy: a copy must be whole 16-byte words");
+  }
+  if (((reinterpret_cast<size_t>(dst) | reinterpret_cast<size_t>(src)) & 15u) != 0) {
+    xk_error("xk_bulk_copy: an address is not 16-byte aligned (check xk_bulk_aligned first)");
+  }
+  if (bytes && !xk_async_in_threadgroup(dst, unsigned(bytes))) {
+    xk_error("xk_bulk_copy: the destination is not (wholly) in threadgroup memory");
+  }
+  memcpy(dst, src, bytes);
+  *bar = xk_bulk_with_left(*bar, int64_t(xk_bulk_left(*bar)) - int64_t(bytes));
+}
+inline void xk_bulk_wait(xk_bulk_bar* bar, uint parity) {
+  xk_bulk_check_ready(bar, "xk_bulk_wait: the bar is not in threadgroup memory");
+  const uint64_t b = *bar;
+  if ((b & 1u) != (parity & 1u)) {
+    return;  // the phase of that parity completed before the current one began
+  }
+  if (!(b & xk_bulk_armed_)) {
+    xk_error("xk_bulk_wait: waits on a phase that no xk_bulk_expect armed (on CUDA: a hang)");
+  }
+  if (xk_bulk_left(b) != 0) {
+    xk_error(xk_bulk_left(b) > 0 ? "xk_bulk_wait: the phase expects more bytes than its copies deliver (on CUDA: a hang)"
+                                 : "xk_bulk_wait: the phase's copies deliver more bytes than it expects");
+  }
+  *bar = xk_bulk_ready_ | ((b + 1u) & 0xFFFFull);  // the next phase: not armed, nothing expected
+}
+template <typename T>
+inline bool xk_bulk_aligned(const T* p) {
+  return (reinterpret_cast<size_t>(p) & 15u) == 0;
+}
+
+// ---------------------------------------------------------------------------
 // Bounds checks on fixed-size arrays (threadgroup and thread-local), built with
 // -fsanitize=bounds: GCC calls these with the source location and the index.
 // ---------------------------------------------------------------------------
