@@ -140,6 +140,15 @@ inline void xk_attn_fold(thread float* v, uint lane) {
   }
 }
 
+// simd_shuffle_xor on a simdgroup whose 32 lanes are all active: CUDA's header has a plain
+// butterfly (xk_shuffle_xor_all; its simd_shuffle_xor also serves partly active warps, with
+// a divergence test around every shuffle), elsewhere simd_shuffle_xor.
+#ifdef XK_SIMD_SUM_ALL
+#define XK_ATTN_SHUFFLE_XOR_ALL(v, m) xk_shuffle_xor_all(v, m)
+#else
+#define XK_ATTN_SHUFFLE_XOR_ALL(v, m) simd_shuffle_xor(v, m)
+#endif
+
 // Apply the mask to one log2-domain score `s` of query row `qrow` and key `key`
 // (both in range). `mrow` is the mask offset of (batch, head, qrow).
 template <typename MT, int MASK>
@@ -1913,6 +1922,308 @@ if (NW > 1) {
         lse[row * nb + blk] = some ? (m_i[c] + metal::log2(lsum)) * XK_LN2 : -INFINITY;
       }
     }
+  }
+}
+
+// @kernel attention_decode_stream
+// Decode in one launch, no key split and no pass 2, for calls whose (batch, key/value head)
+// pairs keep enough of the GPU streaming (the op's _stream_plan): one threadgroup per (kv
+// head hk, batch b) takes all R = G * Lq query rows of its kv head and all its keys.
+// * Simdgroup sg walks key tiles sg, sg + NW, ... of TB keys through its own ST stages; a
+//   tile of K (TB rows of D) and of V (TB rows of DV) lands unpadded, by two bulk copies
+//   where the rows are contiguous and 16-byte aligned (xk_bulk_*: metal_src/_memory.metal;
+//   cp.async.bulk on an mbarrier per stage on CUDA sm_90, issued by lane 0), else by the
+//   lanes' element copies (other layouts: a transposed or strided K / V read in place).
+// * Lanes: 8 a key. Lane 8 * grp + l8 reads the 16-byte words l8, l8 + 8, ... of row
+//   4 * j + grp of a tile (8 lanes read 128 consecutive bytes: no bank conflicts on
+//   unpadded rows), its dot products with its words of each query row are summed over the
+//   8 lanes (simd_shuffle_xor 4, 2, 1: the same sum in all 8), and each (query row, lane
+//   group) keeps an online softmax (running max, sum, unnormalised output words), rescaled
+//   once a tile. Keys at or past a row's limit do not exist for it (-inf), masks as in
+//   attention_partial.
+// * At the end the NW * 4 states of each query row meet in threadgroup memory (over the
+//   stages) and o = sum_s w_s O_s / sum_s w_s l_s, w_s = exp2(m_s - M), in T: 0 / 0 = NaN
+//   where every score is -inf (additive -inf everywhere), as in MLX.
+// Threadgroup (32 * NW, 1, 1); grid (32 * NW, Hkv, B).
+// Threadgroup memory: max(NW * ST stages of TB * (D + DV) elements, NW * 4 * R * (DV + 2)
+// floats) (on CUDA the launch's dynamic shared memory), and NW * ST bars.
+// inputs: q, k, v (T); mask (MT); params (int64); scale (float). outputs: o (B, Hq, Lq, DV) T
+// template: T, MT, D, DV, MASK, R, TB, ST, NW
+constexpr int EW = 16 / int(sizeof(T));  // elements of a 16-byte word
+constexpr int WK = D / EW;               // words of a K row
+constexpr int WV = DV / EW;              // of a V row
+constexpr int PK = (WK + 7) / 8;         // words of a K row per lane (8 lanes a row)
+constexpr int PV = (WV + 7) / 8;
+constexpr int STAGE = TB * (D + DV);
+constexpr int STAGE_WORDS = (NW * ST * STAGE * int(sizeof(T)) + 15) / 16;
+constexpr int NS = NW * 4;  // partial states per query row
+constexpr int MERGE_WORDS = (NS * R * (DV + 2) + 3) / 4;
+constexpr int TG_WORDS = STAGE_WORDS > MERGE_WORDS ? STAGE_WORDS : MERGE_WORDS;
+static_assert(D % EW == 0 && DV % EW == 0 && TB % 4 == 0 && R >= 1 && ST >= 1 && NW >= 1,
+              "attention_decode_stream: rows of whole 16-byte words, tiles of 4-key steps");
+
+const long Hq = params[0], Hkv = params[1], Lq = params[2], Lk = long(k_shape[2]);
+const long off = Lk - Lq;
+const long G = Hq / Hkv;
+const long nrows = G * Lq;
+const uint lane = thread_index_in_simdgroup;
+const uint sg = simdgroup_index_in_threadgroup;
+const int grp = int(lane) / 8;
+const int l8 = int(lane) % 8;
+const long hk = threadgroup_position_in_grid.y;
+const long b = threadgroup_position_in_grid.z;
+const long row0 = (b * Hq + hk * G) * Lq;  // flat (b, h, query) of the kv head's row 0
+const long ldk = long(k_strides[2]), ek = long(k_strides[3]);
+const long ldv = long(v_strides[2]), ev = long(v_strides[3]);
+const device T* kp = k + b * long(k_strides[0]) + hk * long(k_strides[1]);
+const device T* vp = v + b * long(v_strides[0]) + hk * long(v_strides[1]);
+const long msk = params[7];
+const float qscale = scale * XK_LOG2E;
+
+#ifdef XK_THREADGROUP_DYNAMIC
+threadgroup vec<float, 4>* xk_tiles = XK_THREADGROUP_DYNAMIC(TG_WORDS, vec<float, 4>);
+#else
+threadgroup vec<float, 4> xk_tiles[TG_WORDS];
+#endif
+threadgroup xk_bulk_bar xk_bars[NW * ST];
+threadgroup T* tiles = reinterpret_cast<threadgroup T*>(xk_tiles) + int(sg) * (ST * STAGE);
+threadgroup xk_bulk_bar* bars = xk_bars + int(sg) * ST;
+
+// The keys run to jend = Lk: every one of the kv head's G * Lq rows is here (R of them), and
+// the last query row sees every key (causal: key j <= i + Lk - Lq). Keys as int (MLX's
+// shapes are int32). The first tiles go out before anything else is read.
+const int jend = int(Lk);
+const bool bulk = ek == 1 && ev == 1 && ldk == D && ldv == DV && xk_bulk_aligned(kp) && xk_bulk_aligned(vp);
+const int ntiles = (jend + TB - 1) / TB;  // the threadgroup's tiles; this simdgroup's: sg, sg + NW, ...
+if (bulk && lane == 0) {
+  for (int s = 0; s < ST; ++s) {
+    xk_bulk_init(bars + s);
+  }
+}
+simdgroup_barrier(mem_flags::mem_threadgroup);
+
+// Tile t (keys t * TB ...) into stage s: rows past jend are not copied (nor read).
+#define XK_STREAM_FILL(t, s)                                                                  \
+  {                                                                                           \
+    const int t0_ = (t) * TB;                                                                 \
+    const int n_ = metal::min(TB, jend - t0_);                                                \
+    threadgroup T* ks_ = tiles + (s) * STAGE;                                                 \
+    threadgroup T* vs_ = ks_ + TB * D;                                                        \
+    if (bulk) {                                                                               \
+      if (lane == 0) {                                                                        \
+        xk_bulk_expect(bars + (s), uint(n_ * (D + DV) * int(sizeof(T))));                     \
+        xk_bulk_copy(ks_, kp + long(t0_) * D, uint(n_ * D), bars + (s));                      \
+        xk_bulk_copy(vs_, vp + long(t0_) * DV, uint(n_ * DV), bars + (s));                    \
+      }                                                                                       \
+    } else {                                                                                  \
+      for (int e_ = int(lane); e_ < n_ * D; e_ += 32) {                                       \
+        ks_[e_] = kp[long(t0_ + e_ / D) * ldk + long(e_ % D) * ek];                           \
+      }                                                                                       \
+      for (int e_ = int(lane); e_ < n_ * DV; e_ += 32) {                                      \
+        vs_[e_] = vp[long(t0_ + e_ / DV) * ldv + long(e_ % DV) * ev];                         \
+      }                                                                                       \
+    }                                                                                         \
+  }
+
+for (int s = 0; s < ST; ++s) {
+  if (int(sg) + s * NW < ntiles) {
+    XK_STREAM_FILL(int(sg) + s * NW, s);
+  }
+}
+simdgroup_barrier(mem_flags::mem_threadgroup);  // issued before any lane waits
+
+// Key limits per query row (rows past the kv head's see none); this lane's words of each
+// query row (float), zero past the row.
+int lim[R];
+long qrow[R];
+long mrow[R];
+XK_ATTN_UNROLL
+for (int r = 0; r < R; ++r) {
+  const long qi = r % Lq;
+  qrow[r] = qi;
+  mrow[r] = b * params[4] + (hk * G + r / Lq) * params[5] + qi * params[6];
+  int e = r < nrows ? jend : 0;
+  if (MASK == 1 && qi + off >= 0) {
+    e = int(metal::min(long(e), qi + off + 1));
+  }
+  lim[r] = e;
+}
+float qv[R][PK * EW];
+XK_ATTN_UNROLL
+for (int r = 0; r < R; ++r) {
+  XK_ATTN_UNROLL
+  for (int w = 0; w < PK; ++w) {
+    const int wi = w * 8 + l8;
+    XK_ATTN_UNROLL
+    for (int e = 0; e < EW; ++e) {
+      qv[r][w * EW + e] = (r < nrows && wi < WK) ? float(q[(row0 + r) * D + wi * EW + e]) : 0.0f;
+    }
+  }
+}
+
+float m[R];  // running max of each row over this lane group's keys (log2 domain)
+float l[R];  // its sum (the same in the group's 8 lanes)
+float acc[R][PV * EW];  // its unnormalised output words
+XK_ATTN_UNROLL
+for (int r = 0; r < R; ++r) {
+  m[r] = -INFINITY;
+  l[r] = 0.0f;
+  XK_ATTN_UNROLL
+  for (int e = 0; e < PV * EW; ++e) {
+    acc[r][e] = 0.0f;
+  }
+}
+
+// This lane's first word of a K and of a V row in the simdgroup's stage 0 (the loops add
+// stage and row offsets to these, not to the thread index).
+const threadgroup T* k_lane = tiles + l8 * EW;
+const threadgroup T* v_lane = tiles + TB * D + l8 * EW;
+for (int i = 0; int(sg) + i * NW < ntiles; ++i) {
+  const int t = int(sg) + i * NW;
+  const int s = i % ST;
+  if (bulk) {
+    xk_bulk_wait(bars + s, uint((i / ST) & 1));
+  }
+  simdgroup_barrier(mem_flags::mem_threadgroup);  // the stage's copies visible to every lane
+  const threadgroup T* ks = k_lane + s * STAGE;
+  const threadgroup T* vs = v_lane + s * STAGE;
+  const int t0 = t * TB;
+  const int last = metal::min(TB, jend - t0) - 1;  // the tile's last row (a partial last tile)
+
+  // Rows past the last key read the last one instead (no branch; their scores are -inf,
+  // their p 0), so that every lane reads written rows and the four keys' products interleave.
+  float sc[TB / 4][R];
+  XK_ATTN_UNROLL
+  for (int j = 0; j < TB / 4; ++j) {
+    const int key = t0 + j * 4 + grp;
+    float dot[R][2];  // two chains of products (even and odd elements)
+    XK_ATTN_UNROLL
+    for (int r = 0; r < R; ++r) {
+      dot[r][0] = 0.0f;
+      dot[r][1] = 0.0f;
+    }
+    const threadgroup T* kr = ks + metal::min(j * 4 + grp, last) * D;
+    XK_ATTN_UNROLL
+    for (int w = 0; w < PK; ++w) {
+      if (WK % 8 == 0 || w * 8 + l8 < WK) {
+        T kw[EW];
+        xk_load_w_tg<EW>(kr + w * 8 * EW, kw);
+        XK_ATTN_UNROLL
+        for (int e = 0; e < EW; ++e) {
+          const float kf = float(kw[e]);
+          XK_ATTN_UNROLL
+          for (int r = 0; r < R; ++r) {
+            dot[r][e % 2] = metal::fma(kf, qv[r][w * EW + e], dot[r][e % 2]);
+          }
+        }
+      }
+    }
+    XK_ATTN_UNROLL
+    for (int r = 0; r < R; ++r) {
+      float x = dot[r][0] + dot[r][1];
+      x += XK_ATTN_SHUFFLE_XOR_ALL(x, ushort(4));
+      x += XK_ATTN_SHUFFLE_XOR_ALL(x, ushort(2));
+      x += XK_ATTN_SHUFFLE_XOR_ALL(x, ushort(1));
+      x *= qscale;
+      if (key >= lim[r]) {
+        x = -INFINITY;
+      } else if (MASK != 0) {
+        x = xk_attn_mask<MT, MASK>(x, qrow[r], long(key), off, mask, mrow[r], msk);
+      }
+      sc[j][r] = x;
+    }
+  }
+  float p[TB / 4][R];
+  XK_ATTN_UNROLL
+  for (int r = 0; r < R; ++r) {
+    float mt = sc[0][r];
+    XK_ATTN_UNROLL
+    for (int j = 1; j < TB / 4; ++j) {
+      mt = metal::max(mt, sc[j][r]);
+    }
+    const float mn = metal::max(m[r], mt);
+    const float mu = mn == -INFINITY ? 0.0f : mn;  // all -inf so far: keep exp2 finite
+    const float fac = metal::fast::exp2(m[r] - mu);
+    l[r] *= fac;
+    XK_ATTN_UNROLL
+    for (int e = 0; e < PV * EW; ++e) {
+      acc[r][e] *= fac;
+    }
+    XK_ATTN_UNROLL
+    for (int j = 0; j < TB / 4; ++j) {
+      p[j][r] = metal::fast::exp2(sc[j][r] - mu);
+      l[r] += p[j][r];
+    }
+    m[r] = mn;
+  }
+  XK_ATTN_UNROLL
+  for (int j = 0; j < TB / 4; ++j) {
+    const threadgroup T* vr = vs + metal::min(j * 4 + grp, last) * DV;
+    XK_ATTN_UNROLL
+    for (int w = 0; w < PV; ++w) {
+      if (WV % 8 == 0 || w * 8 + l8 < WV) {
+        T vw[EW];
+        xk_load_w_tg<EW>(vr + w * 8 * EW, vw);
+        XK_ATTN_UNROLL
+        for (int e = 0; e < EW; ++e) {
+          const float vf = float(vw[e]);
+          XK_ATTN_UNROLL
+          for (int r = 0; r < R; ++r) {
+            acc[r][w * EW + e] = metal::fma(p[j][r], vf, acc[r][w * EW + e]);
+          }
+        }
+      }
+    }
+  }
+  simdgroup_barrier(mem_flags::mem_threadgroup);  // the stage read before it is refilled
+  if (t + ST * NW < ntiles) {
+    XK_STREAM_FILL(t + ST * NW, s);
+  }
+}
+#undef XK_STREAM_FILL
+
+// The NS states of each row into threadgroup memory (over the stages: after the barrier,
+// every copy issued was waited for), then merged per (row, output column).
+threadgroup_barrier(mem_flags::mem_threadgroup);
+threadgroup float* mo = reinterpret_cast<threadgroup float*>(xk_tiles);  // [NS][R][DV]
+threadgroup float* mm = mo + NS * R * DV;                                 // [NS][R] running max
+threadgroup float* ml = mm + NS * R;                                      // [NS][R] sum
+const int gs = int(sg) * 4 + grp;
+XK_ATTN_UNROLL
+for (int r = 0; r < R; ++r) {
+  if (l8 == 0) {
+    mm[gs * R + r] = m[r];
+    ml[gs * R + r] = l[r];
+  }
+  XK_ATTN_UNROLL
+  for (int w = 0; w < PV; ++w) {
+    const int wi = w * 8 + l8;
+    if (WV % 8 == 0 || wi < WV) {
+      XK_ATTN_UNROLL
+      for (int e = 0; e < EW; ++e) {
+        mo[(gs * R + r) * DV + wi * EW + e] = acc[r][w * EW + e];
+      }
+    }
+  }
+}
+threadgroup_barrier(mem_flags::mem_threadgroup);
+for (int x = int(thread_index_in_threadgroup); x < R * DV; x += 32 * NW) {
+  const int r = x / DV;
+  const int d = x % DV;
+  if (r < nrows) {
+    float mx = -INFINITY;
+    for (int g = 0; g < NS; ++g) {
+      mx = metal::max(mx, mm[g * R + r]);
+    }
+    const float mu = mx == -INFINITY ? 0.0f : mx;
+    float lsum = 0.0f;
+    float num = 0.0f;
+    for (int g = 0; g < NS; ++g) {
+      const float w = metal::fast::exp2(mm[g * R + r] - mu);
+      lsum += w * ml[g * R + r];
+      num += w * mo[(g * R + r) * DV + d];
+    }
+    o[(row0 + r) * DV + d] = T(num / lsum);
   }
 }
 

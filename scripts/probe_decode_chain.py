@@ -21,7 +21,8 @@ threadgroup (SPLIT_KV_MMA_WARPS) at 1024 keys a block; "nw2" the shipped block r
 aims for 128 threadgroups at 2 stages; ktN: tiles of N keys (SPLIT_KV_MMA_TILE); pf0 / pf1 (session 28):
 pass 2 without / with its first batch of loads ahead of the lse reduction (REDUCE_PREFETCH).
 clN (session 38): the split_kv_cluster knob N (threadgroup clusters; cuda needs MLX_USE_CUDA_GRAPHS=0;
-no clN token: the shipped default, none).
+no clN token: the shipped default, none). sm0 / sm1 (session 39): one-launch decode
+(attention_decode_stream) off / on wherever it can run (no smN token: the shipped automatic rule).
 """
 
 from __future__ import annotations
@@ -77,6 +78,7 @@ _WARPS = att.SPLIT_KV_MMA_WARPS
 _TILE = att.SPLIT_KV_MMA_TILE
 _cluster_for = att._cluster_for
 _clusters_possible = att._clusters_possible
+_use_stream = att._use_stream
 
 
 def _token(name: str, prefix: str) -> int | None:
@@ -113,6 +115,9 @@ def _use(groups: int | None, stages: int | None, saved: dict, rule=None, name: s
     att.SPLIT_KV_MMA_MAX_STAGES = stages or saved["SPLIT_KV_MMA_MAX_STAGES"]
     att._mma_block_for = rule or _shipped_rule
     cl = _token(name, "cl")
+    sm = _token(name, "sm")
+    att._use_stream = _use_stream if sm is None else (
+        lambda knob, q, k, v, m, backend: bool(sm) and att._stream_refusal(q, k, v, backend) is None)
     att._cluster_for = _cluster_for if cl is None else (lambda knob, *a: _cluster_for(cl, *a))
     att._clusters_possible = _clusters_possible if cl is None else (lambda knob, *a: _clusters_possible(cl, *a))
     att._CALLS.clear()
@@ -164,6 +169,8 @@ def main() -> None:
                 nw = att._mma_warps(hq // hkv, d, d, q.dtype, "cuda")
                 cl = att._cluster_for(cl_knob, -(-lk // bs), hq // hkv, d, d, q.dtype, "cuda")
                 plans[name] = f"bs{bs} nb{-(-lk // bs)} w{nw} c{cl}"
+                if att._use_stream(None, q, k, v, att._check_inputs(q, k, v, scale, None), "cuda"):
+                    plans[name] = "stream " + "x".join(map(str, att._stream_plan(hq // hkv, d, d, q.dtype, "cuda")))
             return ours
 
         times = measure_chained_variants([(n, (lambda n=n, g=g, s=s: prepare(n, g, s))) for n, g, s in variants], q,

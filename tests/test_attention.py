@@ -176,20 +176,25 @@ class LaunchSpy:
 
 
 # split-KV pass 1: attention_partial (lane walk) / attention_partial_mma (tiles) / the tiles
-# with their key blocks merged in threadgroup clusters (backends that have them)
-WALKS = ("lane", "mma", "cluster")
-PARTIAL_KERNEL = {"lane": "attention_partial", "mma": "attention_partial_mma", "cluster": "attention_partial_mma"}
+# with their key blocks merged in threadgroup clusters (backends that have them) / one-launch
+# decode, no split (attention_decode_stream)
+WALKS = ("lane", "mma", "cluster", "stream")
+PARTIAL_KERNEL = {"lane": "attention_partial", "mma": "attention_partial_mma", "cluster": "attention_partial_mma",
+                  "stream": "attention_decode_stream"}
 
 
 def set_walk(monkeypatch, walk: str) -> None:
     """Pin the split-KV pass 1 through its knobs' variables (the op's default: mma for 2-byte
-    dtypes, lane for float32, no clusters): "mma" without clusters, "cluster" with clusters of
-    up to 8 blocks (the largest divisor of the block count; skipped where the backend runs no
-    clusters: Apple GPUs, cuda before sm_90 or with MLX's CUDA graphs on)."""
+    dtypes, lane for float32, no clusters, one-launch decode only by its automatic rule):
+    "mma" without clusters, "cluster" with clusters of up to 8 blocks (the largest divisor of
+    the block count; skipped where the backend runs no clusters: Apple GPUs, cuda before
+    sm_90 or with MLX's CUDA graphs on), "stream" one-launch decode wherever it can run
+    (ops.attention._stream_refusal; elsewhere the tile pair)."""
     if walk == "cluster" and not att._has_clusters(current_backend()):
         pytest.skip(att._cluster_support(current_backend()))
     monkeypatch.setenv("XLSTM_ATTENTION_SPLIT_KV_MMA", "0" if walk == "lane" else "1")
     monkeypatch.setenv("XLSTM_ATTENTION_SPLIT_KV_CLUSTER", "8" if walk == "cluster" else "0")
+    monkeypatch.setenv("XLSTM_ATTENTION_SPLIT_KV_STREAM", "1" if walk == "stream" else "0")
 
 
 def assert_split_kernels(spy, walk: str, n_blocks: int, backend: str) -> None:
@@ -198,6 +203,9 @@ def assert_split_kernels(spy, walk: str, n_blocks: int, backend: str) -> None:
     backend has clusters) must run in clusters of the largest divisor of the block count up
     to 8 wherever the tile plan has several simdgroups a threadgroup."""
     t = spy.templates[0]
+    if walk == "stream":
+        assert spy.kernels == ["attention_decode_stream"]
+        return
     if walk != "cluster":
         assert spy.kernels == [PARTIAL_KERNEL[walk], "attention_reduce"]
         assert t.get("XK_CLUSTER", 1) == 1
@@ -548,7 +556,9 @@ def test_split_kv_chunks(kernel_backend, monkeypatch, dtype_name, d, mask_kind, 
     if kernel_backend != "reference":
         assert_split_kernels(spy, walk, 4, kernel_backend)
         t = spy.templates[0]
-        if walk == "lane":
+        if walk == "stream":
+            assert (t["TB"], t["NW"], t["ST"], t["R"]) == (*att._stream_plan(4, d, d, dtype, kernel_backend), 4)
+        elif walk == "lane":
             assert t["NSG"] == 8
         else:
             assert (t["R"], t["RM"], t["KT"]) == (4, 1, 16)
@@ -711,9 +721,10 @@ def test_split_kv_mma_nan_like_lane_walk(kernel_backend, monkeypatch, dtype_name
         set_walk(monkeypatch, walk)
         outs[walk] = f64(att.attention_decode_split_kv(*args, scale=0.2, mask="causal", block_size=32))
     assert np.isnan(outs["lane"]).any() and not np.isnan(outs["lane"]).all()
-    assert np.array_equal(np.isnan(outs["mma"]), np.isnan(outs["lane"]))
     fin = ~np.isnan(outs["lane"])
-    assert rel_err(outs["mma"][fin], outs["lane"][fin]) < tolerance(dtype)
+    for walk in ("mma", "stream"):
+        assert np.array_equal(np.isnan(outs[walk]), np.isnan(outs["lane"])), walk
+        assert rel_err(outs[walk][fin], outs["lane"][fin]) < tolerance(dtype), walk
 
 
 @pytest.mark.parametrize("warps", [2, 3, 4])
@@ -968,6 +979,127 @@ def test_check_schedules_split_kv_cluster(backend, dtype_name, mask_kind, cluste
     spec, kwargs = att._reduce_launch(o_part, lse, 64 * cluster, 370, dtype)
     (out,) = runtime.get_kernel(spec, "emulate")(**kwargs)
     assert_close(out.reshape(1, 4, 2, 64), np_attention(q, k, v, 0.125, mask), dtype, "split-KV clusters (schedules)")
+
+
+# One-launch decode (attention_decode_stream): every key of a kv head in 16-key tiles over
+# 12 simdgroups (one query row) or 8 (more rows) with 2 or 3 stages each (the cuda plan, which
+# the emulator runs too): Lk = 1100 and 2087 give each simdgroup several tiles, so every
+# stage's bar runs through both phase parities, and a partial last tile.
+STREAM_CASES = {
+    "b1_gqa1_q1_k2087_d128": (1, 3, 3, 1, 2087, 128, 128),
+    "b2_gqa4_q1_k1100_d64": (2, 8, 2, 1, 1100, 64, 64),
+    "b1_gqa2_q3_k1100_d128_dv64": (1, 4, 2, 3, 1100, 128, 64),  # 6 rows a kv head, D != DV
+}
+
+
+@pytest.mark.parametrize("case", list(STREAM_CASES))
+@pytest.mark.parametrize("mask_kind", MASKS)
+@pytest.mark.parametrize("dtype_name", list(DTYPES))
+def test_split_kv_stream_matches_float64(kernel_backend, monkeypatch, case, mask_kind, dtype_name):
+    set_walk(monkeypatch, "stream")
+    b, hq, hkv, lq, lk, d, dv = STREAM_CASES[case]
+    dtype = DTYPES[dtype_name]
+    seed = seed_of("stream", case, mask_kind, dtype_name)
+    q, k, v = make_qkv(b, hq, hkv, lq, lk, d, dv, dtype, seed)
+    mask = make_mask(mask_kind, b, hq, lq, lk, dtype, seed)
+    spy = LaunchSpy(monkeypatch)
+    out = att.scaled_dot_product_attention(q, k, v, scale=d**-0.5, mask=mask)
+    assert_close(out, np_attention(q, k, v, d**-0.5, mask), dtype, f"one-launch decode {case} {mask_kind}")
+    if kernel_backend != "reference":
+        rows = hq // hkv * lq
+        assert spy.kernels == ["attention_decode_stream"]
+        t = spy.templates[0]
+        assert (t["TB"], t["NW"], t["ST"], t["R"]) == (*att._stream_plan(rows, d, dv, dtype, kernel_backend), rows)
+
+
+@pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
+def test_split_kv_stream_decode_loop(kernel_backend, monkeypatch, dtype_name):
+    """A decode loop over a growing cache (slices of one buffer: rows contiguous, so bulk
+    copies) reuses one prepared launch; each step matches float64."""
+    dtype = getattr(mx, dtype_name)
+    set_walk(monkeypatch, "stream")
+    q, kc, vc = make_qkv(1, 2, 2, 1, 1300, 128, 128, dtype, seed_of("stream loop", dtype_name))
+    spy = LaunchSpy(monkeypatch)
+    for lk in (1024, 1025, 1040, 1299):
+        k, v = kc[:, :, :lk], vc[:, :, :lk]
+        out = att.scaled_dot_product_attention(q, k, v, scale=0.125)
+        assert_close(out, np_attention(q, k, v, 0.125, None), dtype, f"one-launch decode loop, Lk {lk}")
+    if kernel_backend != "reference":
+        assert set(spy.kernels) == {"attention_decode_stream"}
+
+
+def test_split_kv_stream_plan():
+    """Tiles: the first of STREAM_TILES whose buffer and bars fit (cuda, and the emulator that
+    models it: 227 KiB; Apple GPUs: 32 KiB), at most 8 simdgroups with several query rows;
+    none for rows that are not whole 16-byte words or more than STREAM_MAX_ROWS rows."""
+    assert att._stream_plan(1, 128, 128, mx.float16, "cuda") == (16, 12, 2)
+    assert att._stream_plan(1, 128, 128, mx.bfloat16, "emulate") == (16, 12, 2)
+    assert att._stream_plan(4, 128, 128, mx.float16, "cuda") == (16, 8, 3)
+    assert att._stream_plan(1, 128, 128, mx.float16, "metal") == (8, 2, 2)  # (8, 4, 2): 32 KiB + its bars
+    assert att._stream_plan(1, 256, 256, mx.float32, "cuda") == (8, 4, 2)
+    assert att._stream_plan(1, 36, 36, mx.float32, "cuda") == (16, 12, 2)  # 144-byte rows
+    assert att._stream_plan(1, 36, 36, mx.float16, "cuda") is None  # 72-byte rows
+    assert att._stream_plan(att.STREAM_MAX_ROWS + 1, 64, 64, mx.float16, "cuda") is None
+    for rows, d, dv, dt in ((1, 128, 128, mx.float16), (2, 256, 256, mx.float32), (3, 64, 32, mx.bfloat16)):
+        for backend in ("cuda", "metal"):
+            tiles = att._stream_plan(rows, d, dv, dt, backend)
+            budget = att._stream_budget(backend)
+            assert att._stream_bytes(tiles, rows, d, dv, dt) + 8 * tiles[1] * tiles[2] <= budget
+
+
+def test_split_kv_stream_auto_rule(monkeypatch):
+    """split_kv_stream unset: one-launch decode on cuda with bulk copies, for 32 to 64 (batch,
+    kv head) pairs of one query row, head dims 128, 2-byte dtypes and no mask array."""
+    monkeypatch.setattr(att.cuda_limits, "has_bulk_copies", lambda arch=None: True)
+
+    def use(b, hq, hkv, lq, d, dtype=mx.float16, mask=None, backend="cuda", knob=None):
+        q = mx.ones((b, hq, lq, d), dtype)
+        k = mx.ones((b, hkv, 16, d), dtype)
+        return att._use_stream(knob, q, k, k, att._check_inputs(q, k, k, 1.0, mask), backend)
+
+    assert use(1, 32, 32, 1, 128) and use(2, 32, 32, 1, 128, mx.bfloat16) and use(1, 32, 32, 1, 128, mask="causal")
+    assert not use(1, 32, 8, 1, 128)  # 8 pairs
+    assert not use(3, 32, 32, 1, 128)  # 96 pairs
+    assert not use(1, 32, 32, 2, 128)  # two query rows per kv head
+    assert not use(1, 32, 32, 1, 64)
+    assert not use(1, 32, 32, 1, 128, mx.float32)
+    assert not use(1, 32, 32, 1, 128, mask=mx.ones((1, 1, 1, 16), mx.bool_))
+    assert not use(1, 32, 32, 1, 128, backend="emulate") and not use(1, 32, 32, 1, 128, backend="metal")
+    assert not use(1, 32, 32, 1, 128, knob=False)
+    assert use(1, 4, 1, 1, 64, backend="emulate", knob=True)  # the knob: wherever it can run
+    assert not use(1, 4, 1, 1, 36, backend="emulate", knob=True)  # 72-byte rows
+    monkeypatch.setattr(att.cuda_limits, "has_bulk_copies", lambda arch=None: False)
+    assert not use(1, 32, 32, 1, 128)
+
+
+def test_split_kv_stream_knob_fallback(kernel_backend, monkeypatch):
+    """split_kv_stream on where one-launch decode cannot run (72-byte rows; more than
+    STREAM_MAX_ROWS query rows a kv head): the split-KV pair, as split_kv_mma falls back to the
+    lane walk."""
+    set_walk(monkeypatch, "stream")
+    for hq, lq, d, dtype in ((2, 1, 36, mx.float16), (8, 2, 64, mx.bfloat16)):
+        q, k, v = make_qkv(1, hq, 1, lq, 40, d, d, dtype, seed_of("stream fallback", hq, d))
+        spy = LaunchSpy(monkeypatch)
+        out = att.attention_decode_split_kv(q, k, v, scale=0.2, block_size=16)
+        assert_close(out, np_attention(q, k, v, 0.2, None), dtype, f"stream knob fallback D={d}")
+        if kernel_backend != "reference":
+            assert spy.kernels == ["attention_partial_mma", "attention_reduce"]
+
+
+@pytest.mark.emulator_only
+@pytest.mark.parametrize("dtype_name, mask_kind, layout", [("float16", "causal", "cache"), ("bfloat16", "bool", "cache"),
+                                                           ("float32", "additive", "swapped")])
+def test_check_schedules_split_kv_stream(backend, dtype_name, mask_kind, layout):
+    """One-launch decode under every schedule: the bars' phases (bulk copies) or the lanes'
+    element copies (a swapped K / V layout), each stage refilled only after every lane read
+    it; 1100 keys, GQA 2, Lq = 2."""
+    dtype = DTYPES[dtype_name]
+    q, k, v = make_qkv(1, 4, 2, 2, 1100, 64, 64, dtype, seed_of("sched-stream", dtype_name))
+    kv, vv = kv_layout(k, layout), kv_layout(v, layout)
+    mask = make_mask(mask_kind, 1, 4, 2, 1100, dtype, 5)
+    spec, kwargs = att._stream_launch(q, kv, vv, _mask_obj(mask, q, k), 0.125, "emulate")
+    (out,) = emulate.check_schedules(runtime.get_kernel(spec, "emulate"), **kwargs)
+    assert_close(out, np_attention(q, k, v, 0.125, mask), dtype, "one-launch decode (schedules)")
 
 
 def test_split_kv_mma_knob_fallback(kernel_backend, monkeypatch):

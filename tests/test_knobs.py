@@ -117,7 +117,7 @@ def test_registry_names_and_classes():
         "rms_norm": ("n_reads", "simd_rows", "looped_threads"),
         "layer_norm": ("n_reads", "simd_rows", "looped_threads"),
         "attention": ("block_q", "block_k", "split_kv_block_size", "split_kv_min_keys", "split_kv_mma",
-                      "split_kv_cluster", "prefill_mma"),
+                      "split_kv_cluster", "split_kv_stream", "prefill_mma"),
         "mlstm": ("chunk_size",),
         "slstm": ("threads_per_unit", "r_in_registers"),
     }
@@ -146,7 +146,8 @@ def test_nothing_set_is_the_builtin_choice():
     assert sl.plan(64) == sl.SLSTMConfig(8, True)
     assert att.knob_values(40, 48, 32, 32, mx.float32) == {"block_q": 32, "block_k": 32, "split_kv_block_size": 256,
                                                            "split_kv_min_keys": 1024, "split_kv_mma": False,
-                                                           "split_kv_cluster": 0, "prefill_mma": False}
+                                                           "split_kv_cluster": 0, "split_kv_stream": None,
+                                                           "prefill_mma": False}
     from xlstm_kernels.runtime import current_backend
 
     assert att.knob_values(1, 48, 32, 32, mx.float16)["split_kv_mma"] is (current_backend() != "metal")
@@ -422,7 +423,8 @@ def test_attention_block_k_misfit(monkeypatch, tmp_path, backend):
                                                        "        float32: {block_k: 128, block_q: 16}\n")
     info = explain_knobs("attention", "float32", (1, 2, 40, 48, 64))  # 128 * 68 * 4 > 32 KiB even shared
     assert info["values"] == {"block_q": 16, "block_k": None, "split_kv_block_size": None, "split_kv_min_keys": None,
-                              "split_kv_mma": None, "split_kv_cluster": None, "prefill_mma": None}
+                              "split_kv_mma": None, "split_kv_cluster": None, "split_kv_stream": None,
+                              "prefill_mma": None}
     assert info["skipped"][0]["knob"] == "block_k" and "32 KiB" in info["skipped"][0]["reason"]
     assert info["skipped"][0]["source"] == f"{path}: families.cpu.kernels.attention.float32.block_k"
     fits = explain_knobs("attention", "float32", (1, 2, 40, 48, 16))

@@ -98,6 +98,9 @@ def _attention_cases(rng):
     qd = _rand(rng, (1, 4, 1, 64))
     kd = _rand(rng, (1, 2, 1100, 64))
     vd = _rand(rng, (1, 2, 1100, 64))
+    qs = _rand(rng, (2, 8, 1, 128), mx.bfloat16)  # one-launch decode: 4 rows a kv head, bulk copies
+    ks = _rand(rng, (2, 2, 1500, 128), mx.bfloat16)
+    vs = _rand(rng, (2, 2, 1500, 128), mx.bfloat16)
     x = _rand(rng, (2, 5, 64))
     nw = _rand(rng, (64,))
     wqkv = _rand(rng, (4 * 16 + 2 * 2 * 16, 64), scale=0.2)
@@ -105,7 +108,10 @@ def _attention_cases(rng):
     xr = _rand(rng, (2, 3, 19, 32), mx.bfloat16)
     return {
         "attention prefill causal": lambda: xk.scaled_dot_product_attention(q, k, v, scale=0.17, mask="causal"),
-        "attention split-kv": lambda: xk.scaled_dot_product_attention(qd, kd, vd, scale=0.125),
+        "attention split-kv": lambda: xk.scaled_dot_product_attention(qd, kd, vd, scale=0.125,
+                                                                      knobs={"split_kv_stream": False}),
+        "attention one-launch decode": lambda: xk.scaled_dot_product_attention(qs, ks, vs, scale=0.125,
+                                                                               knobs={"split_kv_stream": True}),
         "rope": lambda: xk.rope(xr, 32, traditional=False, base=10000.0, scale=1.0, offset=3),
         "rope traditional": lambda: xk.rope(xr, 16, traditional=True, base=10000.0, scale=1.0, offset=0),
         "fused_norm_linear": lambda: xk.fused_norm_linear(x, nw, wl),

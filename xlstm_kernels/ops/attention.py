@@ -88,6 +88,17 @@ Kernels (``metal_src/attention.metal``):
   Lq <= ``SPLIT_KV_MAX_QUERIES`` (8) and Lk >= ``SPLIT_KV_MIN_KEYS`` (1024; override with
   the ``split_kv_min_keys`` argument or ``XLSTM_ATTENTION_SPLIT_KV_MIN_KEYS``, alias
   ``XLSTM_KERNELS_ATTN_SPLIT_MIN_KEYS``).
+* ``attention_decode_stream``: decode without a key split, in one launch (knob
+  ``split_kv_stream``; automatic on cuda with bulk copies (sm_90) for 32 to 64 (batch, kv
+  head) pairs of one query row, head dims 128, 2-byte dtypes and no mask array, see
+  ``STREAM_MIN_GROUPS``; the knob True runs it wherever it can, else the pair). One
+  threadgroup per (kv head, batch) takes all its query rows (up to ``STREAM_MAX_ROWS``) and
+  all its keys: ``STREAM_TILES`` (16-key tiles, 12 simdgroups, 2 stages at D = 128 on cuda)
+  stream K and V unpadded into each simdgroup's stages, by bulk copies where the rows are
+  contiguous and 16-byte aligned (``cp.async.bulk`` on an mbarrier on cuda; the lanes'
+  element copies otherwise); 8 lanes read a key (conflict-free), reduce its dot products by
+  shuffles, and keep an online softmax per (row, lane group); the simdgroups' states merge
+  at the end into the output. Rows of K and V must be whole 16-byte words.
 
 Knobs (:mod:`xlstm_kernels.tiles.knobs`, op ``attention``, shape class by Lk): ``block_q``,
 ``block_k`` (prefill tiles; the heuristic above when unset), ``split_kv_block_size``
@@ -180,6 +191,7 @@ PREFILL_MMA = KernelSpec("attention", "attention_prefill_mma", _INPUTS, ("o",), 
 PARTIAL = KernelSpec("attention", "attention_partial", _INPUTS, ("o_part", "lse"), **_IN_PLACE)
 PARTIAL_MMA = KernelSpec("attention", "attention_partial_mma", _INPUTS, ("o_part", "lse"), **_IN_PLACE)
 # pass 2 reads only klen's shape (Lk); klen is the call's k in place, or an empty array
+STREAM = KernelSpec("attention", "attention_decode_stream", _INPUTS, ("o",), **_IN_PLACE)
 REDUCE = KernelSpec("attention", "attention_reduce", ("o_part", "lse", "params", "klen"), ("o",), **_IN_PLACE)
 
 
@@ -1001,6 +1013,118 @@ def _cluster_for(knob: int | None, nb: int, rows: int, d: int, dv: int, dtype: m
     return c
 
 
+#: One-launch decode (``attention_decode_stream``): (keys a tile, simdgroups, stages) in
+#: order of preference, the first whose threadgroup memory fits the backend (and, with more
+#: than one query row, at most STREAM_MAX_WARPS_ROWS simdgroups: their registers). H100,
+#: 1x32x32x4096x128 fp16 / bf16, marginal chains of the probe's kernel
+#: (scripts/probe_decode_stream.py, session 39): 16-key tiles with 8 or 12 simdgroups
+#: 27.2-27.9 us a call, 32-key tiles with 4 30.5, 8-key tiles with 16 28.3, against the
+#: split-KV pair's 30.0-31.3.
+STREAM_TILES = ((16, 12, 2), (16, 8, 3), (16, 8, 2), (16, 4, 2), (8, 4, 2), (8, 2, 2), (4, 2, 2), (4, 1, 2))
+#: Simdgroups of a one-launch decode threadgroup with more than one query row (12 with four
+#: rows asked more registers than a launch may have, session 39).
+STREAM_MAX_WARPS_ROWS = 8
+#: The most query rows (Hq / Hkv * Lq) one-launch decode takes (a lane keeps its words of each).
+STREAM_MAX_ROWS = 8
+#: The split_kv_stream knob's automatic choice (None): one-launch decode where a call has one
+#: query row per kv head, head dims 128, a 2-byte dtype, no mask array, and between
+#: STREAM_MIN_GROUPS and STREAM_MAX_GROUPS (batch, kv head) pairs, on cuda with bulk copies
+#: (sm_90). Its threadgroups (one a pair, ~200 KiB of stages each) stream at most ~130 GB/s an
+#: SM, so fewer pairs leave the GPU's bandwidth unused. H100, session 39, marginal chains
+#: (scripts/probe_decode_chain.py sm0 / sm1, bf16), us a call, one-launch against the pair:
+#: 1x32x32x4096 27.9 against 30.3 (MLX 31.8) and 28.2 against 31.7 (two runs); 1x32x32x8192
+#: 51.5 against 54.0; 2x32x32x4096 (64 pairs) 53.9 against 54.2. The probe's kernel
+#: (probe_decode_stream.py): 8 pairs (1x32x8x16384, 1x32x8x4096) 49-181 against 16-33, 64 pairs
+#: of 4 rows (8x32x8x8192) 98.9 against 101.5, D = 64 (1x32x32x16384) 57.5 against 55.3.
+STREAM_MIN_GROUPS = 32
+STREAM_MAX_GROUPS = 64
+
+
+def _stream_bytes(tiles: tuple[int, int, int], rows: int, d: int, dv: int, dtype: mx.Dtype) -> int:
+    """Threadgroup bytes of one-launch decode's buffer: the simdgroups' stages, or (after
+    the walk, over them) the merge of the NW * 4 states of each query row."""
+    tb, nw, st = tiles
+    itemsize = 4 if dtype == mx.float32 else 2
+    stages = nw * st * tb * (d + dv) * itemsize
+    merge = nw * 4 * rows * (dv + 2) * 4
+    return -(-max(stages, merge) // 16) * 16
+
+
+def _stream_budget(backend: str) -> int:
+    """Threadgroup memory of one-launch decode on `backend` (its buffer and its stages' bars):
+    cuda's per block, the same on the emulator (which models the cuda launch, and so tests
+    the tiles cuda runs), 32 KiB on Apple GPUs."""
+    return cuda_limits.shared_bytes_per_block() if backend in ("cuda", "emulate") else _TG_MEMORY
+
+
+def _stream_plan(rows: int, d: int, dv: int, dtype: mx.Dtype, backend: str) -> tuple[int, int, int] | None:
+    """(keys a tile, simdgroups, stages) of one-launch decode for `rows` query rows per kv
+    head, or None where it cannot run: rows of K or V not whole 16-byte words, more than
+    STREAM_MAX_ROWS rows, or no tiles of STREAM_TILES within :func:`_stream_budget`."""
+    itemsize = 4 if dtype == mx.float32 else 2
+    if (d * itemsize) % 16 or (dv * itemsize) % 16 or rows > STREAM_MAX_ROWS:
+        return None
+    budget = _stream_budget(backend)
+    for tiles in STREAM_TILES:
+        if rows > 1 and tiles[1] > STREAM_MAX_WARPS_ROWS:
+            continue
+        if _stream_bytes(tiles, rows, d, dv, dtype) + 8 * tiles[1] * tiles[2] <= budget:  # + the bars
+            return tiles
+    return None
+
+
+def _stream_refusal(q, k, v, backend: str) -> str | None:
+    """None where one-launch decode can run this call, else why not."""
+    b, hq, lq, d = q.shape
+    hkv, dv = k.shape[1], v.shape[3]
+    rows = hq // hkv * lq
+    if _stream_plan(rows, d, dv, q.dtype, backend) is None:
+        itemsize = 4 if q.dtype == mx.float32 else 2
+        return (f"one-launch decode needs rows of K and V in whole 16-byte words (head dims ({d}, {dv}) in "
+                f"{q.dtype} are {d * itemsize} and {dv * itemsize} bytes) and at most {STREAM_MAX_ROWS} query rows "
+                f"per kv head (Hq / Hkv * Lq = {rows})")
+    return None
+
+
+def _use_stream(knob: bool | None, q, k, v, m: _Mask, backend: str) -> bool:
+    """Whether a split-KV call runs one-launch decode: the split_kv_stream knob (True: wherever
+    it can run, see :func:`_stream_refusal`; elsewhere the split-KV pair, as split_kv_mma
+    falls back to the lane walk), else the automatic rule of STREAM_MIN_GROUPS."""
+    if knob is not None:
+        return bool(knob) and _stream_refusal(q, k, v, backend) is None
+    b, hq, lq, d = q.shape
+    hkv, dv = k.shape[1], v.shape[3]
+    return (backend == "cuda" and cuda_limits.has_bulk_copies() and q.dtype in (mx.float16, mx.bfloat16)
+            and hq // hkv * lq == 1 and d == dv == 128 and m.array is None
+            and STREAM_MIN_GROUPS <= b * hkv <= STREAM_MAX_GROUPS)
+
+
+def _stream_launch(q, k, v, m: _Mask, scale: float, backend: str) -> tuple[KernelSpec, dict]:
+    """(spec, launch kwargs) of one-launch decode: one threadgroup per (kv head, batch)."""
+    b, hq, lq, d = q.shape
+    hkv, dv = k.shape[1], v.shape[3]
+    rows = hq // hkv * lq
+    tiles = _stream_plan(rows, d, dv, q.dtype, backend)
+    if tiles is None:
+        raise ValueError(f"scaled_dot_product_attention: {_stream_refusal(q, k, v, backend)}")
+    tb, nw, st = tiles
+    mbuf = m.kernel_buffer()
+    params = _params([hq, hkv, lq, 0, *m.strides, 0, 0])  # Lk: k's shape (by value)
+    nbytes = _stream_bytes(tiles, rows, d, dv, q.dtype)
+    return STREAM, dict(
+        inputs=[q, k, v, mbuf, params, _scale_array(scale)],
+        output_shapes=[(b, hq, lq, dv)],
+        output_dtypes=[q.dtype],
+        grid=(32 * nw, hkv, b),
+        threadgroup=(32 * nw, 1, 1),
+        template=[("T", q.dtype), ("MT", mbuf.dtype), ("D", d), ("DV", dv), ("MASK", m.kind), ("R", rows),
+                  ("TB", tb), ("ST", st), ("NW", nw)],
+        # cuda: the stages are the launch's dynamic shared memory (the bars static beside
+        # them); the emulator models that launch (its limit: the stages and the bars)
+        shared_memory={"cuda": nbytes, "emulate": nbytes + 8 * nw * st}.get(backend, 0),
+    )
+
+
 #: Split-KV pass 2: key blocks whose partial rows a lane loads before it adds any (the
 #: kernel's RB; the sums are the same for every value). H100, marginal chains
 #: (scripts/probe_decode_chain.py PROBE_DC_RULES="shipped rb8 rb16 rb32", session 26), bf16,
@@ -1106,6 +1230,21 @@ def _split_kv_forward(q, k, v, m: _Mask, scale: float, block_size: int | None, b
     return o.reshape(b, hq, lq, dv)
 
 
+def _stream_forward(q, k, v, m: _Mask, scale: float, backend: str, plans: dict | None = None) -> mx.array:
+    """One-launch decode of one call. `plans` (kept by the caller, for masks without an
+    array): its launch, prepared once and reused while a decode loop's Lk grows (the kernel
+    reads Lk from k's shape; its grid does not depend on it)."""
+    if plans is not None and m.array is None:
+        plan = plans.get("stream")
+        if plan is None:
+            spec, kw = _stream_launch(q, k, v, m, scale, backend)
+            plan = plans["stream"] = (prepare_launch(spec, **kw, backend=backend), kw["inputs"][3:])
+        (o,) = plan[0]([q, k, v, *plan[1]])
+        return o
+    (o,) = _run(_stream_launch(q, k, v, m, scale, backend), backend)
+    return o
+
+
 def _block_size_rule(q, k, v, block_size: int | None, mma: bool, backend: str, cluster_knob: int | None = None):
     """lk -> the split-KV block size of calls like this one that differ only in Lk (what
     _auto_block_size(_mma) give, computed from ints: no array attribute reads per call)."""
@@ -1154,7 +1293,9 @@ def _knob_args(cfg: dict) -> dict:
 def knob_values(lq: int, lk: int, d: int, dv: int, dtype: Any, args: dict | None = None) -> dict[str, int]:
     """The knobs a call with these sizes uses, defaults and heuristics filled in:
     {"block_q", "block_k", "split_kv_block_size", "split_kv_min_keys", "split_kv_mma", "split_kv_cluster",
-    "prefill_mma"} (split_kv_cluster: the cluster size asked for, 0 for none). `args`: knob arguments ({knob: value})."""
+    "split_kv_stream", "prefill_mma"} (split_kv_cluster: the cluster size asked for, 0 for none;
+    split_kv_stream: True / False as set, None for the automatic rule of :func:`_use_stream`).
+    `args`: knob arguments ({knob: value})."""
     v = resolve_knobs("attention", dtype, lk, args=args, fits=attention_fits(d, dv, dtype)).values
     bq, bk = _prefill_tiles(lq, d, dv, getattr(mx, dtype_name(dtype)), v["block_q"], v["block_k"])
     mx_dtype = getattr(mx, dtype_name(dtype))
@@ -1166,6 +1307,7 @@ def knob_values(lq: int, lk: int, d: int, dv: int, dtype: Any, args: dict | None
             "split_kv_min_keys": SPLIT_KV_MIN_KEYS if v["split_kv_min_keys"] is None else v["split_kv_min_keys"],
             "split_kv_mma": mma and _mma_plan(1, d, dv, mx_dtype, backend) is not None,
             "split_kv_cluster": v["split_kv_cluster"] or 0,
+            "split_kv_stream": v["split_kv_stream"],
             "prefill_mma": pmma and _prefill_mma_plan(lq, d, dv, mx_dtype, backend) is not None}
 
 
@@ -1318,7 +1460,8 @@ def _build_attention(q, k, v, scale, mask, path: str, cfg: dict, replay: bool = 
         reference.takes = takes
         reference.last_lk = lk
         return reference
-    mma = path == "split" and _use_mma(kv["split_kv_mma"], q, k, v, backend)
+    stream = path == "split" and _use_stream(kv["split_kv_stream"], q, k, v, m, backend)
+    mma = path == "split" and not stream and _use_mma(kv["split_kv_mma"], q, k, v, backend)
     if path == "split" and (kv["split_kv_cluster"] or 0) >= 2 and _cluster_support(backend) is not None:
         raise ValueError(f"split_kv_cluster={kv['split_kv_cluster']}: {_cluster_support(backend)}")
     # the tile prefill, unless the call names attention_prefill's tiles (block_q= / block_k=)
@@ -1333,6 +1476,8 @@ def _build_attention(q, k, v, scale, mask, path: str, cfg: dict, replay: bool = 
     def forward(q, k, v, mm: _Mask) -> mx.array:
         q = mx.contiguous(q)  # k and v are read in place (_IN_PLACE)
         if path == "split":
+            if stream:
+                return _stream_forward(q, k, v, mm, scale, backend, split_plans)
             return _split_kv_forward(q, k, v, mm, scale, block_size, backend, mma, split_plans,
                                      kv["split_kv_cluster"])
         if prefill_mma:

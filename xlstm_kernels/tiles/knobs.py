@@ -23,6 +23,11 @@ Ops and their knobs (the names are public API: env variables, preset keys, ``kno
                                            holding every block makes a decode step one launch). Only
                                            the emulator and cuda on sm_90 with MLX_USE_CUDA_GRAPHS=0
                                            run clusters (ops.attention._cluster_support says why)
+                           split_kv_stream true | false: decode in one launch, one threadgroup per
+                                           (batch, kv head) streaming all its keys through bulk
+                                           copies (attention_decode_stream), no split and no pass 2;
+                                           unset: automatic (cuda on sm_90, 32-64 such pairs of one
+                                           query row, head dims 128, 2-byte dtypes, no mask array)
                            prefill_mma     true | false: prefill as 16 x 16 simdgroup-matrix tiles
                                            (attention_prefill_mma; default on for 2-byte dtypes on
                                            cuda / the emulator) or attention_prefill (the one
@@ -213,6 +218,11 @@ KNOBS: dict[str, dict[str, Knob]] = {
              "built-in default: none (opt-in: the emulator, cuda on sm_90 with MLX_USE_CUDA_GRAPHS=0; "
              "ops.attention._cluster_support)", (), (),
              "key blocks of the split-KV tile pass 1 merged in one threadgroup cluster (0 / 1: none)"),
+        Knob("split_kv_stream", "bool", None,
+             "built-in default: automatic (ops.attention._use_stream: cuda on sm_90, 32 to 64 (batch, kv head) "
+             "pairs of one query row, head dims 128, 2-byte dtypes, no mask array)", (), (),
+             "decode (split-KV calls) in one launch, a threadgroup per (batch, kv head) streaming its keys "
+             "through bulk copies (attention_decode_stream), instead of the split-KV pass pair"),
         Knob("prefill_mma", "bool", None,
              "built-in default: on for float16 / bfloat16 on cuda and the emulator, off for float32 and on "
              "Apple GPUs (ops.attention._prefill_mma_default)", (False, True),
