@@ -1028,6 +1028,21 @@ def test_split_kv_stream_decode_loop(kernel_backend, monkeypatch, dtype_name):
         assert set(spy.kernels) == {"attention_decode_stream"}
 
 
+def test_split_kv_stream_apple_plan(kernel_backend, monkeypatch):
+    """The tiles Apple GPUs get (32 KiB: 8-key tiles, 2 simdgroups, 2 stages at D = 128 in a
+    2-byte dtype), run: the emulator with Apple's budget, or Metal itself."""
+    if kernel_backend not in ("emulate", "metal"):
+        pytest.skip("Apple's 32 KiB plan")
+    monkeypatch.setattr(att, "_stream_budget", lambda backend: 32 * 1024)
+    set_walk(monkeypatch, "stream")
+    q, k, v = make_qkv(1, 2, 1, 1, 1100, 128, 128, mx.bfloat16, seed_of("stream apple"))
+    spy = LaunchSpy(monkeypatch)
+    out = att.scaled_dot_product_attention(q, k, v, scale=0.125, mask="causal")
+    assert_close(out, np_attention(q, k, v, 0.125, "causal"), mx.bfloat16, "one-launch decode, 32 KiB plan")
+    t = spy.templates[0]
+    assert spy.kernels == ["attention_decode_stream"] and (t["TB"], t["NW"], t["ST"], t["R"]) == (8, 2, 2, 2)
+
+
 def test_split_kv_stream_plan():
     """Tiles: the first of STREAM_TILES whose buffer and bars fit (cuda, and the emulator that
     models it: 227 KiB; Apple GPUs: 32 KiB), at most 8 simdgroups with several query rows;
