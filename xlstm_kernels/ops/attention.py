@@ -1581,10 +1581,12 @@ def attention_decode_split_kv(
     mask: Any = None,
     block_size: int | None = None,
 ) -> mx.array:
-    """The same op always on the split-KV pair (``attention_partial`` over blocks of
-    ``block_size`` keys, default: the split_kv_block_size knob, else automatic, then
-    ``attention_reduce``). Meant for short
-    query runs (Lq <= 8) over long contexts, but correct for any shape. Differentiable."""
+    """The same op always on the decode path: the split-KV pair (``attention_partial`` over
+    blocks of ``block_size`` keys, default: the split_kv_block_size knob, else automatic,
+    then ``attention_reduce``), or one launch without a split (``attention_decode_stream``)
+    where the split_kv_stream knob or its automatic rule takes it (``block_size`` then
+    unused). Meant for short query runs (Lq <= 8) over long contexts, but correct for any
+    shape. Differentiable."""
     return _attention(q, k, v, scale, mask, "split", {"block_size": block_size})
 
 
