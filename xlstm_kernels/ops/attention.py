@@ -1019,7 +1019,9 @@ def _cluster_for(knob: int | None, nb: int, rows: int, d: int, dv: int, dtype: m
 #: 1x32x32x4096x128 fp16 / bf16, marginal chains of the probe's kernel
 #: (scripts/probe_decode_stream.py, session 39): 16-key tiles with 8 or 12 simdgroups
 #: 27.2-27.9 us a call, 32-key tiles with 4 30.5, 8-key tiles with 16 28.3, against the
-#: split-KV pair's 30.0-31.3.
+#: split-KV pair's 30.0-31.3. The op's own kernel (scripts/probe_stream_plans.py, session 40),
+#: fp16 / bf16: (16, 12, 2) 29.1 / 28.7, (16, 8, 3) 29.6 / 30.2, (8, 16, 3) 30.9 / 32.9, the
+#: pair 33.4 / 33.3 (a machine 1-3 us slower than session 39's).
 STREAM_TILES = ((16, 12, 2), (16, 8, 3), (16, 8, 2), (16, 4, 2), (8, 4, 2), (8, 2, 2), (4, 2, 2), (4, 1, 2))
 #: Simdgroups of a one-launch decode threadgroup with more than one query row (12 with four
 #: rows asked more registers than a launch may have, session 39).
