@@ -1941,11 +1941,12 @@ if (NW > 1) {
 //   group) keeps an online softmax (running max, sum, unnormalised output words), rescaled
 //   once a tile. Keys at or past a row's limit do not exist for it (-inf), masks as in
 //   attention_partial.
-// * At the end the NW * 4 states of each query row meet in threadgroup memory (over the
-//   stages) and o = sum_s w_s O_s / sum_s w_s l_s, w_s = exp2(m_s - M), in T: 0 / 0 = NaN
-//   where every score is -inf (additive -inf everywhere), as in MLX.
+// * At the end each simdgroup's four lane groups merge their states by shuffles, the NW
+//   states of each query row meet in threadgroup memory (over the stages) and
+//   o = sum_s w_s O_s / sum_s w_s l_s, w_s = exp2(m_s - M), in T: 0 / 0 = NaN where every
+//   score is -inf (additive -inf everywhere), as in MLX.
 // Threadgroup (32 * NW, 1, 1); grid (32 * NW, Hkv, B).
-// Threadgroup memory: max(NW * ST stages of TB * (D + DV) elements, NW * 4 * R * (DV + 2)
+// Threadgroup memory: max(NW * ST stages of TB * (D + DV) elements, NW * R * (DV + 2)
 // floats) (on CUDA the launch's dynamic shared memory), and NW * ST bars.
 // inputs: q, k, v (T); mask (MT); params (int64); scale (float). outputs: o (B, Hq, Lq, DV) T
 // template: T, MT, D, DV, MASK, R, TB, ST, NW
@@ -1956,7 +1957,7 @@ constexpr int PK = (WK + 7) / 8;         // words of a K row per lane (8 lanes a
 constexpr int PV = (WV + 7) / 8;
 constexpr int STAGE = TB * (D + DV);
 constexpr int STAGE_WORDS = (NW * ST * STAGE * int(sizeof(T)) + 15) / 16;
-constexpr int NS = NW * 4;  // partial states per query row
+constexpr int NS = NW;  // partial states per query row at the merge (one a simdgroup)
 constexpr int MERGE_WORDS = (NS * R * (DV + 2) + 3) / 4;
 constexpr int TG_WORDS = STAGE_WORDS > MERGE_WORDS ? STAGE_WORDS : MERGE_WORDS;
 static_assert(D % EW == 0 && DV % EW == 0 && TB % 4 == 0 && R >= 1 && ST >= 1 && NW >= 1,
@@ -2182,26 +2183,50 @@ for (int i = 0; int(sg) + i * NW < ntiles; ++i) {
 }
 #undef XK_STREAM_FILL
 
+// The simdgroup's four lane groups (the same output words in lanes l8, l8 + 8, ...) merge
+// their states by shuffles into one, rescaled to the simdgroup's max: the threadgroup's final
+// merge then walks NS = NW states, not NW * 4. Every lane of a group holds its group's m and l.
+XK_ATTN_UNROLL
+for (int r = 0; r < R; ++r) {
+  float mw = metal::max(m[r], XK_ATTN_SHUFFLE_XOR_ALL(m[r], ushort(8)));
+  mw = metal::max(mw, XK_ATTN_SHUFFLE_XOR_ALL(mw, ushort(16)));
+  const float f = metal::fast::exp2(m[r] - (mw == -INFINITY ? 0.0f : mw));  // 0 for a group with no key yet
+  float lw = l[r] * f;
+  lw += XK_ATTN_SHUFFLE_XOR_ALL(lw, ushort(8));
+  lw += XK_ATTN_SHUFFLE_XOR_ALL(lw, ushort(16));
+  m[r] = mw;
+  l[r] = lw;
+  XK_ATTN_UNROLL
+  for (int e = 0; e < PV * EW; ++e) {
+    float a = acc[r][e] * f;
+    a += XK_ATTN_SHUFFLE_XOR_ALL(a, ushort(8));
+    a += XK_ATTN_SHUFFLE_XOR_ALL(a, ushort(16));
+    acc[r][e] = a;
+  }
+}
+
 // The NS states of each row into threadgroup memory (over the stages: after the barrier,
 // every copy issued was waited for), then merged per (row, output column).
 threadgroup_barrier(mem_flags::mem_threadgroup);
 threadgroup float* mo = reinterpret_cast<threadgroup float*>(xk_tiles);  // [NS][R][DV]
 threadgroup float* mm = mo + NS * R * DV;                                 // [NS][R] running max
 threadgroup float* ml = mm + NS * R;                                      // [NS][R] sum
-const int gs = int(sg) * 4 + grp;
-XK_ATTN_UNROLL
-for (int r = 0; r < R; ++r) {
-  if (l8 == 0) {
-    mm[gs * R + r] = m[r];
-    ml[gs * R + r] = l[r];
-  }
+const int gs = int(sg);
+if (grp == 0) {
   XK_ATTN_UNROLL
-  for (int w = 0; w < PV; ++w) {
-    const int wi = w * 8 + l8;
-    if (WV % 8 == 0 || wi < WV) {
-      XK_ATTN_UNROLL
-      for (int e = 0; e < EW; ++e) {
-        mo[(gs * R + r) * DV + wi * EW + e] = acc[r][w * EW + e];
+  for (int r = 0; r < R; ++r) {
+    if (l8 == 0) {
+      mm[gs * R + r] = m[r];
+      ml[gs * R + r] = l[r];
+    }
+    XK_ATTN_UNROLL
+    for (int w = 0; w < PV; ++w) {
+      const int wi = w * 8 + l8;
+      if (WV % 8 == 0 || wi < WV) {
+        XK_ATTN_UNROLL
+        for (int e = 0; e < EW; ++e) {
+          mo[(gs * R + r) * DV + wi * EW + e] = acc[r][w * EW + e];
+        }
       }
     }
   }

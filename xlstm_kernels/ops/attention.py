@@ -1044,11 +1044,11 @@ STREAM_MAX_GROUPS = 64
 
 def _stream_bytes(tiles: tuple[int, int, int], rows: int, d: int, dv: int, dtype: mx.Dtype) -> int:
     """Threadgroup bytes of one-launch decode's buffer: the simdgroups' stages, or (after
-    the walk, over them) the merge of the NW * 4 states of each query row."""
+    the walk, over them) the merge of the NW states (one a simdgroup) of each query row."""
     tb, nw, st = tiles
     itemsize = 4 if dtype == mx.float32 else 2
     stages = nw * st * tb * (d + dv) * itemsize
-    merge = nw * 4 * rows * (dv + 2) * 4
+    merge = nw * rows * (dv + 2) * 4
     return -(-max(stages, merge) // 16) * 16
 
 
