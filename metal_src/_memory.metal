@@ -314,6 +314,29 @@ inline bool xk_async_runs_aligned(const device T* src, long ld) {
 }
 #endif
 
+// @header xk_word
+// Values held as 32-bit words of xk_word<T>::N elements (2 for 16-bit T, 1 for float),
+// element 0 in the low bits: xk_word<T>::at(u, k) is element k of word u as float. (Kept as
+// T, 16-bit elements make ptxas hold each high half in a register of its own and the
+// converted floats besides: 48+ registers for 32 bfloat elements in a norm row; as words,
+// 16. A bfloat's bits are a float's high half: a shift or a mask, where a conversion from
+// the type costs ptxas two instructions.)
+template <typename T>
+struct xk_word {
+  static constexpr int N = 1;
+  static float at(uint u, int) { return as_type<float>(u); }
+};
+template <>
+struct xk_word<half> {
+  static constexpr int N = 2;
+  static float at(uint u, int k) { return float(as_type<half>(ushort(k == 0 ? u : u >> 16))); }
+};
+template <>
+struct xk_word<bfloat16_t> {
+  static constexpr int N = 2;
+  static float at(uint u, int k) { return as_type<float>(k == 0 ? u << 16 : u & 0xffff0000u); }
+};
+
 // @header xk_bulk_bar
 // Bulk copies of a run of 16-byte words from device to threadgroup memory, completed on a
 // barrier (attention_decode_stream: a named section, for the kernels that name xk_bulk_bar).

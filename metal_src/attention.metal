@@ -2107,11 +2107,11 @@ for (int i = 0; int(sg) + i * NW < ntiles; ++i) {
     XK_ATTN_UNROLL
     for (int w = 0; w < PK; ++w) {
       if (WK % 8 == 0 || w * 8 + l8 < WK) {
-        T kw[EW];
-        xk_load_w_tg<EW>(kr + w * 8 * EW, kw);
+        uint kw[4];  // the 16-byte word as 32-bit words (xk_word: a bfloat widens by a shift)
+        xk_load_w_tg<4>(reinterpret_cast<const threadgroup uint*>(kr + w * 8 * EW), kw);
         XK_ATTN_UNROLL
         for (int e = 0; e < EW; ++e) {
-          const float kf = float(kw[e]);
+          const float kf = xk_word<T>::at(kw[e / xk_word<T>::N], e % xk_word<T>::N);
           XK_ATTN_UNROLL
           for (int r = 0; r < R; ++r) {
             dot[r][e % 2] = metal::fma(kf, qv[r][w * EW + e], dot[r][e % 2]);
@@ -2163,11 +2163,11 @@ for (int i = 0; int(sg) + i * NW < ntiles; ++i) {
     XK_ATTN_UNROLL
     for (int w = 0; w < PV; ++w) {
       if (WV % 8 == 0 || w * 8 + l8 < WV) {
-        T vw[EW];
-        xk_load_w_tg<EW>(vr + w * 8 * EW, vw);
+        uint vw[4];
+        xk_load_w_tg<4>(reinterpret_cast<const threadgroup uint*>(vr + w * 8 * EW), vw);
         XK_ATTN_UNROLL
         for (int e = 0; e < EW; ++e) {
-          const float vf = float(vw[e]);
+          const float vf = xk_word<T>::at(vw[e / xk_word<T>::N], e % xk_word<T>::N);
           XK_ATTN_UNROLL
           for (int r = 0; r < R; ++r) {
             acc[r][w * EW + e] = metal::fma(p[j][r], vf, acc[r][w * EW + e]);

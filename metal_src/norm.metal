@@ -75,25 +75,7 @@ inline float xk_shuffle_xor_all(float v, ushort m) {
 #define XK_ROW_RSQRT(x) metal::precise::rsqrt(x)
 #endif
 
-// A row held in registers as 32-bit words of xk_word<T>::N elements (2 for 16-bit T, 1 for
-// float), element 0 in the low bits: xk_word<T>::at(u, k) is element k of word u as float.
-// (Kept as T, 16-bit elements make ptxas hold each high half in a register of its own and
-// the converted floats besides: 48+ registers for 32 bfloat elements; as words, 16.)
-template <typename T>
-struct xk_word {
-  static constexpr int N = 1;
-  static float at(uint u, int) { return as_type<float>(u); }
-};
-template <>
-struct xk_word<half> {
-  static constexpr int N = 2;
-  static float at(uint u, int k) { return float(as_type<half>(ushort(k == 0 ? u : u >> 16))); }
-};
-template <>
-struct xk_word<bfloat16_t> {
-  static constexpr int N = 2;
-  static float at(uint u, int k) { return as_type<float>(k == 0 ? u << 16 : u & 0xffff0000u); }
-};
+// A row held in registers as 32-bit words (xk_word: metal_src/_memory.metal).
 
 // Sum of `v` over the threads of a row, returned to every thread of the row.
 // ONE_SIMD: the row is one simdgroup. Otherwise: simd_sum, lane 0 of each simdgroup
