@@ -39,15 +39,7 @@ constexpr int NE = 16;               // elements of a V row a lane holds (8 lane
 const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, grp = lane >> 3, l8 = lane & 7;
 const int r8 = lane >> 2, g4 = lane & 3;
 const bool odd = (r8 & 1) != 0;
-const int hk = blockIdx.x;           // (batch, kv head), flat; one query row each
-const size_t base = size_t(hk) * {KEYS} * {ROW};
-const unsigned char* kb = reinterpret_cast<const unsigned char*>(k) + base;
-const unsigned char* vb = reinterpret_cast<const unsigned char*>(v) + base;
-unsigned char* st = smem + size_t(warp) * {ST} * 2 * {TB} * {ROW};
-const int ntiles = {KEYS} / {TB};
-""" + probe_pass1_floor.BULK_SETUP + """\
-#pragma unroll
-for (int s = 0; s < {ST}; ++s) issue(warp + s * {NW}, s);
+""" + pds.STAGES + """\
 uint4 qb[4];                         // B fragments: the query row's words 4 s + g (column 0 only)
 const uint4* qh = reinterpret_cast<const uint4*>(q) + size_t(hk) * 16;
 #pragma unroll
@@ -152,15 +144,7 @@ def _mq_kernel(nw: int, st: int, b: int, heads: int, keys: int, d: int, dtype: s
     tb, row = 16, d * 2
     src = MQ.format(TB=tb, NW=nw, ST=st, KEYS=keys, ROW=row, SROW=row, ROWS=0, D=d, T=t, T2=t2, CVT2=cvt2,
                     PT=_PTX_TYPE[dtype], QS=repr(d**-0.5 / math.log(2)))
-    kern = mx.fast.cuda_kernel(name=f"mq_tb{tb}_w{nw}_s{st}_{b}x{heads}x{keys}x{d}_{dtype}",
-                               input_names=["q", "k", "v"], output_names=["out"], source=src,
-                               shared_memory=nw * st * 2 * tb * row)
-
-    def step(k, v):
-        return lambda q: kern(inputs=[q, k, v], grid=(b * heads * nw * 32, 1, 1), threadgroup=(nw * 32, 1, 1),
-                              output_shapes=[q.shape], output_dtypes=[q.dtype])[0]
-
-    return step
+    return pds._launch_step(f"mq_tb{tb}_w{nw}_s{st}_{b}x{heads}x{keys}x{d}_{dtype}", src, tb, nw, st, row, b * heads)
 
 
 def main(argv: list[str]) -> int:

@@ -45,13 +45,9 @@ import probe_pass1_floor  # noqa: E402  (the bulk-copy setup and wait, shared)
 HEADS, KEYS, D = 32, 4096, 128
 LAUNCHES = 7
 
-STREAM = """
-extern __shared__ __align__(128) unsigned char smem[];
-__shared__ __align__(8) unsigned long long bars[{NW} * {ST}];
-__shared__ float mred[{NW} * 4 * {G}], lred[{NW} * 4 * {G}];
-constexpr int WPL = {D} / 64;        // 16-byte words of a row a lane reads (8 lanes a row)
-constexpr int NE = 8 * WPL;          // elements of a row a lane holds
-const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, grp = lane >> 3, l8 = lane & 7;
+# A threadgroup per (batch, kv head): its K / V, each warp's stages, the first copies issued
+# (needs lane and warp; shared with probe_decode_mma_qk.py).
+STAGES = """\
 const int hk = blockIdx.x;           // (batch, kv head), flat
 const size_t base = size_t(hk) * {KEYS} * {ROW};
 const unsigned char* kb = reinterpret_cast<const unsigned char*>(k) + base;
@@ -61,6 +57,16 @@ const int ntiles = {KEYS} / {TB};
 """ + probe_pass1_floor.BULK_SETUP + """\
 #pragma unroll
 for (int s = 0; s < {ST}; ++s) issue(warp + s * {NW}, s);
+"""
+
+STREAM = """
+extern __shared__ __align__(128) unsigned char smem[];
+__shared__ __align__(8) unsigned long long bars[{NW} * {ST}];
+__shared__ float mred[{NW} * 4 * {G}], lred[{NW} * 4 * {G}];
+constexpr int WPL = {D} / 64;        // 16-byte words of a row a lane reads (8 lanes a row)
+constexpr int NE = 8 * WPL;          // elements of a row a lane holds
+const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, grp = lane >> 3, l8 = lane & 7;
+""" + STAGES + """\
 const {T}* qh = reinterpret_cast<const {T}*>(q) + size_t(hk) * {G} * {D};
 float qv[{G}][NE];
 #pragma unroll
@@ -194,12 +200,17 @@ def _kernel(tb: int, nw: int, st: int, b: int, hq: int, hkv: int, keys: int, d: 
     row = d * 2
     src = STREAM.format(TB=tb, NW=nw, ST=st, KEYS=keys, ROW=row, SROW=row, ROWS=0, D=d, G=hq // hkv, T=t, T2=t2, CVT2=cvt2,
                         QS=repr(d**-0.5 / math.log(2)))
-    kern = mx.fast.cuda_kernel(name=f"st_tb{tb}_w{nw}_s{st}_{b}x{hq}x{hkv}x{keys}x{d}_{dtype}",
-                               input_names=["q", "k", "v"], output_names=["out"], source=src,
+    return _launch_step(f"st_tb{tb}_w{nw}_s{st}_{b}x{hq}x{hkv}x{keys}x{d}_{dtype}", src, tb, nw, st, row, b * hkv)
+
+
+def _launch_step(name: str, src: str, tb: int, nw: int, st: int, row: int, groups: int):
+    """step(k, v) -> (q -> out) of a raw kernel `src` on (q, k, v): `groups` threadgroups of
+    `nw` warps, each warp `st` stages of `tb` K and V rows of `row` bytes (dynamic shared memory)."""
+    kern = mx.fast.cuda_kernel(name=name, input_names=["q", "k", "v"], output_names=["out"], source=src,
                                shared_memory=nw * st * 2 * tb * row)
 
     def step(k, v):
-        return lambda q: kern(inputs=[q, k, v], grid=(b * hkv * nw * 32, 1, 1), threadgroup=(nw * 32, 1, 1),
+        return lambda q: kern(inputs=[q, k, v], grid=(groups * nw * 32, 1, 1), threadgroup=(nw * 32, 1, 1),
                               output_shapes=[q.shape], output_dtypes=[q.dtype])[0]
 
     return step
