@@ -21,7 +21,8 @@
 set -uo pipefail
 
 MLX_VERSION="${MLX_VERSION:-0.32.4}"
-PART_SIZE="${PART_SIZE:-60M}"
+PART_SIZE="${PART_SIZE:-}"  # bytes of the wheel's first part (split -b syntax); default: half the wheel
+CARRY_LIMIT=$((64 << 20))  # what one device call carries: the working tree plus its carry paths
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 W=/tmp/xk-whl          # device: parts and wheels
 SITE=/tmp/site         # device: unpacked mlx + mlx_cuda_13
@@ -48,14 +49,31 @@ prepare() {
   local cuda_whl mlx_whl
   cuda_whl="$(ls .whl-cache/mlx_cuda_13-"$MLX_VERSION"-*.whl | head -1)"
   mlx_whl="$(ls .whl-cache/mlx-"$MLX_VERSION"-cp312-*.whl | head -1)"
+  # Each call carries the working tree (tracked and untracked files git does not ignore)
+  # beside its part: the parts are halves of the wheel unless PART_SIZE says otherwise, and
+  # both calls must stay within CARRY_LIMIT.
+  local tree whl_bytes mlx_bytes part
+  tree="$(git ls-files -co --exclude-standard -z | du -cb --files0-from=- 2>/dev/null | tail -1 | cut -f1)"
+  whl_bytes="$(stat -c %s "$cuda_whl")"
+  mlx_bytes="$(stat -c %s "$mlx_whl")"
+  part="${PART_SIZE:-$(((whl_bytes + 1) / 2))}"
   rm -rf .whl .whl2 && mkdir -p .whl .whl2
   cp "$mlx_whl" .whl/
-  split -b "$PART_SIZE" -d "$cuda_whl" ".whl/$(basename "$cuda_whl").part-"
+  split -b "$part" -d "$cuda_whl" ".whl/$(basename "$cuda_whl").part-"
   mv .whl/"$(basename "$cuda_whl")".part-01 .whl2/
   if ls .whl/*.part-02 >/dev/null 2>&1; then
     echo "the wheel needs more than two parts; raise PART_SIZE (each call carries <= 64 MiB)" >&2
     return 1
   fi
+  local d size
+  for d in .whl .whl2; do
+    size=$((tree + $(du -cb "$d" | tail -1 | cut -f1)))
+    if [ "$size" -gt "$CARRY_LIMIT" ]; then
+      echo "the call carrying $d would carry $((size >> 20)) MiB (working tree $((tree >> 20)) MiB + $d), over" \
+           "the $((CARRY_LIMIT >> 20)) MiB a call carries: set PART_SIZE (now $part bytes) or shrink the tree" >&2
+      return 1
+    fi
+  done
   (cd .whl-cache && sha256sum "$(basename "$cuda_whl")") >.whl2/SHA256SUMS
   du -sh .whl .whl2
   cat <<EOF
