@@ -229,6 +229,32 @@ def test_shipped_defaults_follow_device_class():
     _expect_error(["unknown family", "m99"], roofline, "m99")
 
 
+def test_device_rooflines_replace_figures_for_the_devices_they_name(monkeypatch, tmp_path):
+    # shipped: an H200 shares the H100's family (tiles, SMs) but not its bandwidth
+    h100 = roofline("nvidia_hopper", "NVIDIA H100 80GB HBM3")
+    h200 = roofline("nvidia_hopper", "NVIDIA H200")
+    assert h100 == roofline("nvidia_hopper") and h100["bandwidth_gbs"] == 3350.0
+    assert h200 == {**h100, "bandwidth_gbs": 4800.0}
+    # a user file: the longest matching name wins, a tie goes to the higher-precedence file,
+    # and the family's own figures fill the rest
+    user = _write(tmp_path / "u.yaml", "families:\n  bare:\n"
+                  "    roofline: {fp32_tflops: 1, fp16_tflops: 2, bf16_tflops: 3, bandwidth_gbs: 10}\n"
+                  "    device_rooflines:\n      X1: {bandwidth_gbs: 20}\n      X1 Max: {bandwidth_gbs: 40, fp32_tflops: 4}\n")
+    monkeypatch.setenv("XLSTM_KERNELS_PRESETS", str(user))
+    assert roofline("bare", "Acme X1 Max") == {"fp32_tflops": 4.0, "fp16_tflops": 2.0, "bf16_tflops": 3.0,
+                                               "bandwidth_gbs": 40.0}
+    assert roofline("bare", "acme x1")["bandwidth_gbs"] == 20.0  # case-insensitive
+    assert roofline("bare", "Acme X2")["bandwidth_gbs"] == 10.0
+    assert roofline("bare")["bandwidth_gbs"] == 10.0  # a named family without a device: its own figures
+    monkeypatch.setenv("XLSTM_KERNELS_DEVICE", "bare")  # this device: named by the override, no match
+    assert roofline()["bandwidth_gbs"] == 10.0
+    # the same name in a higher-precedence file than the shipped one: the user's figures
+    user2 = _write(tmp_path / "u2.yaml", "families:\n  nvidia_hopper:\n    device_rooflines: {h200: {bandwidth_gbs: 4000}}\n")
+    monkeypatch.setenv("XLSTM_KERNELS_PRESETS", str(user2))
+    assert roofline("nvidia_hopper", "NVIDIA H200")["bandwidth_gbs"] == 4000.0
+    assert roofline("nvidia_hopper", "NVIDIA H100")["bandwidth_gbs"] == 3350.0
+
+
 # ---------------------------------------------------------------------------------------
 # Geometry
 # ---------------------------------------------------------------------------------------
@@ -422,6 +448,11 @@ _ENTRY = "families:\n  cpu:\n    gemm:\n      gemm_av:\n        float32:\n      
         ("families:\n  cpu:\n    tiles: {}\n", ["families.cpu.tiles", "unknown key"]),
         ("families:\n  cpu:\n    gemm: [1, 2]\n", ["families.cpu.gemm", "expected a mapping"]),
         ("families:\n  cpu:\n    roofline: {fp32_tflops: -1}\n", ["families.cpu.roofline.fp32_tflops", "positive number"]),
+        ("families:\n  cpu:\n    device_rooflines: {X1: {bandwidth_gbs: 0}}\n",
+         ["families.cpu.device_rooflines.X1.bandwidth_gbs", "positive number"]),
+        ("families:\n  cpu:\n    device_rooflines: {X1: {speed: 2}}\n", ["families.cpu.device_rooflines.X1.speed", "unknown key"]),
+        ("families:\n  cpu:\n    device_rooflines: [X1]\n", ["families.cpu.device_rooflines", "expected a mapping"]),
+        ("families:\n  cpu:\n    device_rooflines: {' ': {bandwidth_gbs: 1}}\n", ["families.cpu.device_rooflines", "empty"]),
         ("families:\n  cpu:\n    match: {architecture: 5}\n", ["families.cpu.match.architecture", "list of"]),
         ("families:\n  cpu:\n    shapes:\n      huge: {}\n", ["families.cpu.shapes.huge", "unknown key"]),
         ("families:\n  bad-key: {}\n", ["families.bad-key", "letters, digits"]),

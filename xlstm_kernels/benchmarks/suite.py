@@ -196,7 +196,7 @@ def gemm_rows(
     """One row per (shape, dtype, op): our kernel vs its MLX baseline on `backend`."""
     emulated = backend == "emulate"
     device = tiles_mod.detect_device()
-    roof = tiles_mod.roofline(device.family_key)
+    roof = tiles_mod.roofline(device.family_key, device.name)
     rng = np.random.default_rng(seed)
     rows = []
     for m, n, k in shapes:
@@ -442,7 +442,7 @@ def run_bench(
     result = BenchResult(
         backend=backend, rows=[], device={"name": device.name, "architecture": device.architecture,
                                           "family": device.family_key},
-        roofline=tiles_mod.roofline(device.family_key),
+        roofline=tiles_mod.roofline(device.family_key, device.name),
         options={"ops": selection, "dtypes": dts, "shapes": [shape_text(s) for s in gemm_shapes] if gemm_ops else [],
                  "quick": bool(quick), "warmup": warmup, "repeats": repeats, "seed": seed},
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),

@@ -72,7 +72,7 @@ ROOFLINE_KEYS = ("fp32_tflops", "fp16_tflops", "bf16_tflops", "bandwidth_gbs")
 SHIPPED_DISPLAY = "presets.yaml"
 
 _TOP_KEYS = ("version", "anchors", "families")
-_FAMILY_KEYS = ("match", "roofline", "compute_units", "gemm", "shapes", "kernels", "kernel_shapes")
+_FAMILY_KEYS = ("match", "roofline", "device_rooflines", "compute_units", "gemm", "shapes", "kernels", "kernel_shapes")
 _MATCH_KEYS = ("architecture", "device_name")
 _FAMILY_KEY = re.compile(r"[A-Za-z0-9_]+")
 _YAML_PATHS = ("simd", "scalar")  # gemv is chosen by shape (M == 1), not by a preset
@@ -99,6 +99,9 @@ class Family:
 
     match: dict[str, list[str]] | None = None
     roofline: dict[str, float] = field(default_factory=dict)
+    # device-name substring -> roofline figures that differ for those devices (an H200 in the
+    # H100's family: the same SMs, more bandwidth)
+    device_rooflines: dict[str, dict[str, float]] = field(default_factory=dict)
     compute_units: int | None = None  # threadgroups the GPU runs at once per wave (SMs); GEMM split-K rule
     gemm: dict[str, dict[str, Entry]] = field(default_factory=dict)
     shapes: dict[str, dict[str, dict[str, Entry]]] = field(default_factory=dict)
@@ -224,6 +227,16 @@ def _parse_kernel_shapes(chk: _Checker, node: Any, where: str) -> dict[str, dict
     return out
 
 
+def _parse_roofline(chk: _Checker, node: Any, where: str) -> dict[str, float]:
+    """Roofline figures (a subset of ROOFLINE_KEYS), each a positive number."""
+    out = {}
+    for k, v in chk.mapping(node, where, ROOFLINE_KEYS).items():
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+            raise chk.fail(_join(where, k), f"expected a positive number, got {v!r}")
+        out[k] = float(v)
+    return out
+
+
 def _parse_family(chk: _Checker, node: Any, where: str) -> Family:
     node = chk.mapping(node, where, _FAMILY_KEYS)
     fam = Family()
@@ -232,12 +245,13 @@ def _parse_family(chk: _Checker, node: Any, where: str) -> Family:
         m = chk.mapping(node["match"], w, _MATCH_KEYS)
         fam.match = {k: chk.str_list(m.get(k, []), _join(w, k)) for k in _MATCH_KEYS}
     if "roofline" in node:
-        w = _join(where, "roofline")
-        r = chk.mapping(node["roofline"], w, ROOFLINE_KEYS)
-        for k, v in r.items():
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
-                raise chk.fail(_join(w, k), f"expected a positive number, got {v!r}")
-            fam.roofline[k] = float(v)
+        fam.roofline = _parse_roofline(chk, node["roofline"], _join(where, "roofline"))
+    if "device_rooflines" in node:
+        w = _join(where, "device_rooflines")
+        for name, r in chk.mapping(node["device_rooflines"], w, None).items():
+            if not name.strip():
+                raise chk.fail(w, "device-name keys must not be empty")
+            fam.device_rooflines[name] = _parse_roofline(chk, r, _join(w, name))
     if "compute_units" in node:
         v = node["compute_units"]
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -442,8 +456,20 @@ class PresetStack:
                 return fam.compute_units
         return None
 
-    def roofline(self, key: str) -> dict[str, float]:
+    def roofline(self, key: str, device_name: str = "") -> dict[str, float]:
+        """The family's roofline figures (each from the highest-precedence file that sets it,
+        else the fallback family's), with the figures of its ``device_rooflines`` entry whose
+        name is the longest substring of `device_name` (case-insensitive; a tie goes to the
+        higher-precedence file) in their place."""
         out: dict[str, float] = {}
+        best: tuple[int, dict[str, float]] = (0, {})
+        lname = device_name.lower()
+        for f in self.files if lname else ():
+            fam = f.families.get(key)
+            for name, figures in (fam.device_rooflines.items() if fam is not None else ()):
+                if name.lower() in lname and len(name) > best[0]:
+                    best = (len(name), figures)
+        out.update(best[1])
         for k in (key, FAMILY_FALLBACK):
             for f in self.files:
                 fam = f.families.get(k)
@@ -660,15 +686,20 @@ def detect_device() -> DeviceInfo:
     return select_family(current_stack(stamps), stamps, stacklevel=2)
 
 
-def roofline(family: str | None = None) -> dict[str, float]:
-    """Peak fp32/fp16/bf16 TFLOP/s and memory GB/s of a preset family (default: this device's)."""
+def roofline(family: str | None = None, device_name: str | None = None) -> dict[str, float]:
+    """Peak fp32/fp16/bf16 TFLOP/s and memory GB/s of a preset family (default: this device's),
+    for the device named `device_name` (default: this device where `family` is None, else
+    none): a family's ``device_rooflines`` entries replace figures for the devices they name."""
     stamps = stack_stamps()
     stack = current_stack(stamps)
     if family is None:
-        family = select_family(stack, stamps, stacklevel=2).family_key
+        info = select_family(stack, stamps, stacklevel=2)
+        family = info.family_key
+        if device_name is None:
+            device_name = info.name
     elif not stack.has_family(family):
         raise TileConfigError(f"roofline: unknown family {family!r}; known: {', '.join(stack.family_keys())}")
-    return stack.roofline(family)
+    return stack.roofline(family, device_name or "")
 
 
 def _reset_caches() -> None:
