@@ -174,6 +174,15 @@ def _check_rms_grads_at_offsets(x, w, cot):
     return want
 
 
+@pytest.fixture(autouse=True)
+def _reference_bandwidth(monkeypatch):
+    """Plan the staged backward's short-row units for the reference bandwidth (the H100's, on
+    which the plans were measured) on every backend, so that the plan assertions hold on any
+    GPU (on an H200 the cuda backend plans four units a SM where they assume three); the tests
+    of that scaling patch ``_device_bandwidth_gbs`` themselves."""
+    monkeypatch.setattr(norm_mod, "_device_bandwidth_gbs", lambda: norm_mod.RMS_VJP_UNITS_REF_GBPS)
+
+
 @pytest.fixture
 def fresh_norm_calls():
     """The norm call memo cleared before and after the test (tests that patch the plans:
@@ -445,6 +454,46 @@ def test_rms_vjp_staged_units_per_sm(monkeypatch):
     _, kw, groups = norm_mod._vjp_plan("ln", x, w, True, x, EPS, 8)
     assert kw["threadgroup"] == (64, 1, 1) and dict(kw["template"])["XK_MIN_BLOCKS"] == 6
     assert groups == norm_mod.RMS_VJP_SMS_CUDA * 6 // 8
+
+
+@pytest.mark.parametrize("gbps,units", [(3350.0, 3), (2039.0, 3), (4800.0, 4), (8000.0, 7)])
+def test_vjp_short_pair_units_scale_with_bandwidth(monkeypatch, gbps, units):
+    """Staged units whose rows' x and g take at most RMS_VJP_SHORT_PAIR_BYTES: three a SM on the
+    H100's bandwidth and below, floor(3 x bandwidth / 3350) above it (H200: four), the register
+    hint lowered to fit them; longer rows (16-bit 4096: 16 KiB) keep three, narrow 64-thread
+    units six unless the scaled count is higher."""
+    monkeypatch.setattr(norm_mod, "_plans_for_cuda", lambda: True)
+    monkeypatch.setattr(norm_mod, "_device_bandwidth_gbs", lambda: gbps)
+
+    def plan(kind, shape, dt, nh=1):
+        x = mx.zeros(shape, dtype=dt)
+        _, kw, groups = norm_mod._vjp_plan(kind, x, mx.zeros((shape[-1],), dtype=dt), kind == "ln", x, EPS, nh)
+        return dict(kw["template"])["XK_MIN_BLOCKS"], groups
+
+    sms = norm_mod.RMS_VJP_SMS_CUDA
+    for kind, shape, dt in [("rms", (16384, 1024), mx.bfloat16), ("ln", (8192, 2048), mx.bfloat16),
+                            ("rms", (16384, 1024), mx.float32), ("ln", (8192, 512), mx.float32)]:
+        assert plan(kind, shape, dt) == (units, sms * units), (kind, shape, dt)
+    assert plan("rms", (4096, 4096), mx.bfloat16) == (3, sms * 3)
+    narrow = max(6, units)  # 64-thread units: six a SM (RMS_VJP_STAGED_THREADS_PER_SM), or the scaled count
+    assert plan("ln", (4096, 4096), mx.bfloat16, 8) == (narrow, sms * narrow // 8)
+    assert norm_mod._short_pair_units(8192, 128, 160) == (units, 160 if units == 3 else 65536 // (units * 128))
+    monkeypatch.setattr(norm_mod, "RMS_VJP_SHORT_PAIR_BYTES", 0)
+    assert plan("rms", (16384, 1024), mx.bfloat16) == (3, sms * 3)
+
+
+@pytest.mark.parametrize("kind", ["rms", "ln"])
+def test_vjp_short_pair_units_grads(kernel_backend, monkeypatch, fresh_norm_calls, kind):
+    """The backward planned with the H200's short-row units (four a SM; two SMs, so that each
+    unit takes several strided rows) gives the reference's gradients on bfloat16 rows of 1024."""
+    monkeypatch.setattr(norm_mod, "_plans_for_cuda", lambda: True)
+    monkeypatch.setattr(norm_mod, "_device_bandwidth_gbs", lambda: 4800.0)
+    monkeypatch.setattr(norm_mod, "RMS_VJP_SMS_CUDA", 2)
+    x = mx.zeros((37, 1024), dtype=mx.bfloat16)
+    _, kw, groups = norm_mod._vjp_plan(kind, x, mx.zeros((1024,), dtype=mx.bfloat16), kind == "ln", x, EPS)
+    t = dict(kw["template"])
+    assert t["STAGED"] and t["STRIDED"] and t["XK_MIN_BLOCKS"] == 4 and groups == 8, (t, groups)
+    _check_grads(kind, (37, 1024), mx.bfloat16, True, kind == "ln", seed=seed_of("short-units", kind))
 
 
 def test_ln_vjp_wide_threads_register_hint(monkeypatch):
@@ -1112,6 +1161,43 @@ def test_forward_short_rows_full_lanes(kernel_backend, monkeypatch, fresh_norm_c
     def call(a):
         if kind == "rms":
             return rms_norm(a, w, EPS)
+        return layer_norm(a, w, b, EPS) if nh == 1 else multihead_layer_norm(a, w, b, nh, EPS)
+
+    for off in (0, 1):
+        assert rel_err(call(offset_view(x, off)), want) < tol(dt), off
+    outs = check_schedules(runtime.get_kernel(spec, "emulate"), seeds=(1,), check_bounds=True, **kw)
+    assert rel_err(outs[0].reshape(x.shape), want) < tol(dt)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("n,nh,reads,one_simd", [(1024, 1, 32, True), (512, 2, 16, True), (2048, 1, 32, False),
+                                                 (768, 1, 8, False), (1031, 1, None, False)])
+@pytest.mark.parametrize("wide", [True, False])
+def test_ln_forward_16bit_wide_threads(kernel_backend, monkeypatch, fresh_norm_calls, dtype, n, nh, reads, one_simd,
+                                       wide):
+    """16-bit LayerNorm forward rows planned as on CUDA (LN_FWD_RUNS_CUDA_16BIT): a row of 1024
+    is one simdgroup of 32-element threads, heads of 512 one of 16-element threads, 2048 64
+    threads of 32; rows that such threads do not tile (768, 1031) keep the automatic layout;
+    off (0) every row keeps it. Through the op on aligned and offset views and (emulator) under
+    every thread order with bounds checked, against float64."""
+    from xlstm_kernels.emulate import check_schedules
+
+    monkeypatch.setattr(norm_mod, "_plans_for_cuda", lambda: True)
+    if not wide:
+        monkeypatch.setattr(norm_mod, "LN_FWD_RUNS_CUDA_16BIT", 0)
+    dt = DTYPES[dtype]
+    rng = np.random.default_rng(seed_of("ln-fwd-wide", dtype, n, nh, wide))
+    x, w, b = make(rng, (11, nh * n), dt, True, True)
+    want = ln_ref64(x, w, b, num_heads=nh)
+    spec, kw = norm_mod._plan("ln", x, w, b, EPS, nh)
+    t = dict(kw["template"])
+    auto = norm_mod._layout(n, 11 * nh, itemsize=2)
+    if wide and reads is not None:
+        assert (t["N_READS"], t["ONE_SIMD"], t["FULL"]) == (reads, one_simd, 1), t
+    else:
+        assert (t["N_READS"], t["ONE_SIMD"]) == (auto.n_reads, auto.one_simd), t
+
+    def call(a):
         return layer_norm(a, w, b, EPS) if nh == 1 else multihead_layer_norm(a, w, b, nh, EPS)
 
     for off in (0, 1):

@@ -217,6 +217,18 @@ RMS_VJP_STAGED_UNITS_PER_SM = 3
 # a SM (53.1 at eight); the 128-thread rows keep three (six read -8% to +16% there).
 RMS_VJP_STAGED_THREADS_PER_SM = 384
 RMS_VJP_STAGED_REGISTERS = 160
+# ... and units whose rows' x and g take at most RMS_VJP_SHORT_PAIR_BYTES together (16-bit rows
+# up to 2048 elements, float32 up to 1024) as many more as the GPU's memory bandwidth (its
+# preset roofline figure) passes RMS_VJP_UNITS_REF_GBPS, the H100's, on which the three were
+# measured: rows that short keep a unit's stages small, and a faster memory needs more bytes in
+# flight for the same latency (Little's law). An H200 (4800 GB/s) plans floor(3 x 4800 / 3350)
+# = 4, the hint's registers lowered to fit them (128 a thread at 128 threads; the kernels use
+# 69-80). H200, scripts/probe_norm_marginal.py (session 42, marginal chains, us a call, 3 -> 4
+# units): RMSNorm bf16 16384x1024 35.8 -> 31.5, LayerNorm bf16 8192x2048 32.1 -> 28.8, float32
+# 16384x1024 RMSNorm 52.5 -> 51.5, LayerNorm 53.9 -> 52.9; rows of 4096 lost 0-3% with more
+# units (kept at three). The H100 and slower GPUs plan three as before. 0: off.
+RMS_VJP_SHORT_PAIR_BYTES = 8192
+RMS_VJP_UNITS_REF_GBPS = 3350.0
 RMS_VJP_STAGED_STRIDED = True  # a unit takes every groups-th row (as MLX's), not consecutive ones
 # Stage through L1 (cp.async.ca, as MLX's kernel) instead of bypassing it (.cg): H200, Nsight
 # Compute bf16 4096x4096 44.8 against 41.3 us, the probe within its noise (session 13).
@@ -273,6 +285,17 @@ VJP_TG_SIMDGROUPS = 8  # (the kernels' scratch: 2 x 8 x 32 x 8 floats at most, 1
 # bytes: 7.5, 6.9); RMSNorm 65536x128 bfloat16 21.4 -> 12.6 (copy 14.1, MLX's 43.2), float32
 # unchanged (its 16-byte runs already fill the lanes).
 FWD_SHORT_LANES_CUDA = {"rms": True, "ln": True}
+# LayerNorm's forward on CUDA, 16-bit rows the automatic layout gives one 16-byte run a thread
+# (up to CACHED_THREADS runs: 512 and 1024 elements): LN_FWD_RUNS_CUDA_16BIT runs a thread
+# instead (a power of two, fewer where the row would get fewer than 32 threads; only where the
+# row is a whole number of such threads, so FULL rows stay FULL): more bytes in flight a thread,
+# and the per-row reductions and index work shared by fewer threads (a row of 1024 becomes one
+# simdgroup: no barrier, no threadgroup memory). H200, scripts/probe_norm_marginal.py
+# (session 42, marginal chains, us a call): bfloat16 16384x1024 25.0 -> 19.1 (n_reads 8 -> 32;
+# 67 -> 88% of the copy, MLX's 30.9), multi-head 4096x8x512 25.2 -> 21.8 (8 -> 16; 32 elements
+# a lane of one simdgroup: 32 would idle half of them, 57.8). float32 rows keep the automatic
+# layout (16384x1024 at 16 elements a thread: 35.6 against 35.4). 0: off.
+LN_FWD_RUNS_CUDA_16BIT = 4
 
 
 def _short_row_reads(n: int) -> int:
@@ -430,10 +453,27 @@ def _forward_layout(kind: str, n: int, rows: int, kv: dict, itemsize: int) -> _L
     with a row of one simdgroup in runs that fill its lanes (_short_row_reads) where n_reads is
     automatic and FWD_SHORT_LANES_CUDA[kind] holds on cuda."""
     lay = _layout(n, rows, kv["n_reads"], kv["simd_rows"], kv["looped_threads"], itemsize)
-    if (kv["n_reads"] is None and lay.one_simd and FWD_SHORT_LANES_CUDA.get(kind, False) and _plans_for_cuda()
-            and _short_row_reads(n) < lay.n_reads):
+    if kv["n_reads"] is not None or not _plans_for_cuda():
+        return lay
+    if lay.one_simd and FWD_SHORT_LANES_CUDA.get(kind, False) and _short_row_reads(n) < lay.n_reads:
         lay = _layout(n, rows, _short_row_reads(n), kv["simd_rows"], kv["looped_threads"], itemsize)
+    elif kind == "ln" and itemsize == 2 and not lay.looped and not lay.one_simd:
+        reads = _ln_fwd_reads_16bit(n)
+        if reads > lay.n_reads:
+            lay = _layout(n, rows, reads, kv["simd_rows"], kv["looped_threads"], itemsize)
     return lay
+
+
+def _ln_fwd_reads_16bit(n: int) -> int:
+    """Elements a thread of a 16-bit LayerNorm forward row of n elements on CUDA
+    (LN_FWD_RUNS_CUDA_16BIT): the most runs up to that many, a power of two, that keep at
+    least 32 threads a row and tile it exactly (n a multiple of 32 threads x the run); 0
+    where none does or the rule is off."""
+    run = RUN_BYTES // 2
+    per = LN_FWD_RUNS_CUDA_16BIT
+    while per >= 1 and (n % (32 * per * run) or per & (per - 1)):
+        per -= 1
+    return per * run if per >= 1 else 0
 
 
 def _plan(
@@ -547,16 +587,47 @@ def _stage_cap(budget: int) -> int:
     return min(budget, cuda_limits.shared_bytes_per_block() - 2048)
 
 
-def _staged_units_per_sm(tpr: int, smem_bytes: int, registers: int | None = None) -> int:
+def _staged_units_per_sm(tpr: int, smem_bytes: int, registers: int | None = None, units: int | None = None) -> int:
     """Units of the staged RMSNorm backward (`tpr` threads, `smem_bytes` of threadgroup
-    memory each) to plan per SM: RMS_VJP_STAGED_UNITS_PER_SM, or RMS_VJP_STAGED_THREADS_PER_SM
-    threads' worth of narrower units, fewer where their registers (at the `registers` hint,
-    default RMS_VJP_STAGED_REGISTERS) or shared memory do not fit one SM; at least 1."""
+    memory each) to plan per SM: `units` (default RMS_VJP_STAGED_UNITS_PER_SM), or
+    RMS_VJP_STAGED_THREADS_PER_SM threads' worth of narrower units, fewer where their registers
+    (at the `registers` hint, default RMS_VJP_STAGED_REGISTERS) or shared memory do not fit one
+    SM; at least 1."""
     registers = RMS_VJP_STAGED_REGISTERS if registers is None else registers
-    per = max(RMS_VJP_STAGED_UNITS_PER_SM, RMS_VJP_STAGED_THREADS_PER_SM // tpr)
+    per = max(RMS_VJP_STAGED_UNITS_PER_SM if units is None else units, RMS_VJP_STAGED_THREADS_PER_SM // tpr)
     if registers > 0:
         per = min(per, 65536 // (registers * tpr))
     return max(1, min(per, _smem_per_sm() // (smem_bytes + 1024)))
+
+
+def _device_bandwidth_gbs() -> float:
+    """The memory bandwidth (GB/s, the preset roofline's figure for this device) the staged
+    backward's short-row units are scaled by: RMS_VJP_UNITS_REF_GBPS (the H100 the plans were
+    measured on) unless the cuda backend is active (the emulator and plan tests model the
+    H100, as :mod:`xlstm_kernels.cuda.limits` does)."""
+    return _cuda_bandwidth_gbs() if current_backend() == "cuda" else RMS_VJP_UNITS_REF_GBPS
+
+
+@functools.lru_cache(maxsize=1)
+def _cuda_bandwidth_gbs() -> float:
+    """This CUDA GPU's roofline bandwidth (GB/s, the presets' figure for its name), read once."""
+    from ..tiles import roofline
+
+    return float(roofline()["bandwidth_gbs"])
+
+
+def _short_pair_units(pair_bytes: int, tpr: int, registers: int) -> tuple[int, int]:
+    """(units a SM, register hint) of staged units whose rows' x and g take `pair_bytes`:
+    RMS_VJP_STAGED_UNITS_PER_SM and `registers`, or for pairs of at most
+    RMS_VJP_SHORT_PAIR_BYTES that many scaled by the device's bandwidth over
+    RMS_VJP_UNITS_REF_GBPS (rounded down, never fewer), the hint lowered so that they fit."""
+    base = RMS_VJP_STAGED_UNITS_PER_SM
+    if not (RMS_VJP_SHORT_PAIR_BYTES and pair_bytes <= RMS_VJP_SHORT_PAIR_BYTES and RMS_VJP_UNITS_REF_GBPS > 0):
+        return base, registers
+    units = max(base, int(base * _device_bandwidth_gbs() / RMS_VJP_UNITS_REF_GBPS))
+    if units > base and registers > 0:
+        registers = min(registers, 65536 // (units * tpr))
+    return units, registers
 
 
 def _vjp_stages(pair_bytes: int) -> int:
@@ -629,12 +700,15 @@ def _vjp_plan(
             stage_bytes += 2 * (stages - 2) * n * dtype.size
     full = kind == "rms" and not lay.looped and FULL_ROWS and lay.tpr * lay.n_reads == n
     regs = LN_VJP_STAGED_REGISTERS if kind == "ln" and lay.n_reads >= LN_VJP_WIDE_READS else RMS_VJP_STAGED_REGISTERS
+    units_per_sm = None
+    if staged:
+        units_per_sm, regs = _short_pair_units(2 * n * dtype.size, lay.tpr, regs)
     if weight is None and not has_bias:
         rpg = 1  # no partials to keep small: one row per unit, most parallelism
     else:
         target = VJP_TARGET_THREADS
         if staged:
-            target = RMS_VJP_SMS_CUDA * _staged_units_per_sm(lay.tpr, stage_bytes, regs) * lay.tpr
+            target = RMS_VJP_SMS_CUDA * _staged_units_per_sm(lay.tpr, stage_bytes, regs, units_per_sm) * lay.tpr
         elif rms_cuda and not lay.looped and lay.tpr == threads:
             target = RMS_VJP_TARGET_THREADS_CUDA
         target_units = max(1, target // lay.tpr)
@@ -677,7 +751,7 @@ def _vjp_plan(
             template.append(("MOM", bool(staged and LN_MOMENTS)))
         template.append(("TGSUM", tgsum))
         if staged and regs > 0:
-            template.append(("XK_MIN_BLOCKS", _staged_units_per_sm(lay.tpr, stage_bytes, regs)))
+            template.append(("XK_MIN_BLOCKS", _staged_units_per_sm(lay.tpr, stage_bytes, regs, units_per_sm)))
         elif full:
             template += _occupancy_hint(VJP_REGISTERS, lay.tpr * lay.rows_per_tg)
     r = lay.rows_per_tg
