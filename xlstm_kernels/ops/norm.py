@@ -29,7 +29,11 @@ four: rows three ahead; ``_vjp_plan``, ``_vjp_stages``, the constants below). Th
 LayerNorm backward stages the same way. On CUDA a row of one simdgroup (a head of 64, say)
 takes runs of ``_short_row_reads(n)`` elements, narrower than 16 bytes where that puts all
 32 lanes to work, and the backward's units of such rows are whole threadgroups that add
-their dw / db sums before writing them (TGSUM).
+their dw / db sums before writing them (TGSUM). On CUDA 16-bit LayerNorm forward rows that
+the automatic layout gives one run a thread (512-2048 elements) take four runs a thread
+(``LN_FWD_RUNS_CUDA_16BIT``: a row of 1024 is one simdgroup), and the staged backward plans
+more units a SM for short rows on GPUs faster than the H100 (``RMS_VJP_SHORT_PAIR_BYTES``:
+scaled by the preset roofline's bandwidth).
 Multi-head LayerNorm is the LayerNorm kernels on (rows * num_heads, head_dim) rows with
 the weight slice of head ``row % num_heads``.
 
