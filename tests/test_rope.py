@@ -520,8 +520,9 @@ def test_every_work_split(kernel_backend, monkeypatch, n, p, traditional, dtype)
         rope_mod._CALLS.clear()
 
 
+@pytest.mark.parametrize("rows", [3, 1100])
 @pytest.mark.parametrize("values", [[5], [-3, 4096]])
-def test_device_offsets_keep_the_values(values):
+def test_device_offsets_keep_the_values(monkeypatch, values, rows):
     """Per-sequence offsets of at most SMALL_OFFSETS_BYTES (which MLX's CUDA allocator keeps in
     managed memory) go to the kernel as row 0 of a (3, B) array: the same values, a view of
     shape (B,) whose buffer holds 12 B bytes (device memory on cuda)."""
@@ -529,6 +530,8 @@ def test_device_offsets_keep_the_values(values):
 
     offs = mx.array(values, dtype=mx.int32)
     assert offs.nbytes <= rope_ops.SMALL_OFFSETS_BYTES == 8 and rope_ops.SMALL_OFFSETS_MIN_X_BYTES == 32 << 20
+    assert rope_ops.SMALL_OFFSETS_COPY_ROWS == 3
+    monkeypatch.setattr(rope_ops, "SMALL_OFFSETS_COPY_ROWS", rows)  # larger copies: a probe's knob
     wide = rope_ops._device_offsets(offs)
     assert wide.shape == offs.shape and wide.dtype == mx.int32
     assert np.array_equal(np.asarray(wide), np.asarray(values, dtype=np.int32))

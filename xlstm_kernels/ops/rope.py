@@ -485,11 +485,19 @@ def _build_call(x, dims, traditional, base, scale, offset, freqs, replay: bool =
 #: 15.3 and 2x32x1x128 4.3 / 4.2 -> 16.6 / 16.2 (hence the floor on x).
 SMALL_OFFSETS_BYTES = 8
 SMALL_OFFSETS_MIN_X_BYTES = 32 << 20
+#: Rows of :func:`_device_offsets`' (rows, B) copy, whose row 0 the kernel reads: 3 (12 B
+#: bytes, past MLX's 8-byte scalar pool). Open question (session 43, H200): the bench's
+#: per-sequence row 2x32x4096x128 reads 74.6% of copy where scripts/probe_rope_marginal.py,
+#: which makes a fresh copy for every chain, reads 91-95% and 73-80% with no copy at all; MLX's
+#: allocator hands out cached buffers by size alone, so a later copy may land in a managed
+#: buffer a host-made array of the same size left. A knob so that a probe can try larger
+#: copies (PROBE_RM_NOCLEAR=1 keeps the memo as the bench does).
+SMALL_OFFSETS_COPY_ROWS = 3
 
 
 def _device_offsets(offs: mx.array, last: list | None = None, key: Any = None) -> mx.array:
-    """`offs` (B,) int32 as row 0 of a (3, B) array made by one add kernel (12 B bytes: MLX
-    allocates it in device memory). MLX's CUDA allocator keeps every array of at most 8
+    """`offs` (B,) int32 as row 0 of a (SMALL_OFFSETS_COPY_ROWS, B) array made by one add
+    kernel (12 B bytes: MLX allocates it in device memory). MLX's CUDA allocator keeps every array of at most 8
     bytes in a managed scalar pool; each threadgroup of the RoPE kernel that reads such an
     offset waits for the host link. H100, scripts/probe_rope_small.py at marginal chains
     (session 26), bf16, per-sequence offsets against one int offset: 2x32x4096x128 62.6
@@ -505,8 +513,9 @@ def _device_offsets(offs: mx.array, last: list | None = None, key: Any = None) -
         entry = last[0]
         if entry is not None and entry[0] is key and entry[1] == stream:
             return entry[2]
-    zeros = const_array([0, 0, 0], mx.int32)  # a device constant, made once per stream
-    wide = (offs.reshape(1, -1) + zeros.reshape(3, 1))[0]
+    rows = SMALL_OFFSETS_COPY_ROWS
+    zeros = const_array([0] * rows, mx.int32)  # a device constant, made once per stream
+    wide = (offs.reshape(1, -1) + zeros.reshape(rows, 1))[0]
     if last is not None:
         last[0] = (key, stream, wide)
     return wide
