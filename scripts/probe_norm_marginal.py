@@ -10,33 +10,29 @@ Variants (PROBE_NM_VARIANTS, ``|``-separated ``name:SETTING,SETTING``): a SETTIN
 ``ENV_VAR=value`` (a knob variable such as XLSTM_LAYER_NORM_N_READS) or ``ATTR=value``
 (an int module constant of ops.norm); ``auto`` is the op as shipped. Every variant resets
 the others' settings and clears the norm call memo before its chains.
-Each line: fastest quarter / median over REPEATS rounds of the marginal time a call (us;
-``timing.measure_chained_variants``) and that time as a share of the copy bandwidth measured
-at the start (bytes moved: x and y forward; x, g and dx backward); the sides interleaved:
-``copy`` (copy_words of x: its 2 x bytes moved, the least such a call costs), ``mlx``
-(``mx.fast``'s op), and our variants.
+Each line (scripts/marginal_probe.py): fastest quarter / median over REPEATS rounds of the
+marginal time a call (us) and that time as a share of the copy bandwidth measured at the
+start (bytes moved: x and y forward; x, g and dx backward); the sides interleaved: ``copy``
+(copy_words of x: its 2 x bytes moved, the least such a call costs), ``mlx`` (``mx.fast``'s
+op), and our variants; for MLX and ours, the host's microseconds a call.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import statistics
 import sys
-import time
 
 import mlx.core as mx
 
-import xlstm_kernels as xk
-from xlstm_kernels.benchmarks import timing
-from xlstm_kernels.benchmarks.copy_rate import copy_words, measure_copy_rate
-from xlstm_kernels.ops import norm as norm_ops
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from marginal_probe import parse_variants, run_probe  # noqa: E402
+
+import xlstm_kernels as xk  # noqa: E402
+from xlstm_kernels.ops import norm as norm_ops  # noqa: E402
 
 REPEATS = int(os.environ.get("PROBE_NM_REPEATS", "9"))
 CASES = os.environ.get("PROBE_NM_CASES", "ln:16384x1024:bfloat16 mhln8:4096x4096:bfloat16 rms:16384x1024:bfloat16").split()
-VARIANTS = [(p.split(":", 1)[0], [s for s in (p.split(":", 1) + [""])[1].split(",") if s])
-            for p in os.environ.get("PROBE_NM_VARIANTS", "auto|nr16:XLSTM_LAYER_NORM_N_READS=16").split("|") if p]
+VARIANTS = parse_variants(os.environ.get("PROBE_NM_VARIANTS", "auto|nr16:XLSTM_LAYER_NORM_N_READS=16"))
 SHIPPED = {a: getattr(norm_ops, a) for a in dir(norm_ops) if a.isupper() and isinstance(getattr(norm_ops, a), int)}
 
 
@@ -91,38 +87,7 @@ def _case(spec: str):
 
 
 def main() -> int:
-    if not mx.cuda.is_available():
-        print("probe_norm_marginal: needs MLX's CUDA backend", file=sys.stderr)
-        return 2
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out")
-    args = ap.parse_args()
-    t0 = time.perf_counter()
-    copy = measure_copy_rate()
-    gbps = copy["gbps"]
-    print(f"device {mx.device_info().get('device_name', '?')}; copy {gbps:,.0f} GB/s; variants "
-          + " | ".join(f"{n}: {','.join(s) or 'shipped'}" for n, s in VARIANTS), flush=True)
-    rows = []
-    for spec in CASES:
-        x, ours, mlx, moved = _case(spec)
-        sides = [("copy", lambda: (configure([]), copy_words)[1]), ("mlx", lambda: (configure([]), mlx)[1])]
-        sides += [(name, (lambda s: lambda: (configure(s), ours)[1])(settings)) for name, settings in VARIANTS]
-        configure([])
-        t = timing.measure_chained_variants(sides, x, repeats=REPEATS, marginal=True)
-        line = {}
-        for name, s in t.items():
-            q, med = timing.fastest_quarter(s), statistics.median(s)
-            nbytes = 2 * x.nbytes if name == "copy" else moved
-            line[name] = {"q25_us": q * 1e6, "median_us": med * 1e6, "pct_copy_q25": 100 * nbytes / q / 1e9 / gbps}
-        rows.append({"case": spec, "sides": line})
-        print(f"{spec:28s} " + "  ".join(f"{n} {v['q25_us']:.2f}/{v['median_us']:.2f} ({v['pct_copy_q25']:.0f}%)"
-                                         for n, v in line.items()), flush=True)
-    configure([])
-    if args.out:
-        with open(args.out, "w") as fh:
-            json.dump({"copy": copy, "variants": VARIANTS, "rows": rows, "seconds": time.perf_counter() - t0}, fh, indent=1)
-    print(f"{time.perf_counter() - t0:.0f} s")
-    return 0
+    return run_probe("probe_norm_marginal", CASES, _case, configure, VARIANTS, REPEATS)
 
 
 if __name__ == "__main__":
