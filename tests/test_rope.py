@@ -5,6 +5,8 @@ Runs on the backend chosen with ``pytest --backend`` (default: the emulator).
 
 from __future__ import annotations
 
+import io
+import re
 import zlib
 
 import mlx.core as mx
@@ -525,7 +527,9 @@ def test_every_work_split(kernel_backend, monkeypatch, n, p, traditional, dtype)
 def test_device_offsets_keep_the_values(monkeypatch, values, rows):
     """Per-sequence offsets of at most SMALL_OFFSETS_BYTES (which MLX's CUDA allocator keeps in
     managed memory) go to the kernel as row 0 of a (3, B) array: the same values, a view of
-    shape (B,) whose buffer holds 12 B bytes (device memory on cuda)."""
+    shape (B,) whose buffer holds 12 B bytes (device memory on cuda). A view: its graph
+    slices the copy; an int index (``wide[0]``) would gather the row into a new array of
+    B int32, back in the managed scalar pool (session 44: 75% of copy instead of 92%)."""
     from xlstm_kernels.ops import rope as rope_ops
 
     offs = mx.array(values, dtype=mx.int32)
@@ -534,6 +538,10 @@ def test_device_offsets_keep_the_values(monkeypatch, values, rows):
     monkeypatch.setattr(rope_ops, "SMALL_OFFSETS_COPY_ROWS", rows)  # larger copies: a probe's knob
     wide = rope_ops._device_offsets(offs)
     assert wide.shape == offs.shape and wide.dtype == mx.int32
+    dot = io.StringIO()
+    mx.export_to_dot(dot, wide)  # before evaluation: the graph that makes it
+    ops = set(re.findall(r'label ="(\w+)"', dot.getvalue()))
+    assert "Slice" in ops and not ops & {"Gather", "Take", "Copy"}, ops
     assert np.array_equal(np.asarray(wide), np.asarray(values, dtype=np.int32))
 
 

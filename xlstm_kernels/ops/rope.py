@@ -486,23 +486,24 @@ def _build_call(x, dims, traditional, base, scale, offset, freqs, replay: bool =
 SMALL_OFFSETS_BYTES = 8
 SMALL_OFFSETS_MIN_X_BYTES = 32 << 20
 #: Rows of :func:`_device_offsets`' (rows, B) copy, whose row 0 the kernel reads: 3 (12 B
-#: bytes, past MLX's 8-byte scalar pool). Open question (session 43, H200): the bench's
-#: per-sequence row 2x32x4096x128 reads 74.6% of copy where scripts/probe_rope_marginal.py,
-#: which makes a fresh copy for every chain, reads 91-95% and 73-80% with no copy at all; MLX's
-#: allocator hands out cached buffers by size alone, so a later copy may land in a managed
-#: buffer a host-made array of the same size left. A knob so that a probe can try larger
-#: copies (PROBE_RM_NOCLEAR=1 keeps the memo as the bench does).
+#: bytes, past MLX's 8-byte scalar pool; the knob lets a probe try larger copies).
 SMALL_OFFSETS_COPY_ROWS = 3
 
 
 def _device_offsets(offs: mx.array, last: list | None = None, key: Any = None) -> mx.array:
-    """`offs` (B,) int32 as row 0 of a (SMALL_OFFSETS_COPY_ROWS, B) array made by one add
-    kernel (12 B bytes: MLX allocates it in device memory). MLX's CUDA allocator keeps every array of at most 8
-    bytes in a managed scalar pool; each threadgroup of the RoPE kernel that reads such an
-    offset waits for the host link. H100, scripts/probe_rope_small.py at marginal chains
-    (session 26), bf16, per-sequence offsets against one int offset: 2x32x4096x128 62.6
-    against 51.0 us, 2x32x2048x128 39.6 against 28.0; 4x32x4096x128 (16 bytes of offsets,
-    device memory once read) 95.1 against 94.9. Where it pays: SMALL_OFFSETS_MIN_X_BYTES.
+    """`offs` (B,) int32 as a view of row 0 of a (SMALL_OFFSETS_COPY_ROWS, B) array made by
+    one add kernel (12 B bytes: MLX allocates it in device memory). MLX's CUDA allocator
+    keeps every array of at most 8 bytes in a managed scalar pool; each threadgroup of the
+    RoPE kernel that reads such an offset waits for the host link. H100,
+    scripts/probe_rope_small.py at marginal chains (session 26), bf16, per-sequence offsets
+    against one int offset: 2x32x4096x128 62.6 against 51.0 us, 2x32x2048x128 39.6 against
+    28.0; 4x32x4096x128 (16 bytes of offsets, device memory once read) 95.1 against 94.9.
+    Where it pays: SMALL_OFFSETS_MIN_X_BYTES.
+
+    Row 0 is taken by a slice, never ``wide[0]``: MLX indexes with an int by a gather into a
+    new array, B int32 = 8 bytes for one or two sequences, which lands back in the scalar
+    pool (session 44, H200, scripts/probe_rope_offsets.py: the bench's 2x32x4096x128 row
+    read 73-77% of copy with the gathered row, 93-97% with a view of a device buffer).
 
     `last` (a one-element list the caller keeps) and `key` (the array the caller was given):
     the copy made for the last `key` on the same stream is reused (a model's layers rotate q
@@ -515,7 +516,7 @@ def _device_offsets(offs: mx.array, last: list | None = None, key: Any = None) -
             return entry[2]
     rows = SMALL_OFFSETS_COPY_ROWS
     zeros = const_array([0] * rows, mx.int32)  # a device constant, made once per stream
-    wide = (offs.reshape(1, -1) + zeros.reshape(rows, 1))[0]
+    wide = (offs.reshape(1, -1) + zeros.reshape(rows, 1))[:1].reshape(-1)  # a view (see above)
     if last is not None:
         last[0] = (key, stream, wide)
     return wide
