@@ -35,6 +35,8 @@ TILES_BASE = {"path": "simd", "bm": 32, "bn": 32, "bk": 16, "wm": 1, "wn": 1, "s
 TILES_2X2 = {"path": "simd", "bm": 32, "bn": 32, "bk": 16, "wm": 2, "wn": 2, "split_k": 1}
 TILES_WIDE = {"path": "simd", "bm": 16, "bn": 64, "bk": 32, "wm": 1, "wn": 2, "split_k": 1}
 TILES_BIG = {"path": "simd", "bm": 64, "bn": 64, "bk": 16, "wm": 2, "wn": 2, "split_k": 1}  # m3_max-style
+# the CUDA preset's 16-bit shape (128 rows in 8 simdgroups), bk 16 to fit Apple's 32 KiB
+TILES_TALL = {"path": "simd", "bm": 128, "bn": 256, "bk": 16, "wm": 8, "wn": 1, "split_k": 1}
 
 
 # ---------------------------------------------------------------------------------------
@@ -291,6 +293,8 @@ QKV_EXTRA = {
     "d64_wide_tiles": (1, 21, 37, 4, 1, 64, True, 2, 1.0, 10000.0, TILES_WIDE, "norm_qkv_rope"),
     "d16_4heads_per_tile": (2, 9, 30, 4, 1, 16, False, 1, 1.0, 10000.0, TILES_WIDE, "norm_qkv_rope"),  # 6 heads: 2nd tile partial
     "d32_big_tiles": (1, 70, 41, 4, 2, 32, True, 0, 1.0, 10000.0, TILES_BIG, "norm_qkv_rope"),
+    # TILES_TALL at D = 128 plans 32 rows in 4 simdgroups: 74 rows = 3 row tiles, 5 K steps
+    "d128_tall_tiles": (2, 37, 40, 2, 1, 128, False, 5, 1.0, 10000.0, TILES_TALL, "norm_qkv_rope"),
 }
 
 
@@ -318,7 +322,8 @@ def test_qkv_rope_options_and_paths(kernel_backend, spy, case, dtype_name):
 
 
 @pytest.mark.parametrize("dtype_name", DTYPES)
-@pytest.mark.parametrize("tiles", [None, TILES_2X2, TILES_BIG, TILES_WIDE], ids=["default", "2x2", "big", "wide"])
+@pytest.mark.parametrize("tiles", [None, TILES_2X2, TILES_BIG, TILES_WIDE, TILES_TALL],
+                         ids=["default", "2x2", "big", "wide", "tall"])
 def test_qkv_plan_fits_and_covers_whole_heads(tiles, dtype_name):
     dtype = DTYPES[dtype_name]
     for d in (8, 16, 24, 64, 128, 256, 496):  # up to ~500 (float32) fits
@@ -329,6 +334,19 @@ def test_qkv_plan_fits_and_covers_whole_heads(tiles, dtype_name):
         assert plan.bk in (8, 16, 32) and plan.bm % (8 * plan.wm) == 0, (d, plan)
     with pytest.raises(ValueError, match="head dimension D=4096 is too large"):
         fused_mod.plan_tiles(512, 6 * 4096, 1024, dtype, tiles, head_dim=4096)
+
+
+@pytest.mark.parametrize("dtype_name", DTYPES)
+def test_qkv_plan_shrinks_rows_and_simdgroups_together(dtype_name):
+    """A tile too large for the staged output shrinks its rows and simdgroups together (at
+    least 8 rows a simdgroup), never straight to one simdgroup of 8 rows while more rows fit:
+    TILES_TALL (128 rows, 8 simdgroups) at D = 128 plans 32 rows in 4 simdgroups."""
+    dtype = DTYPES[dtype_name]
+    plan = fused_mod.plan_tiles(512, 6 * 128, 1024, dtype, TILES_TALL, head_dim=128)
+    assert (plan.bm, plan.wm, plan.cpt) == (32, 4, 128), plan
+    assert plan.threadgroup_bytes(dtype, True) <= 32768
+    bigger = fused_mod.FusedTiles("simd", 2 * plan.bm, plan.bn, plan.bk, plan.wm, plan.wn, plan.cpt)
+    assert bigger.threadgroup_bytes(dtype, True) > 32768  # the largest row count that fits
 
 
 def test_qkv_rope_reference_backend_matches_numpy():

@@ -177,10 +177,13 @@ def plan_tiles(m: int, n: int, k: int, dtype: mx.Dtype, tiles: Any = None, head_
             bk = 8
         elif wn > 1:
             wn = 1
-        elif bm > 8 * wm:
+        elif bm > 8:
+            # rows and simdgroups halve together (>= 8 rows a simdgroup): with the CUDA
+            # preset's 128-row, 8-simdgroup tiles, jumping to one simdgroup of 8 rows left
+            # 1-warp threadgroups each reading all of K for 8 rows (bf16 2x2048x4096: 47.5 ms
+            # a call on an H200, session 44); halving reaches 32 rows in 4 simdgroups
             bm //= 2
-        elif wm > 1:
-            wm, bm = 1, 8
+            wm = max(1, min(wm, bm // 8))
         else:
             raise ValueError(
                 f"fused_norm_qkv_rope: head dimension D={d} is too large for one threadgroup's tile "
