@@ -156,6 +156,8 @@ LINEAR_CASES = {
     "2x2sg_70x37x67": ((70,), 37, 67, TILES_2X2, "norm_linear"),
     "wide_19x45x70": ((19,), 45, 70, TILES_WIDE, "norm_linear"),
     "big_67x50x130": ((67,), 50, 130, TILES_BIG, "norm_linear"),
+    # TILES_TALL plans 128 x 64 in 8 simdgroups (16 x 64 each): 2 row tiles, 3 column tiles, 3 K steps
+    "tall_150x37x130": ((150,), 37, 130, TILES_TALL, "norm_linear"),
 }
 
 
@@ -183,6 +185,19 @@ def test_norm_linear_spans_tiles():
         assert plan.path == "simd"
         assert -(-lead[0] // plan.bm) >= 2 and -(-n // plan.bn) >= 2 and -(-k // plan.bk) >= 2, plan
     assert fused_mod.plan_tiles(1, 37, 301, mx.float16).path == "gemv"
+
+
+@pytest.mark.parametrize("dtype_name", DTYPES)
+def test_norm_linear_plan_caps_a_simdgroups_accumulators(dtype_name):
+    """At most MAX_SUBTILE (1024) outputs a simdgroup: TILES_TALL's 128 x 256 in 8 x 1
+    simdgroups (16 x 256 each) narrows to 128 x 64; tiles within the cap plan as given."""
+    dtype = DTYPES[dtype_name]
+    plan = fused_mod.plan_tiles(150, 130, 37, dtype, TILES_TALL)
+    assert (plan.bm, plan.bn, plan.wm, plan.wn, plan.cpt) == (128, 64, 8, 1, 64), plan
+    assert (plan.bm // plan.wm) * (plan.bn // plan.wn) <= fused_mod.MAX_SUBTILE == 1024
+    for tiles in (TILES_BASE, TILES_2X2, TILES_WIDE, TILES_BIG):
+        plan = fused_mod.plan_tiles(150, 130, 37, dtype, tiles)
+        assert (plan.bm, plan.bn, plan.wm, plan.wn) == tuple(tiles[f] for f in ("bm", "bn", "wm", "wn")), plan
 
 
 def test_norm_linear_float16_large_rows(kernel_backend):

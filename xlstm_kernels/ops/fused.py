@@ -81,6 +81,8 @@ NORM_QKV_ROPE_GEMV = KernelSpec("fused", "norm_qkv_rope_gemv", _QKV_INPUTS, ("qo
 SPECS = (NORM_LINEAR, NORM_LINEAR_GEMV, NORM_QKV_ROPE, NORM_QKV_ROPE_GEMV)
 
 MAX_TG_BYTES = MAX_THREADGROUP_BYTES
+#: Accumulators (output elements) a simdgroup holds in norm_linear's plan: 32 a thread.
+MAX_SUBTILE = 1024
 
 
 # ---------------------------------------------------------------------------------------
@@ -160,9 +162,15 @@ def plan_tiles(m: int, n: int, k: int, dtype: mx.Dtype, tiles: Any = None, head_
         return FusedTiles("gemv", rows=max(1, cfg.gemv_threads // 32))
     bm, bk, wm, wn = cfg.bm, _round_bk(cfg.bk), cfg.wm, cfg.wn
     if head_dim is None:
-        plan = FusedTiles("simd", bm, cfg.bn, bk, wm, wn, cfg.bn)
+        bn = cfg.bn
+        # at most MAX_SUBTILE accumulators a simdgroup: the CUDA preset's 128x256 tile in 8x1
+        # simdgroups gave each 16x256 (128 floats a thread: 255 registers and spills in the K
+        # loop, scripts/cuda_sass.py, session 44); Apple presets' sub-tiles are within it
+        while (bm // wm) * (bn // wn) > MAX_SUBTILE and bn // 2 >= 8 * wn and (bn // 2) % (8 * wn) == 0:
+            bn //= 2
+        plan = FusedTiles("simd", bm, bn, bk, wm, wn, bn)
         if plan.threadgroup_bytes(dtype, False) > MAX_TG_BYTES:  # a GemmConfig that fits, plus Rs
-            plan = FusedTiles("simd", bm, cfg.bn, 8, wm, wn, cfg.bn)
+            plan = FusedTiles("simd", bm, bn, 8, wm, wn, bn)
         return plan
     d = head_dim
     hpt = max(1, cfg.bn // d)
