@@ -190,8 +190,8 @@ def plan_tiles(m: int, n: int, k: int, dtype: mx.Dtype, tiles: Any = None, head_
             # preset's 128-row, 8-simdgroup tiles, jumping to one simdgroup of 8 rows left
             # 1-warp threadgroups each reading all of K for 8 rows (bf16 2x2048x4096: 47.5 ms
             # a call on an H200, session 44); halving reaches 32 rows in 4 simdgroups
-            bm //= 2
-            wm = max(1, min(wm, bm // 8))
+            bm = max(8, bm // 2 // 8 * 8)
+            wm = next(w for w in range(min(wm, bm // 8), 0, -1) if bm % (8 * w) == 0)
         else:
             raise ValueError(
                 f"fused_norm_qkv_rope: head dimension D={d} is too large for one threadgroup's tile "
