@@ -37,6 +37,7 @@ TILES_WIDE = {"path": "simd", "bm": 16, "bn": 64, "bk": 32, "wm": 1, "wn": 2, "s
 TILES_BIG = {"path": "simd", "bm": 64, "bn": 64, "bk": 16, "wm": 2, "wn": 2, "split_k": 1}  # m3_max-style
 # the CUDA preset's 16-bit shape (128 rows in 8 simdgroups), bk 16 to fit Apple's 32 KiB
 TILES_TALL = {"path": "simd", "bm": 128, "bn": 256, "bk": 16, "wm": 8, "wn": 1, "split_k": 1}
+TILES_48 = {"path": "simd", "bm": 48, "bn": 64, "bk": 16, "wm": 2, "wn": 2, "split_k": 1}  # rows not a power of two
 
 
 # ---------------------------------------------------------------------------------------
@@ -337,8 +338,8 @@ def test_qkv_rope_options_and_paths(kernel_backend, spy, case, dtype_name):
 
 
 @pytest.mark.parametrize("dtype_name", DTYPES)
-@pytest.mark.parametrize("tiles", [None, TILES_2X2, TILES_BIG, TILES_WIDE, TILES_TALL],
-                         ids=["default", "2x2", "big", "wide", "tall"])
+@pytest.mark.parametrize("tiles", [None, TILES_2X2, TILES_BIG, TILES_WIDE, TILES_TALL, TILES_48],
+                         ids=["default", "2x2", "big", "wide", "tall", "48rows"])
 def test_qkv_plan_fits_and_covers_whole_heads(tiles, dtype_name):
     dtype = DTYPES[dtype_name]
     for d in (8, 16, 24, 64, 128, 256, 496):  # up to ~500 (float32) fits
