@@ -5,7 +5,12 @@ from the inputs as rounded to the tested dtype; error max|out - ref| / max|ref| 
 1e-5 for float32, 1e-2 for float16, 2e-2 for bfloat16) and against the unfused
 sequence of this package's ops (rms_norm, linear, rope); gradients against the unfused
 float32 reference composite; thread-order independence and bounds of every fused
-kernel on the emulator; validation messages.
+kernel on the emulator; validation messages; the ``single_kernel`` knob (the NVIDIA
+presets run the unfused sequence).
+
+Every test runs with XLSTM_FUSED_SINGLE_KERNEL=1 (the autouse fixture below) so the fused
+kernels are what is tested on every backend, the cuda one included; the knob tests set
+or clear it themselves.
 """
 
 from __future__ import annotations
@@ -38,6 +43,15 @@ TILES_BIG = {"path": "simd", "bm": 64, "bn": 64, "bk": 16, "wm": 2, "wn": 2, "sp
 # the CUDA preset's 16-bit shape (128 rows in 8 simdgroups), bk 16 to fit Apple's 32 KiB
 TILES_TALL = {"path": "simd", "bm": 128, "bn": 256, "bk": 16, "wm": 8, "wn": 1, "split_k": 1}
 TILES_48 = {"path": "simd", "bm": 48, "bn": 64, "bk": 16, "wm": 2, "wn": 2, "split_k": 1}  # rows not a power of two
+
+
+KNOB_VAR = "XLSTM_FUSED_SINGLE_KERNEL"
+
+
+@pytest.fixture(autouse=True)
+def _fused_kernel_on(monkeypatch):
+    """The fused kernels, whatever the device's presets choose (NVIDIA: the sequence)."""
+    monkeypatch.setenv(KNOB_VAR, "1")
 
 
 # ---------------------------------------------------------------------------------------
@@ -509,3 +523,113 @@ def test_qkv_rope_errors(over, exc, match):
     pos = [args.pop(k) for k in ("x", "norm_weight", "w_qkv", "n_heads", "n_kv_heads")]
     with pytest.raises(exc, match=match):
         fused_norm_qkv_rope(*pos, **args)
+
+
+# ---------------------------------------------------------------------------------------
+# The single_kernel knob
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("family,expected", [("m1", True), ("m5", True), ("generic_apple", True),
+                                             ("nvidia_hopper", False), ("nvidia_generic", False)])
+def test_single_kernel_default_per_family(monkeypatch, family, expected):
+    """Apple presets keep the fused kernel; the NVIDIA presets run the unfused sequence
+    (measured on an H200: 1.6-22x faster there). Every shape class resolves alike."""
+    monkeypatch.delenv(KNOB_VAR)
+    monkeypatch.setenv("XLSTM_KERNELS_DEVICE", family)
+    for m in (1, 8, 9, 512, 513, 4096):
+        assert fused_mod.knob_values(m, mx.bfloat16) == {"single_kernel": expected}
+    path = fused_mod.fused_path(512, 64, 64, mx.float16)
+    assert path == ("simd" if expected else "sequence")
+    assert fused_mod.fused_path(1, 64, 64, mx.float16, knobs={"single_kernel": True}) == "gemv"
+
+
+@pytest.mark.parametrize("source", ["argument", "environment"])
+def test_single_kernel_off_runs_the_unfused_sequence(kernel_backend, spy, monkeypatch, source):
+    """Off (by argument or variable): no fused launch, bitwise the unfused sequence of this
+    package's kernels, within the dtype's bound of float64, and differentiable."""
+    knobs = {"single_kernel": False} if source == "argument" else None
+    if source == "environment":
+        monkeypatch.setenv(KNOB_VAR, "off")
+    x, nw, w, b = linear_inputs((2, 35), 29, 31, mx.float32, seed_of("seq", source), True)
+    y = fused_norm_linear(x, nw, w, b, EPS, knobs=knobs)
+    mx.eval(y)
+    assert spy.kernels == []
+    assert np.array_equal(np.asarray(y), np.asarray(unfused_norm_linear(x, nw, w, b, EPS)))
+    assert rel_err(y, np_norm_linear(x, nw, w, b)) < TOL["float32"]
+    g = mx.grad(lambda xa: fused_norm_linear(xa, nw, w, b, EPS, knobs=knobs).sum())(x)
+    g_ref = mx.grad(lambda xa: unfused_norm_linear(xa, nw, w, b, EPS).sum())(x)
+    assert np.array_equal(np.asarray(g), np.asarray(g_ref))
+
+    x, nw, w = qkv_inputs(2, 9, 48, 4, 2, 16, mx.float32, seed_of("seq-qkv", source))
+    offset = mx.array([3, 11])
+    outs = fused_norm_qkv_rope(x, nw, w, 4, 2, eps=EPS, offset=offset, knobs=knobs)
+    mx.eval(outs)
+    assert spy.kernels == []
+    refs = unfused_norm_qkv_rope(x, nw, w, 4, 2, eps=EPS, offset=offset)
+    for out, ref in zip(outs, refs):
+        assert np.array_equal(np.asarray(out), np.asarray(ref))
+    qkv64 = np_qkv_rope(x, nw, w, 4, 2, False, offset=np.array([3, 11]))
+    for out, ref in zip(outs, qkv64):
+        assert rel_err(out, ref) < TOL["float32"]
+
+
+def test_single_kernel_argument_beats_the_environment(kernel_backend, spy, monkeypatch):
+    monkeypatch.setenv(KNOB_VAR, "0")
+    x, nw, w, b = linear_inputs((33,), 29, 31, mx.float32, seed_of("arg-wins"), False)
+    mx.eval(fused_norm_linear(x, nw, w, b, EPS, knobs={"single_kernel": True}))
+    assert spy.kernels == _expected_kernels(kernel_backend, "norm_linear")
+
+
+@pytest.mark.parametrize(
+    "knobs,exc,match",
+    [
+        ({"single_kernel": "yes"}, "TileConfigError", r"single_kernel='yes' \(fused\): expected a boolean"),
+        ({"single_kernels": False}, "TileConfigError", "fused has the knobs single_kernel"),
+        ([("single_kernel", False)], TypeError, "knobs: expected a dict"),
+    ],
+)
+def test_single_kernel_bad_argument(knobs, exc, match):
+    from xlstm_kernels.tiles import TileConfigError
+
+    exc = TileConfigError if exc == "TileConfigError" else exc
+    with pytest.raises(exc, match=match):
+        fused_norm_linear(**_lin_args(), knobs=knobs)
+    args = _qkv_args()
+    pos = [args.pop(k) for k in ("x", "norm_weight", "w_qkv", "n_heads", "n_kv_heads")]
+    with pytest.raises(exc, match=match):
+        fused_norm_qkv_rope(*pos, **args, knobs=knobs)
+
+
+def test_single_kernel_malformed_variable(monkeypatch):
+    from xlstm_kernels.tiles import TileConfigError
+
+    monkeypatch.setenv(KNOB_VAR, "sometimes")
+    with pytest.raises(TileConfigError, match=f"{KNOB_VAR}='sometimes'"):
+        fused_norm_linear(**_lin_args())
+
+
+@pytest.mark.parametrize("single", ["1", "0"], ids=["kernel", "sequence"])
+def test_repeated_calls_take_each_calls_offset_and_inputs(kernel_backend, monkeypatch, single):
+    """The memo of a call signature (ops/_callcache) keeps shapes, dtypes and flags only:
+    a repeated call with new inputs and another int offset (a decode step's position)
+    gets its own result, on both paths."""
+    monkeypatch.setenv(KNOB_VAR, single)
+    for step, offset in enumerate((3, 17, mx.array([5, 0]), mx.array([1, 9]))):
+        x, nw, w = qkv_inputs(2, 5, 48, 4, 2, 16, mx.float32, seed_of("memo", single, step))
+        outs = fused_norm_qkv_rope(x, nw, w, 4, 2, eps=EPS, offset=offset)
+        off = np.asarray(offset) if isinstance(offset, mx.array) else offset
+        for out, ref in zip(outs, np_qkv_rope(x, nw, w, 4, 2, False, offset=off)):
+            assert rel_err(out, ref) < TOL["float32"], (step, offset)
+        x, nw, w, b = linear_inputs((3, 7), 29, 31, mx.float32, seed_of("memo-lin", single, step), step % 2 == 0)
+        assert rel_err(fused_norm_linear(x, nw, w, b, EPS), np_norm_linear(x, nw, w, b)) < TOL["float32"]
+
+
+def test_a_changed_knob_variable_applies_to_the_next_call(kernel_backend, spy, monkeypatch):
+    x, nw, w, b = linear_inputs((33,), 29, 31, mx.float32, seed_of("memo-env"), True)
+    mx.eval(fused_norm_linear(x, nw, w, b, EPS))
+    monkeypatch.setenv(KNOB_VAR, "0")
+    mx.eval(fused_norm_linear(x, nw, w, b, EPS))
+    monkeypatch.setenv(KNOB_VAR, "1")
+    mx.eval(fused_norm_linear(x, nw, w, b, EPS))
+    assert spy.kernels == _expected_kernels(kernel_backend, "norm_linear") * 2

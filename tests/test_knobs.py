@@ -120,8 +120,10 @@ def test_registry_names_and_classes():
                       "split_kv_cluster", "split_kv_stream", "prefill_mma"),
         "mlstm": ("chunk_size",),
         "slstm": ("threads_per_unit", "r_in_registers"),
+        "fused": ("single_kernel",),
     }
     assert knob_env_var("rms_norm", "n_reads") == "XLSTM_RMS_NORM_N_READS"
+    assert knob_env_var("fused", "single_kernel") == "XLSTM_FUSED_SINGLE_KERNEL"
     assert knob_env_var("attention", "block_k") == "XLSTM_ATTENTION_BLOCK_K"
     assert knob_env_var("mlstm", "chunk_size") == "XLSTM_MLSTM_CHUNK_SIZE"
     assert knob_env_var("slstm", "r_in_registers") == "XLSTM_SLSTM_R_IN_REGISTERS"

@@ -233,6 +233,10 @@ def _rms64(x64: np.ndarray, w64: np.ndarray) -> np.ndarray:
     return x64 / np.sqrt(np.mean(x64 * x64, axis=-1, keepdims=True) + 1e-5) * w64
 
 
+#: the fused kernels themselves, also where the presets run the unfused sequence (NVIDIA)
+_FUSED_KERNEL = {"single_kernel": True}
+
+
 def _fused_linear_case(rows: int, k: int, n: int) -> CheckCase:
     def make(rng, dtype):
         return _normal(rng, (rows, k), dtype), _normal(rng, (k,), dtype), _normal(rng, (n, k), dtype)
@@ -241,7 +245,7 @@ def _fused_linear_case(rows: int, k: int, n: int) -> CheckCase:
         return _rms64(to_f64(x), to_f64(nw)) @ to_f64(w).T
 
     return CheckCase("norm_linear", f"{rows}x{k}x{n}", make,
-                     lambda x, nw, w: ops.fused_norm_linear(x, nw, w, eps=1e-5), reference)
+                     lambda x, nw, w: ops.fused_norm_linear(x, nw, w, eps=1e-5, knobs=_FUSED_KERNEL), reference)
 
 
 def _fused_qkv_case(b: int, seq: int, heads: int, kv_heads: int, d: int) -> CheckCase:
@@ -265,7 +269,7 @@ def _fused_qkv_case(b: int, seq: int, heads: int, kv_heads: int, d: int) -> Chec
         return np.concatenate([rope64(q), rope64(k), v], axis=1)
 
     def run(x, nw, w):
-        q, k, v = ops.fused_norm_qkv_rope(x, nw, w, heads, kv_heads, eps=1e-5)
+        q, k, v = ops.fused_norm_qkv_rope(x, nw, w, heads, kv_heads, eps=1e-5, knobs=_FUSED_KERNEL)
         return mx.concatenate([q, k, v], axis=1)
 
     return CheckCase("norm_qkv_rope", f"{b}x{seq}x{heads}/{kv_heads}x{d}", make, run, reference)

@@ -31,6 +31,7 @@ KNOB_SAMPLE_SHAPES = {
     "attention": (1, 32, 512, 2048, 128),
     "mlstm": (1, 8, 1024, 128),
     "slstm": (8, 4, 256, 64),
+    "fused": (512, 4096, 4096),
 }
 
 ENV_DESCRIPTIONS = {

@@ -1,4 +1,4 @@
-"""``xlstm-kernels tune`` for the kernel knobs: rms_norm, layer_norm, attention, mlstm, slstm.
+"""``xlstm-kernels tune`` for the kernel knobs: rms_norm, layer_norm, attention, mlstm, slstm, fused.
 
 The knobs are those of :mod:`xlstm_kernels.tiles.knobs`. Per op and dtype, for a few shapes
 in the op's notation (``KNOB_SHAPE_FORMS``)::
@@ -8,6 +8,8 @@ in the op's notation (``KNOB_SHAPE_FORMS``)::
                                            Lq <= 8: split_kv_block_size (attention_decode_split_kv)
     mlstm                  BxHxSxD         chunk_size
     slstm                  BxHxSxDH        threads_per_unit x r_in_registers
+    fused                  MxNxK           single_kernel (fused_norm_linear: the fused kernel
+                                           or the unfused sequence rms_norm + linear)
 
 1. candidates: the product of each swept knob's grid (:attr:`Knob.quick` / :attr:`Knob.grid`),
    checked with the runtime's own checks (:meth:`Knob.problem` and the op's shape fit,
@@ -20,7 +22,8 @@ in the op's notation (``KNOB_SHAPE_FORMS``)::
    ``XLSTM_<OP>_<KNOB>`` variables only (the child checks that it resolved the intended
    knobs); every output is compared with the op's reference function
    (``rms_norm_reference``, ``layer_norm_reference``, ``attention_reference``,
-   ``mlstm_chunkwise_mx`` in float64 on the CPU, ``slstm_reference``);
+   ``mlstm_chunkwise_mx`` in float64 on the CPU, ``slstm_reference``, RMSNorm + product
+   in float64 NumPy for fused);
 3. class winners (the op's shape classes): best geometric-mean time over the class's
    shapes; the written entry keeps only the knobs that change the launch at those shapes;
 4. ``write_presets`` merges them into ``families.<family>.kernel_shapes.<class>.<op>.<dtype>``.
@@ -71,6 +74,7 @@ EMULATOR_SHAPES = {
     "attention": [(1, 2, 40, 48, 32), (1, 2, 1, 300, 32)],
     "mlstm": [(1, 2, 70, 16)],
     "slstm": [(1, 2, 12, 16)],
+    "fused": [(33, 31, 29)],
 }
 #: ... and on a GPU: about one per shape class.
 DEFAULT_SHAPES = {
@@ -80,6 +84,7 @@ DEFAULT_SHAPES = {
                   (1, 32, 8, 16384, 128)],
     "mlstm": [(4, 8, 128, 64), (1, 8, 1024, 128), (1, 8, 4096, 128)],
     "slstm": [(8, 4, 256, 32), (8, 4, 256, 64), (8, 4, 256, 128), (4, 4, 128, 256)],
+    "fused": [(1, 4096, 4096), (8, 4096, 4096), (512, 4096, 4096), (4096, 4096, 4096)],
 }
 #: Largest emulated work per shape (elements x inner length), to keep runs to seconds.
 EMULATOR_MAX_WORK = 1 << 22
@@ -94,6 +99,9 @@ def _work(op: str, shape: tuple[int, ...]) -> int:
     if op == "mlstm":
         b, h, s, d = shape
         return b * h * s * d * d
+    if op == "fused":
+        m, n, k = shape
+        return m * n * k
     b, h, s, dh = shape
     return b * h * s * dh * dh
 
@@ -144,12 +152,15 @@ def effective_knobs(op: str, dtype: Any, shape: tuple[int, ...]) -> dict[str, An
     """Every knob's value a call of `op` at `shape` (the op's notation) uses now, defaults
     and heuristics filled in, through the ops' own helpers."""
     from ..ops import attention as att
+    from ..ops import fused as fu
     from ..ops import mlstm as ml
     from ..ops import norm as nm
     from ..ops import slstm as sl
 
     if op in ("rms_norm", "layer_norm"):
         vals = nm.knob_values(op, shape[1], dtype)
+    elif op == "fused":
+        vals = fu.knob_values(shape[0], dtype)
     elif op == "attention":
         b, h, lq, lk, d = shape
         vals = att.knob_values(lq, lk, d, d, dtype)
@@ -172,6 +183,8 @@ def launch_key(op: str, shape: tuple[int, ...], cand: dict[str, Any]) -> tuple:
         return tuple(cand[k] for k in swept_knobs(op, shape))
     if op == "mlstm":
         return (min(cand["chunk_size"], shape[2]),)
+    if op == "fused":
+        return (cand["single_kernel"],)
     return (cand["threads_per_unit"], cand["r_in_registers"])
 
 
@@ -266,6 +279,7 @@ def operands(op: str, shape: tuple[int, ...], dt: str, seed: int) -> tuple[Calla
     """(call(knobs or None) -> output, reference as float64 NumPy) on fresh random inputs.
     call(None) passes no knob arguments (the --env children)."""
     from ..ops import attention as att
+    from ..ops import fused as fu
     from ..ops import mlstm as ml
     from ..ops import norm as nm
     from ..ops import slstm as sl
@@ -301,6 +315,12 @@ def operands(op: str, shape: tuple[int, ...], dt: str, seed: int) -> tuple[Calla
             ref = ml.mlstm_chunkwise_mx(*[a.astype(mx.float32).astype(mx.float64) for a in (q, k, v, i_pre, f_pre)])
             ref = np.asarray(ref)
         return (lambda kn: ml.mlstm(q, k, v, i_pre, f_pre, chunk_size=(kn or {}).get("chunk_size"))), ref
+    if op == "fused":
+        m, n, k = shape
+        x, g, w = _normal(rng, (m, k), dtype), _normal(rng, (k,), dtype), _normal(rng, (n, k), dtype, scale=k ** -0.5)
+        x64, g64 = _f64(x), _f64(g)
+        ref = (x64 / np.sqrt(np.mean(x64 * x64, axis=-1, keepdims=True) + EPS) * g64) @ _f64(w).T
+        return (lambda kn: fu.fused_norm_linear(x, g, w, None, EPS, knobs=kn)), ref
     bsz, h, s, dh = shape
     wx = _normal(rng, (bsz, s, 4, h, dh), dtype)
     r = _normal(rng, (h, dh, 4, dh), dtype, scale=dh ** -0.5)

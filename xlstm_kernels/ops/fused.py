@@ -38,6 +38,12 @@ the pre-RoPE projection to the dtype); both agree with a float64 reference to th
 dtype's precision. float16 note: x * rsqrt(...) is never formed in half, so a row whose
 raw values are large stays finite as long as W * norm_weight fits float16.
 
+Knob ``single_kernel`` (:mod:`xlstm_kernels.tiles.knobs`, op ``fused``; ``knobs=``,
+``XLSTM_FUSED_SINGLE_KERNEL``, presets by rows M): on (the built-in default) runs the one
+fused kernel above; off runs the unfused sequence of this package's kernels (``rms_norm``,
+``linear``, ``rope``), as the NVIDIA presets do: there the sequence's staged tensor-core
+GEMM beats the single-buffered fused tile by 1.6-22x (H200, session 45).
+
 Differentiable: the VJP is the VJP of the unfused composite (``rms_norm`` + ``linear``
 (+ ``rope``) of this package, whose backward passes run their own kernels), recomputing
 the normalised activations in the backward pass. ``offset`` gets no gradient.
@@ -56,7 +62,8 @@ import numpy as np
 from .. import tiles as tiles_mod
 from ..runtime import KernelSpec, const_array, current_backend, launch
 from ..tiles.gemm import MAX_THREADGROUP_BYTES
-from ._callcache import placeholder
+from ..tiles.knobs import resolve_knobs
+from ._callcache import CallCache, placeholder
 from ._validate import check_array
 from .gemm import linear
 from .norm import rms_norm, rms_norm_reference
@@ -432,6 +439,25 @@ def unfused_norm_qkv_rope(
     return rope(q, d, **kw), rope(k, d, **kw), v
 
 
+def knob_values(m: int, dtype: Any, knobs: dict | None = None) -> dict[str, bool]:
+    """{"single_kernel": ...} a call with `m` rows uses (``knobs=`` > XLSTM_FUSED_SINGLE_KERNEL
+    > presets > the built-in default, on)."""
+    if knobs is not None and not isinstance(knobs, dict):
+        raise TypeError(f"knobs: expected a dict such as {{'single_kernel': False}} or None, got "
+                        f"{type(knobs).__name__}")
+    v = resolve_knobs("fused", dtype, m, args=knobs).values["single_kernel"]
+    return {"single_kernel": True if v is None else v}
+
+
+def fused_path(m: int, n: int, k: int, dtype: mx.Dtype, tiles: Any = None, head_dim: int | None = None,
+               knobs: dict | None = None) -> str:
+    """What a call runs: "gemv" or "simd" (the fused kernel's paths) or "sequence" (the
+    unfused sequence of this package's kernels, knob ``single_kernel`` off)."""
+    if not knob_values(m, dtype, knobs)["single_kernel"]:
+        return "sequence"
+    return plan_tiles(m, n, k, dtype, tiles, head_dim=head_dim).path
+
+
 # ---------------------------------------------------------------------------------------
 # Public ops
 # ---------------------------------------------------------------------------------------
@@ -445,6 +471,7 @@ def fused_norm_linear(
     eps: float = 1e-5,
     *,
     tiles: Any = None,
+    knobs: dict | None = None,
 ) -> mx.array:
     """``linear(rms_norm(x, norm_weight, eps), weight, bias)`` in one kernel.
 
@@ -455,21 +482,49 @@ def fused_norm_linear(
         bias: (N,) or None.
         eps: finite, >= 0; added to the mean square.
         tiles: optional tile config (as for the GEMM ops; resolved as ``gemm_a_bt``).
+        knobs: optional ``{"single_kernel": bool}``: False runs the unfused sequence of
+            this package's kernels (see the module docstring; default from the presets).
 
     Returns:
         (..., N) in the promoted dtype. Statistics and accumulation in float32.
 
     Differentiable in x, norm_weight, weight and bias (VJP of the unfused composite).
     """
-    x, norm_weight, weight, bias, eps = _validate_linear(x, norm_weight, weight, bias, eps)
-    tiles_mod.resolve_gemm_config("gemm_a_bt", 1, 1, 1, x.dtype, tiles)  # a bad tiles= fails before anything runs
-    lead = tuple(x.shape[:-1])
-    k, n = x.shape[-1], weight.shape[0]
+    key = None
+    if tiles is None and knobs is None and x.__class__ is _ARRAY and eps.__class__ in _NUMBER:
+        try:
+            key = ("linear", x.shape, x.dtype, norm_weight.shape, norm_weight.dtype, weight.shape, weight.dtype,
+                   None if bias is None else (bias.shape, bias.dtype), eps)
+        except AttributeError:  # not arrays: validation says so
+            key = None
+        else:
+            fn = _CALLS.get(key)
+            if fn is not None:
+                return fn(x, norm_weight, weight, bias)
+    fn = _build_linear(x, norm_weight, weight, bias, eps, tiles, knobs)
+    if key is not None:
+        _CALLS.put(key, fn)
+    return fn(x, norm_weight, weight, bias)
+
+
+def _build_linear(x, norm_weight, weight, bias, eps, tiles, knobs):
+    """Validate one fused_norm_linear call and build fn(x, norm_weight, weight, bias) -> y
+    for its signature (the path: reference, the unfused sequence or the fused kernel)."""
+    xv, nwv, wv, bv, eps = _validate_linear(x, norm_weight, weight, bias, eps)
+    dtype = xv.dtype
+    if tiles is not None:  # a bad tiles= fails before anything runs, whichever path runs
+        tiles_mod.resolve_gemm_config("gemm_a_bt", 1, 1, 1, dtype, tiles)
+    lead = tuple(xv.shape[:-1])
+    k, n = xv.shape[-1], wv.shape[0]
     m = math.prod(lead)
-    _check_rows("fused_norm_linear", m, x)
+    _check_rows("fused_norm_linear", m, xv)
+    single = knob_values(m, dtype, knobs)["single_kernel"]
     backend = current_backend()
+    cast = _caster(dtype)
     if backend == "reference" or m == 0 or n == 0 or k == 0:
-        return fused_norm_linear_reference(x, norm_weight, weight, bias, eps)
+        return lambda x, nw, w, b: fused_norm_linear_reference(cast(x), cast(nw), cast(w), cast(b), eps)
+    if not single:
+        return lambda x, nw, w, b: unfused_norm_linear(cast(x), cast(nw), cast(w), cast(b), eps)
     has_bias = bias is not None
 
     def forward(xa, nwa, wa, ba):
@@ -492,8 +547,9 @@ def fused_norm_linear(
         _, grads = mx.vjp(composite, list(primals), [cotangent])
         return tuple(grads)
 
-    args = [x, norm_weight, weight] + ([bias] if has_bias else [])
-    return f(*args)
+    if has_bias:
+        return lambda x, nw, w, b: f(cast(x), cast(nw), cast(w), cast(b))
+    return lambda x, nw, w, b: f(cast(x), cast(nw), cast(w))
 
 
 def fused_norm_qkv_rope(
@@ -509,6 +565,7 @@ def fused_norm_qkv_rope(
     scale: float = 1.0,
     offset: int | mx.array = 0,
     tiles: Any = None,
+    knobs: dict | None = None,
 ) -> tuple[mx.array, mx.array, mx.array]:
     """RMSNorm, the fused QKV projection and RoPE on q and k, in one kernel.
 
@@ -524,6 +581,8 @@ def fused_norm_qkv_rope(
         scale: multiplies the positions.
         offset: position of x[:, 0]: an int, a 0-d integer array or a (B,) integer array.
         tiles: optional tile config (as for the GEMM ops; resolved as ``gemm_a_bt``).
+        knobs: optional ``{"single_kernel": bool}``: False runs the unfused sequence of
+            this package's kernels (see the module docstring; default from the presets).
 
     Returns:
         q (B, n_heads, L, D), k (B, n_kv_heads, L, D) with RoPE applied (all D features),
@@ -531,33 +590,91 @@ def fused_norm_qkv_rope(
 
     Differentiable in x, norm_weight and w_qkv (VJP of the unfused composite).
     """
-    x, norm_weight, w_qkv, n_heads, n_kv_heads, d, eps, traditional, offset = _validate_qkv(
+    key = None
+    if (tiles is None and knobs is None and x.__class__ is _ARRAY and n_heads.__class__ is int
+            and n_kv_heads.__class__ is int and traditional.__class__ is bool
+            and eps.__class__ in _NUMBER and base.__class__ in _NUMBER and scale.__class__ in _NUMBER):
+        kind = _offset_kind(offset)
+        try:
+            key = ("qkv", x.shape, x.dtype, norm_weight.shape, norm_weight.dtype, w_qkv.shape, w_qkv.dtype,
+                   n_heads, n_kv_heads, eps, traditional, base, scale, kind)
+        except AttributeError:  # not arrays: validation says so
+            key = None
+        else:
+            fn = _CALLS.get(key) if kind is not None else None
+            if fn is not None:
+                return fn(x, norm_weight, w_qkv, offset)
+    fn = _build_qkv(x, norm_weight, w_qkv, n_heads, n_kv_heads, eps, traditional, base, scale, offset, tiles, knobs)
+    if key is not None and key[-1] is not None:
+        _CALLS.put(key, fn)
+    return fn(x, norm_weight, w_qkv, offset)
+
+
+def _offset_kind(offset) -> Any:
+    """The part of a memo key `offset` sets: "int" (its value is an argument) or the
+    array's (shape, dtype); None for anything else (validation says what is wrong)."""
+    if offset.__class__ is int:
+        return "int"
+    if offset.__class__ is _ARRAY:
+        return (offset.shape, offset.dtype)
+    return None
+
+
+def _build_qkv(x, norm_weight, w_qkv, n_heads, n_kv_heads, eps, traditional, base, scale, offset, tiles, knobs):
+    """Validate one fused_norm_qkv_rope call and build fn(x, norm_weight, w_qkv, offset)
+    -> (q, k, v) for its signature; fn checks each call's offset."""
+    op = "fused_norm_qkv_rope"
+    xv, nwv, wv, n_heads, n_kv_heads, d, eps, traditional, _ = _validate_qkv(
         x, norm_weight, w_qkv, n_heads, n_kv_heads, eps, traditional, base, scale, offset
     )
-    tiles_mod.resolve_gemm_config("gemm_a_bt", 1, 1, 1, x.dtype, tiles)
+    dtype = xv.dtype
+    if tiles is not None:
+        tiles_mod.resolve_gemm_config("gemm_a_bt", 1, 1, 1, dtype, tiles)
     scale, base = float(scale), float(base)
-    bsz, seq, e = x.shape
-    _check_rows("fused_norm_qkv_rope", bsz * seq, x)
+    bsz, seq, e = xv.shape
+    _check_rows(op, bsz * seq, xv)
+    single = knob_values(bsz * seq, dtype, knobs)["single_kernel"]
     backend = current_backend()
-    rope_kw = dict(eps=eps, traditional=traditional, base=base, scale=scale, offset=offset)
+    cast = _caster(dtype)
+    rope_kw = dict(eps=eps, traditional=traditional, base=base, scale=scale)
     if backend == "reference" or bsz * seq == 0 or e == 0:
-        return fused_norm_qkv_rope_reference(x, norm_weight, w_qkv, n_heads, n_kv_heads, **rope_kw)
-    freqs32 = _kernel_freqs(d // 2, float(base), backend)
-    offsets = offset.reshape(-1) if isinstance(offset, mx.array) else _offset_array(offset, backend)  # (1,) or (B,)
+        run = fused_norm_qkv_rope_reference
+    elif not single:
+        run = unfused_norm_qkv_rope
+    else:
+        freqs32 = _kernel_freqs(d // 2, float(base), backend)
 
-    @mx.custom_function
-    def f(xa, nwa, wa):
-        spec, kw = norm_qkv_rope_launch(xa, nwa, wa, n_heads, n_kv_heads, eps, traditional, scale, offsets, freqs32,
-                                        tiles)
-        return tuple(launch(spec, **kw, backend=backend))
+        def run(xa, nwa, wa, n_heads, n_kv_heads, *, offset, **rope_kw):
+            offsets = offset.reshape(-1) if isinstance(offset, mx.array) else _offset_array(offset, backend)
 
-    @f.vjp
-    def f_vjp(primals, cotangents, outputs):
-        def composite(xa, nwa, wa):
-            return list(unfused_norm_qkv_rope(xa, nwa, wa, n_heads, n_kv_heads, **rope_kw))
+            @mx.custom_function
+            def f(xa, nwa, wa):
+                spec, kw = norm_qkv_rope_launch(xa, nwa, wa, n_heads, n_kv_heads, eps, traditional, scale, offsets,
+                                                freqs32, tiles)
+                return tuple(launch(spec, **kw, backend=backend))
 
-        _, grads = mx.vjp(composite, list(primals), list(cotangents))
-        return tuple(grads)
+            @f.vjp
+            def f_vjp(primals, cotangents, outputs):
+                def composite(xa, nwa, wa):
+                    return list(unfused_norm_qkv_rope(xa, nwa, wa, n_heads, n_kv_heads, offset=offset, **rope_kw))
 
-    q, k, v = f(x, norm_weight, w_qkv)
-    return q, k, v
+                _, grads = mx.vjp(composite, list(primals), list(cotangents))
+                return tuple(grads)
+
+            return tuple(f(xa, nwa, wa))
+
+    def fn(x, nw, w, offset):
+        offset = _check_offset(op, offset, bsz)
+        return tuple(run(cast(x), cast(nw), cast(w), n_heads, n_kv_heads, offset=offset, **rope_kw))
+
+    return fn
+
+
+_CALLS = CallCache("fused")
+_ARRAY = mx.array
+_NUMBER = (float, int)
+
+
+def _caster(dtype: mx.Dtype):
+    """a -> a in `dtype` (None stays None; no graph node where the dtype already matches)."""
+    return lambda a: None if a is None else (a if a.dtype == dtype else a.astype(dtype))

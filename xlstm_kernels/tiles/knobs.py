@@ -37,14 +37,19 @@ Ops and their knobs (the names are public API: env variables, preset keys, ``kno
     slstm                  threads_per_unit  1 | 2 | 4 | 8 | 16 | 32: lanes per unit K (DH*K <= 1024
                                              threads per threadgroup: a shape fit)
                            r_in_registers  true | false: keep R in registers over the sequence
+    fused                  single_kernel   true | false: fused_norm_linear / fused_norm_qkv_rope as
+    (fused_norm_linear,                    their one fused kernel, or as the unfused sequence of
+     fused_norm_qkv_rope)                  this package's kernels (rms_norm, linear, rope). Built-in:
+                                           the fused kernel; the NVIDIA presets choose the sequence
 
 Resolution per call, each knob on its own, highest first:
 
     argument      the op's keyword: ``knobs={...}`` (norms, scaled_dot_product_attention),
                   ``block_q=`` / ``block_k=`` / ``block_size=`` / ``split_kv_min_keys=``
-                  (attention), ``chunk_size=`` (mlstm), ``config=`` (slstm)
+                  (attention), ``chunk_size=`` (mlstm), ``config=`` (slstm), ``knobs={...}`` (fused)
     environment   ``XLSTM_<OP>_<KNOB>`` upper-case, e.g. XLSTM_RMS_NORM_N_READS,
-                  XLSTM_ATTENTION_BLOCK_K, XLSTM_MLSTM_CHUNK_SIZE, XLSTM_SLSTM_R_IN_REGISTERS
+                  XLSTM_ATTENTION_BLOCK_K, XLSTM_MLSTM_CHUNK_SIZE, XLSTM_SLSTM_R_IN_REGISTERS,
+                  XLSTM_FUSED_SINGLE_KERNEL
                   (booleans: 1/0, true/false, yes/no, on/off). XLSTM_KERNELS_ATTN_SPLIT_MIN_KEYS is
                   an alias of XLSTM_ATTENTION_SPLIT_KV_MIN_KEYS (the generic name wins if both are set)
     preset files  the GEMM stack ($XLSTM_KERNELS_PRESETS, ~/.config/xlstm_kernels/presets.yaml,
@@ -66,6 +71,7 @@ Shape classes (for presets and the tuner), by the size each op is keyed on:
     attention              key length Lk     small < 1024 <= medium < 8192 <= large
     mlstm                  sequence length S small < 256 <= medium < 4096 <= large
     slstm                  head dim DH       small <= 32 < medium <= 128 < large
+    fused                  rows M (B*L)      small <= 8 < medium <= 512 < large
 
 The layered lookup (environment + preset layers) is cached per (op, dtype, shape class,
 family, environment snapshot, preset file stamps), so a call costs a few microseconds.
@@ -243,6 +249,12 @@ KNOBS: dict[str, dict[str, Knob]] = {
              "built-in heuristic: when the 4*ceil(DH/K) values of R per lane fit in 128 bytes", (False, True),
              (False, True), "keep R in registers for the whole sequence"),
     )},
+    "fused": {k.name: k for k in (
+        Knob("single_kernel", "bool", None,
+             "built-in default: on (the one fused kernel; ops.fused.knob_values)", (False, True), (False, True),
+             "fused_norm_linear / fused_norm_qkv_rope as one fused kernel (on) or as the unfused sequence of "
+             "this package's kernels: rms_norm, linear, rope (off)"),
+    )},
 }
 
 #: op -> its knob names, in order.
@@ -255,6 +267,7 @@ KNOB_SHAPE_FORMS: dict[str, tuple[str, int, str]] = {
     "attention": ("BxHxLqxLkxD", 3, "batch x heads x query length x key length x head dim, e.g. 1x2x40x48x32"),
     "mlstm": ("BxHxSxD", 2, "batch x heads x sequence length x head dim, e.g. 1x2x70x16"),
     "slstm": ("BxHxSxDH", 3, "batch x heads x sequence length x head dim, e.g. 1x2x12x16"),
+    "fused": ("MxNxK", 0, "rows x outputs x reduction of fused_norm_linear, e.g. 33x31x29"),
 }
 
 # (upper bound of small, upper bound of medium, inclusive?) per op
@@ -264,6 +277,7 @@ _CLASS_BOUNDS = {
     "attention": (1024, 8192, False),
     "mlstm": (256, 4096, False),
     "slstm": (32, 128, True),
+    "fused": (8, 512, True),
 }
 
 
@@ -283,7 +297,8 @@ def knob_shape_class(op: str, size: int) -> str:
 
 
 def shape_size(op: str, shape: tuple[int, ...]) -> int:
-    """The class size of a tuner-notation shape (norms: n; attention: Lk; mlstm: S; slstm: DH)."""
+    """The class size of a tuner-notation shape (norms: n; attention: Lk; mlstm: S; slstm: DH;
+    fused: M)."""
     _check_op(op)
     form, index, _ = KNOB_SHAPE_FORMS[op]
     dims = form.count("x") + 1
@@ -487,10 +502,10 @@ def resolve_knobs(
     """The knobs of one call of `op`.
 
     Args:
-        op: rms_norm | layer_norm | attention | mlstm | slstm.
+        op: rms_norm | layer_norm | attention | mlstm | slstm | fused.
         dtype: the call's dtype (float32, float16, bfloat16; mx dtype or name).
         size: the size the shape class is keyed on (norms: row length n; attention: key
-            length Lk; mlstm: sequence length S; slstm: head dim DH).
+            length Lk; mlstm: sequence length S; slstm: head dim DH; fused: rows M).
         args: knob -> value from the op's arguments (None values are ignored); checked
             against each knob's accepted values (the op's keyword range).
         fits: callable(knob, value) -> None if the value fits this call, else the reason
