@@ -206,6 +206,9 @@ def write_chart(rows: Sequence[dict], path: str, title: str = "") -> str:
         labelled = [r for r in rows if r.get("emulated_s") is not None]
     values = [r["ratio"] if not emulated else r["emulated_s"] * 1e3 for r in labelled]
     labels = [f"{r.get('op')} {r.get('shape')} {r.get('dtype')}" for r in labelled]
+    keys = [(r.get("op"), r.get("shape"), r.get("dtype")) for r in labelled]
+    if len(set(keys)) < len(keys):  # several baselines per case (the fused family): name them
+        labels = [f"{lab} vs {str(r.get('baseline', '')).split(':')[0]}" for lab, r in zip(labels, labelled)]
     fig = _figure(9.0, max(2.5, 0.28 * len(values) + 1.4))
     ax = fig.add_subplot(1, 1, 1)
     if values:
@@ -220,6 +223,10 @@ def write_chart(rows: Sequence[dict], path: str, title: str = "") -> str:
         else:
             ax.axvline(1.0, color="black", linewidth=0.8, linestyle="--")
             ax.set_xlabel("speed ratio vs MLX (baseline time / our time; > 1 = ours faster)")
+            positive = [v for v in values if v > 0]
+            if positive and max(positive) / min(positive) > 30:  # a wide spread: ratios on a log axis
+                ax.set_xscale("log")
+                ax.set_xlabel("speed ratio vs the baseline, log scale (baseline time / our time; > 1 = ours faster)")
     else:
         ax.text(0.5, 0.5, "no rows", ha="center", va="center")
         ax.set_axis_off()
