@@ -586,7 +586,7 @@ def test_single_kernel_argument_beats_the_environment(kernel_backend, spy, monke
     [
         ({"single_kernel": "yes"}, "TileConfigError", r"single_kernel='yes' \(fused\): expected a boolean"),
         ({"single_kernels": False}, "TileConfigError", "fused has the knobs single_kernel"),
-        ([("single_kernel", False)], TypeError, "knobs: expected a dict"),
+        ([("single_kernel", False)], TypeError, "fused_norm_[a-z_]+: knobs must be a dict"),
     ],
 )
 def test_single_kernel_bad_argument(knobs, exc, match):
@@ -633,3 +633,21 @@ def test_a_changed_knob_variable_applies_to_the_next_call(kernel_backend, spy, m
     monkeypatch.setenv(KNOB_VAR, "1")
     mx.eval(fused_norm_linear(x, nw, w, b, EPS))
     assert spy.kernels == _expected_kernels(kernel_backend, "norm_linear") * 2
+
+
+def test_tiles_select_the_fused_kernel(kernel_backend, spy, monkeypatch):
+    """tiles= describes the fused kernel's tile: given, the call runs the kernel even where
+    the variable (or a preset) runs the sequence; with single_kernel=False it is an error."""
+    monkeypatch.setenv(KNOB_VAR, "0")
+    x, nw, w, b = linear_inputs((70,), 37, 67, mx.float32, seed_of("tiles-kernel"), True)
+    y = fused_norm_linear(x, nw, w, b, EPS, tiles=TILES_2X2)
+    mx.eval(y)
+    assert spy.kernels == _expected_kernels(kernel_backend, "norm_linear")
+    assert rel_err(y, np_norm_linear(x, nw, w, b)) < TOL["float32"]
+    assert fused_mod.fused_path(70, 67, 37, mx.float32, TILES_2X2) == "simd"
+    with pytest.raises(ValueError, match="fused_norm_linear: tiles= sets the fused kernel's tile"):
+        fused_norm_linear(x, nw, w, b, EPS, tiles=TILES_2X2, knobs={"single_kernel": False})
+    args = _qkv_args()
+    pos = [args.pop(k) for k in ("x", "norm_weight", "w_qkv", "n_heads", "n_kv_heads")]
+    with pytest.raises(ValueError, match="fused_norm_qkv_rope: tiles= sets"):
+        fused_norm_qkv_rope(*pos, **args, tiles=TILES_2X2, knobs={"single_kernel": False})

@@ -285,7 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
         "tune", help="sweep a kernel's tile configs or knobs, print a leaderboard, optionally write the winners "
                      "to the user presets",
         description="Enumerate every valid config of the op (GEMM: GemmConfig.validate rejects the rest; norms, "
-                    "attention, mLSTM, sLSTM: their knobs, checked like the runtime checks them), time each with a "
+                    "attention, mLSTM, sLSTM, fused: their knobs, checked like the runtime checks them), time each with a "
                     "progress bar, print a leaderboard and save a heatmap of time over (TM, TN) (knob ops: a bar chart). "
                     "With --write, store the winners per (device family, op, dtype, shape class) in the user preset "
                     "YAML the runtime loads ($XLSTM_KERNELS_PRESETS if set, else ~/.config/xlstm_kernels/presets.yaml).")
@@ -296,8 +296,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--shapes", type=_argtype(any_shapes, "--shapes"), default=None,
                    help="comma-separated shapes in the op's notation: GEMM MxNxK (output M x N, reduction K); "
                         "rms_norm/layer_norm ROWSxN; attention BxHxLqxLkxD (Lq <= 8 tunes the split-KV block size, "
-                        "else block_q x block_k); mlstm BxHxSxD; slstm BxHxSxDH (default: tiny on the emulator, "
-                        "about one per shape class on a GPU)")
+                        "else block_q x block_k); mlstm BxHxSxD; slstm BxHxSxDH; fused MxNxK (fused_norm_linear) (default: tiny on "
+                        "the emulator, about one per shape class on a GPU)")
     t.add_argument("--env", action="store_true",
                    help="run each candidate in a subprocess configured with XLSTM_GEMM_* (knob ops: "
                         "XLSTM_<OP>_<KNOB>) variables")

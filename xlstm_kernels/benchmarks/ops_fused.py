@@ -20,7 +20,8 @@ fused kernel itself (``knobs={"single_kernel": True}``).
 ``run(backend, dtypes, quick)`` returns dicts with op, shape, dtype, baseline, path (the
 fused kernel's path: simd or gemv, or "sequence"), ours_ms, mlx_ms (the baseline's ms; each
 pair timed interleaved and pipelined, so ours_ms is measured again for every baseline), ratio
-(mlx_ms / ours_ms: > 1 = fused faster), tflops (2*M*N*K / ours), gbps (compulsory bytes:
+(mlx_ms / ours_ms: > 1 = the op faster; where the op runs the sequence its row against
+``unfused-ours`` is the sequence against itself, i.e. the op's own host cost), tflops (2*M*N*K / ours), gbps (compulsory bytes:
 x, norm weight, W, bias read and the outputs written once), pct_roofline (100 x the
 roofline lower bound max(flops / peak, bytes / bandwidth) over ours, from
 ``tiles.roofline()``), max_rel_err (vs float64 NumPy on the first <= 64 rows) and

@@ -9,7 +9,9 @@ in the op's notation (``KNOB_SHAPE_FORMS``)::
     mlstm                  BxHxSxD         chunk_size
     slstm                  BxHxSxDH        threads_per_unit x r_in_registers
     fused                  MxNxK           single_kernel (fused_norm_linear: the fused kernel
-                                           or the unfused sequence rms_norm + linear)
+                                           or the unfused sequence rms_norm + linear; the knob
+                                           also decides fused_norm_qkv_rope, whose GEMM has
+                                           the same plan: not timed here, see bench --ops fused)
 
 1. candidates: the product of each swept knob's grid (:attr:`Knob.quick` / :attr:`Knob.grid`),
    checked with the runtime's own checks (:meth:`Knob.problem` and the op's shape fit,

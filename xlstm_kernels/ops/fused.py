@@ -12,7 +12,8 @@
           head D consecutive output features), moved head-major, RoPE (all D features,
           ``mx.fast.rope`` semantics) on q and k.
 
-One kernel launch per call; the normalised activations are never written to memory.
+One kernel launch per call (knob ``single_kernel`` on, below); the normalised activations
+are never written to memory.
 RMSNorm's row scale r = rsqrt(mean(x^2) + eps) factors out of the product, so the kernel
 multiplies the raw x tile with T(W * norm_weight) (the norm weight applied while W is
 loaded), accumulates sum(x^2) from the x values its loader already holds, and applies
@@ -42,7 +43,8 @@ Knob ``single_kernel`` (:mod:`xlstm_kernels.tiles.knobs`, op ``fused``; ``knobs=
 ``XLSTM_FUSED_SINGLE_KERNEL``, presets by rows M): on (the built-in default) runs the one
 fused kernel above; off runs the unfused sequence of this package's kernels (``rms_norm``,
 ``linear``, ``rope``), as the NVIDIA presets do: there the sequence's staged tensor-core
-GEMM beats the single-buffered fused tile by 1.6-22x (H200, session 45).
+GEMM beats the single-buffered fused tile by 1.4-28x (H200, session 45). ``tiles=`` (the
+fused kernel's tile) selects the fused kernel.
 
 Differentiable: the VJP is the VJP of the unfused composite (``rms_norm`` + ``linear``
 (+ ``rope``) of this package, whose backward passes run their own kernels), recomputing
@@ -439,12 +441,20 @@ def unfused_norm_qkv_rope(
     return rope(q, d, **kw), rope(k, d, **kw), v
 
 
-def knob_values(m: int, dtype: Any, knobs: dict | None = None) -> dict[str, bool]:
+def knob_values(m: int, dtype: Any, knobs: dict | None = None, tiles: Any = None,
+                op: str = "fused_norm_linear") -> dict[str, bool]:
     """{"single_kernel": ...} a call with `m` rows uses (``knobs=`` > XLSTM_FUSED_SINGLE_KERNEL
-    > presets > the built-in default, on)."""
+    > presets > the built-in default, on). A ``tiles=`` argument describes the fused
+    kernel's tile, so it selects the kernel too (an argument, above the variable and presets);
+    with ``knobs={"single_kernel": False}`` it is a ValueError."""
     if knobs is not None and not isinstance(knobs, dict):
-        raise TypeError(f"knobs: expected a dict such as {{'single_kernel': False}} or None, got "
+        raise TypeError(f"{op}: knobs must be a dict such as {{'single_kernel': False}} or None, got "
                         f"{type(knobs).__name__}")
+    if tiles is not None:
+        if knobs is not None and knobs.get("single_kernel") is False:
+            raise ValueError(f"{op}: tiles= sets the fused kernel's tile, but knobs single_kernel=False runs the "
+                             "unfused sequence; pass one or the other")
+        knobs = {**(knobs or {}), "single_kernel": True}
     v = resolve_knobs("fused", dtype, m, args=knobs).values["single_kernel"]
     return {"single_kernel": True if v is None else v}
 
@@ -453,7 +463,7 @@ def fused_path(m: int, n: int, k: int, dtype: mx.Dtype, tiles: Any = None, head_
                knobs: dict | None = None) -> str:
     """What a call runs: "gemv" or "simd" (the fused kernel's paths) or "sequence" (the
     unfused sequence of this package's kernels, knob ``single_kernel`` off)."""
-    if not knob_values(m, dtype, knobs)["single_kernel"]:
+    if not knob_values(m, dtype, knobs, tiles)["single_kernel"]:
         return "sequence"
     return plan_tiles(m, n, k, dtype, tiles, head_dim=head_dim).path
 
@@ -481,7 +491,8 @@ def fused_norm_linear(
         weight: (N, K) (the nn.Linear layout).
         bias: (N,) or None.
         eps: finite, >= 0; added to the mean square.
-        tiles: optional tile config (as for the GEMM ops; resolved as ``gemm_a_bt``).
+        tiles: optional tile config of the fused kernel (as for the GEMM ops; resolved as
+            ``gemm_a_bt``); given, the call runs the fused kernel.
         knobs: optional ``{"single_kernel": bool}``: False runs the unfused sequence of
             this package's kernels (see the module docstring; default from the presets).
 
@@ -518,7 +529,7 @@ def _build_linear(x, norm_weight, weight, bias, eps, tiles, knobs):
     k, n = xv.shape[-1], wv.shape[0]
     m = math.prod(lead)
     _check_rows("fused_norm_linear", m, xv)
-    single = knob_values(m, dtype, knobs)["single_kernel"]
+    single = knob_values(m, dtype, knobs, tiles)["single_kernel"]
     backend = current_backend()
     cast = _caster(dtype)
     if backend == "reference" or m == 0 or n == 0 or k == 0:
@@ -580,7 +591,8 @@ def fused_norm_qkv_rope(
         base: inv_freq[j] = base^(-j / (D/2)).
         scale: multiplies the positions.
         offset: position of x[:, 0]: an int, a 0-d integer array or a (B,) integer array.
-        tiles: optional tile config (as for the GEMM ops; resolved as ``gemm_a_bt``).
+        tiles: optional tile config of the fused kernel (as for the GEMM ops; resolved as
+            ``gemm_a_bt``); given, the call runs the fused kernel.
         knobs: optional ``{"single_kernel": bool}``: False runs the unfused sequence of
             this package's kernels (see the module docstring; default from the presets).
 
@@ -633,7 +645,7 @@ def _build_qkv(x, norm_weight, w_qkv, n_heads, n_kv_heads, eps, traditional, bas
     scale, base = float(scale), float(base)
     bsz, seq, e = xv.shape
     _check_rows(op, bsz * seq, xv)
-    single = knob_values(bsz * seq, dtype, knobs)["single_kernel"]
+    single = knob_values(bsz * seq, dtype, knobs, tiles, op)["single_kernel"]
     backend = current_backend()
     cast = _caster(dtype)
     rope_kw = dict(eps=eps, traditional=traditional, base=base, scale=scale)
