@@ -1512,17 +1512,19 @@ def test_partials_sum_schedules(monkeypatch, which, groups, cuda, rows):
 
 def test_partials_sum_launch_picks_by_shape(monkeypatch):
     """The partials sum by column only on CUDA with PARTIALS_BY_COLUMN_CUDA, few columns and
-    many groups; norm_partials_sum otherwise."""
+    many groups (at least 64, and at least twice the columns); norm_partials_sum otherwise."""
     pick = lambda g, c: norm_mod._partials_sum_launch(g, c, mx.float32, True, True)[0]  # noqa: E731
     monkeypatch.setattr(norm_mod, "_plans_for_cuda", lambda: True)
     monkeypatch.setattr(norm_mod, "PARTIALS_BY_COLUMN_CUDA", True)
-    assert pick(128, 256) is norm_mod.PARTIALS_SUM_COLS
-    assert pick(128, 4096) is norm_mod.PARTIALS_SUM and pick(8, 256) is norm_mod.PARTIALS_SUM
+    for g, c in ((512, 128), (528, 256), (1056, 512), (64, 32)):
+        assert pick(g, c) is norm_mod.PARTIALS_SUM_COLS, (g, c)
+    for g, c in ((128, 256), (528, 1024), (264, 256), (528, 513), (2100, 1050), (128, 4096), (8, 2), (63, 8)):
+        assert pick(g, c) is norm_mod.PARTIALS_SUM, (g, c)
     monkeypatch.setattr(norm_mod, "PARTIALS_BY_COLUMN_CUDA", False)
-    assert pick(128, 256) is norm_mod.PARTIALS_SUM
+    assert pick(512, 128) is norm_mod.PARTIALS_SUM
     monkeypatch.setattr(norm_mod, "PARTIALS_BY_COLUMN_CUDA", True)
     monkeypatch.setattr(norm_mod, "_plans_for_cuda", lambda: False)
-    assert pick(128, 256) is norm_mod.PARTIALS_SUM
+    assert pick(512, 128) is norm_mod.PARTIALS_SUM
 
 
 @pytest.mark.parametrize("kind", ["rms", "ln"])
@@ -1533,6 +1535,7 @@ def test_vjp_with_partials_by_column(kernel_backend, monkeypatch, fresh_norm_cal
     monkeypatch.setattr(norm_mod, "_plans_for_cuda", lambda: True)
     monkeypatch.setattr(norm_mod, "PARTIALS_BY_COLUMN_CUDA", True)
     monkeypatch.setattr(norm_mod, "PARTIALS_BY_COLUMN_MIN_GROUPS", 2)
+    monkeypatch.setattr(norm_mod, "PARTIALS_BY_COLUMN_MIN_RATIO", 0)
     monkeypatch.setattr(norm_mod, "VJP_TARGET_THREADS", 32 * 800)  # 800 rows of 8 simdgroups: 100 groups
     nh = 2 if kind == "ln" else 1
     dt = mx.float32

@@ -782,9 +782,12 @@ def _vjp_plan(
 #: group of partials of the threadgroup's 32 columns); PARTIALS_SIMDGROUPS_CUDA on cuda.
 #: Session 31, H100, Nsight Compute with warm caches (ncu-times-cuda-session31.txt), median us,
 #: 8 / 16 / 32: LayerNorm bf16 2048x8192 backward's 132 x 8192 partials (dw and db) 5.06 /
-#: 4.77 / 4.96, RMSNorm bf16 4096x4096's 396 x 4096 6.85 / 5.31 / 4.86.
+#: 4.77 / 4.96, RMSNorm bf16 4096x4096's 396 x 4096 6.85 / 5.31 / 4.86. Session 46, H200
+#: (probe-partials-cuda-h200-session46.txt), bf16 partials, 16 -> 32: 528 x 1024 (the H200's
+#: short-row backward: 4 units a SM) 5.14 -> 3.73, 528 x 2048 5.39 -> 3.90, 264 x 1024 3.28
+#: -> 3.04, 132 x 1024 2.85 -> 2.72, 396 x 4096 3.95 -> 3.73, 132 x 8192 3.39 / 3.39.
 PARTIALS_SIMDGROUPS = 8
-PARTIALS_SIMDGROUPS_CUDA = 16
+PARTIALS_SIMDGROUPS_CUDA = 32
 #: Rows of partials a norm_partials_sum thread loads before adding them (one round trip to
 #: memory each U rows; the sums' order does not depend on it), at most its simdgroup's rows.
 #: PARTIALS_ROWS_CUDA on cuda. Session 32, H100, Nsight Compute with warm caches
@@ -831,9 +834,16 @@ def _partials_rows(groups: int, simdgroups: int) -> int:
 #: column: 512 x 128 partials (RMSNorm 65536x128 backward, bf16 / f32) 7.07 -> 3.84 / 6.91 ->
 #: 3.90; 128 x 256 twice (multi-head LayerNorm 8192x4x64) 3.89 -> 3.57. 128 or 512 threads a
 #: column (3.79 / 3.84 us) no better than 256.
+#: A column's threadgroup reads one element a 32-byte sector, so it pays only where each column
+#: has many groups: PARTIALS_BY_COLUMN_MIN_RATIO (groups >= ratio x cols). Session 46, H200
+#: (probe-partials-cuda-h200-session46.txt), bf16 partials, strips of 32 simdgroups against by
+#: column: 528 x 128 3.82 / 3.22, 528 x 256 3.68 / 3.62, 1056 x 512 7.25 / 6.13 (ratios >= 2);
+#: 528 x 512 3.68 / 4.50, 264 x 256 3.06 / 3.49, 528 x 1024 3.73 / 5.78 (the RMSNorm / LayerNorm
+#: 16384x1024 backward: by column 6.3 / 9.5 us with dw and db, strips 4.3 / 4.7).
 PARTIALS_BY_COLUMN_CUDA = True
 PARTIALS_BY_COLUMN_MAX_COLS = 1024
 PARTIALS_BY_COLUMN_MIN_GROUPS = 64
+PARTIALS_BY_COLUMN_MIN_RATIO = 2
 PARTIALS_BY_COLUMN_THREADS = 256
 
 
@@ -851,9 +861,10 @@ def _partials_sum_cols_plan(groups: int, cols: int, dtype: mx.Dtype, has_w: bool
 def _partials_sum_launch(groups: int, cols: int, dtype: mx.Dtype, has_w: bool,
                          has_b: bool) -> tuple[KernelSpec, dict[str, Any]]:
     """(spec, launch keywords) of the backward's partials sum: norm_partials_sum_cols on CUDA
-    where PARTIALS_BY_COLUMN_CUDA and the partials' shape call for it, else norm_partials_sum."""
+    where PARTIALS_BY_COLUMN_CUDA and the partials' shape call for it (few columns, each with
+    many groups), else norm_partials_sum."""
     if (PARTIALS_BY_COLUMN_CUDA and _plans_for_cuda() and cols <= PARTIALS_BY_COLUMN_MAX_COLS
-            and groups >= PARTIALS_BY_COLUMN_MIN_GROUPS):
+            and groups >= PARTIALS_BY_COLUMN_MIN_GROUPS and groups >= PARTIALS_BY_COLUMN_MIN_RATIO * cols):
         return PARTIALS_SUM_COLS, _partials_sum_cols_plan(groups, cols, dtype, has_w, has_b)
     return PARTIALS_SUM, _partials_sum_plan(groups, cols, dtype, has_w, has_b)
 
