@@ -1949,7 +1949,11 @@ if (NW > 1) {
 // Threadgroup memory: max(NW * ST stages of TB * (D + DV) elements, NW * R * (DV + 2)
 // floats) (on CUDA the launch's dynamic shared memory), and NW * ST bars.
 // inputs: q, k, v (T); mask (MT); params (int64); scale (float). outputs: o (B, Hq, Lq, DV) T
-// template: T, MT, D, DV, MASK, R, TB, ST, NW
+// template: T, MT, D, DV, MASK, R, TB, ST, NW, ER
+// ER = 1 (early refill): each lane first loads its words of the tile's K and V rows into
+// registers, then the simdgroup barrier and the stage's refill go out, then the arithmetic runs
+// from registers, so that all ST stages of a simdgroup are in flight while it computes (ER = 0:
+// the refill follows the arithmetic). The same sums in the same order: the same bits.
 constexpr int EW = 16 / int(sizeof(T));  // elements of a 16-byte word
 constexpr int WK = D / EW;               // words of a K row
 constexpr int WV = DV / EW;              // of a V row
@@ -1962,6 +1966,7 @@ constexpr int MERGE_WORDS = (NS * R * (DV + 2) + 3) / 4;
 constexpr int TG_WORDS = STAGE_WORDS > MERGE_WORDS ? STAGE_WORDS : MERGE_WORDS;
 static_assert(D % EW == 0 && DV % EW == 0 && TB % 4 == 0 && R >= 1 && ST >= 1 && NW >= 1,
               "attention_decode_stream: rows of whole 16-byte words, tiles of 4-key steps");
+static_assert(ER == 0 || ER == 1, "attention_decode_stream: ER is 0 or 1");
 
 const long Hq = params[0], Hkv = params[1], Lq = params[2], Lk = long(k_shape[2]);
 const long off = Lk - Lq;
@@ -2091,6 +2096,34 @@ for (int i = 0; int(sg) + i * NW < ntiles; ++i) {
   const int t0 = t * TB;
   const int last = metal::min(TB, jend - t0) - 1;  // the tile's last row (a partial last tile)
 
+  // ER: this lane's words of the tile (rows past the last key read the last one, as below),
+  // then the stage goes back to the copies before any arithmetic.
+  uint kreg[ER ? TB / 4 : 1][ER ? PK : 1][4];
+  uint vreg[ER ? TB / 4 : 1][ER ? PV : 1][4];
+  if (ER) {
+    XK_ATTN_UNROLL
+    for (int j = 0; j < TB / 4; ++j) {
+      const threadgroup T* kr = ks + metal::min(j * 4 + grp, last) * D;
+      const threadgroup T* vr = vs + metal::min(j * 4 + grp, last) * DV;
+      XK_ATTN_UNROLL
+      for (int w = 0; w < PK; ++w) {
+        if (WK % 8 == 0 || w * 8 + l8 < WK) {
+          xk_load_w_tg<4>(reinterpret_cast<const threadgroup uint*>(kr + w * 8 * EW), kreg[ER ? j : 0][ER ? w : 0]);
+        }
+      }
+      XK_ATTN_UNROLL
+      for (int w = 0; w < PV; ++w) {
+        if (WV % 8 == 0 || w * 8 + l8 < WV) {
+          xk_load_w_tg<4>(reinterpret_cast<const threadgroup uint*>(vr + w * 8 * EW), vreg[ER ? j : 0][ER ? w : 0]);
+        }
+      }
+    }
+    simdgroup_barrier(mem_flags::mem_threadgroup);  // the stage read before it is refilled
+    if (t + ST * NW < ntiles) {
+      XK_STREAM_FILL(t + ST * NW, s);
+    }
+  }
+
   // Rows past the last key read the last one instead (no branch; their scores are -inf,
   // their p 0), so that every lane reads written rows and the four keys' products interleave.
   float sc[TB / 4][R];
@@ -2108,7 +2141,14 @@ for (int i = 0; int(sg) + i * NW < ntiles; ++i) {
     for (int w = 0; w < PK; ++w) {
       if (WK % 8 == 0 || w * 8 + l8 < WK) {
         uint kw[4];  // the 16-byte word as 32-bit words (xk_word: a bfloat widens by a shift)
-        xk_load_w_tg<4>(reinterpret_cast<const threadgroup uint*>(kr + w * 8 * EW), kw);
+        if (ER) {
+          XK_ATTN_UNROLL
+          for (int c = 0; c < 4; ++c) {
+            kw[c] = kreg[ER ? j : 0][ER ? w : 0][c];
+          }
+        } else {
+          xk_load_w_tg<4>(reinterpret_cast<const threadgroup uint*>(kr + w * 8 * EW), kw);
+        }
         XK_ATTN_UNROLL
         for (int e = 0; e < EW; ++e) {
           const float kf = xk_word<T>::at(kw[e / xk_word<T>::N], e % xk_word<T>::N);
@@ -2164,7 +2204,14 @@ for (int i = 0; int(sg) + i * NW < ntiles; ++i) {
     for (int w = 0; w < PV; ++w) {
       if (WV % 8 == 0 || w * 8 + l8 < WV) {
         uint vw[4];
-        xk_load_w_tg<4>(reinterpret_cast<const threadgroup uint*>(vr + w * 8 * EW), vw);
+        if (ER) {
+          XK_ATTN_UNROLL
+          for (int c = 0; c < 4; ++c) {
+            vw[c] = vreg[ER ? j : 0][ER ? w : 0][c];
+          }
+        } else {
+          xk_load_w_tg<4>(reinterpret_cast<const threadgroup uint*>(vr + w * 8 * EW), vw);
+        }
         XK_ATTN_UNROLL
         for (int e = 0; e < EW; ++e) {
           const float vf = xk_word<T>::at(vw[e / xk_word<T>::N], e % xk_word<T>::N);
@@ -2176,9 +2223,11 @@ for (int i = 0; int(sg) + i * NW < ntiles; ++i) {
       }
     }
   }
-  simdgroup_barrier(mem_flags::mem_threadgroup);  // the stage read before it is refilled
-  if (t + ST * NW < ntiles) {
-    XK_STREAM_FILL(t + ST * NW, s);
+  if (!ER) {
+    simdgroup_barrier(mem_flags::mem_threadgroup);  // the stage read before it is refilled
+    if (t + ST * NW < ntiles) {
+      XK_STREAM_FILL(t + ST * NW, s);
+    }
   }
 }
 #undef XK_STREAM_FILL

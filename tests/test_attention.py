@@ -1012,6 +1012,31 @@ def test_split_kv_stream_matches_float64(kernel_backend, monkeypatch, case, mask
         assert (t["TB"], t["NW"], t["ST"], t["R"]) == (*att._stream_plan(rows, d, dv, dtype, kernel_backend), rows)
 
 
+@pytest.mark.parametrize("case", [*STREAM_CASES, "b1_gqa2_q1_k1100_d36"])
+@pytest.mark.parametrize("dtype_name", ["bfloat16", "float32"])
+def test_split_kv_stream_early_refill_same_bits(kernel_backend, monkeypatch, case, dtype_name):
+    """STREAM_EARLY_REFILL (the kernel's ER: a lane's words of each tile in registers, the stage
+    refilled before the arithmetic) adds the same products in the same order: ER = 0's bits,
+    both within float64's tolerance; causal. D = 36 in float32 (nine 16-byte words a row) takes
+    the lanes' partial last word."""
+    if kernel_backend == "reference":
+        pytest.skip("a kernel variant")
+    set_walk(monkeypatch, "stream")
+    b, hq, hkv, lq, lk, d, dv = STREAM_CASES.get(case, (1, 2, 1, 1, 1100, 36, 36))
+    if d == 36 and dtype_name != "float32":
+        pytest.skip("72-byte rows: no one-launch decode")
+    dtype = DTYPES[dtype_name]
+    q, k, v = make_qkv(b, hq, hkv, lq, lk, d, dv, dtype, seed_of("stream early", case, dtype_name))
+    outs = []
+    for early in (False, True):
+        monkeypatch.setattr(att, "STREAM_EARLY_REFILL", early)
+        spy = LaunchSpy(monkeypatch)
+        outs.append(att.scaled_dot_product_attention(q, k, v, scale=d**-0.5, mask="causal"))
+        assert spy.kernels == ["attention_decode_stream"] and spy.templates[0]["ER"] == int(early)
+    assert_close(outs[1], np_attention(q, k, v, d**-0.5, "causal"), dtype, f"early refill {case}")
+    assert np.array_equal(np.array(outs[0].astype(mx.float32)), np.array(outs[1].astype(mx.float32)))
+
+
 @pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
 def test_split_kv_stream_decode_loop(kernel_backend, monkeypatch, dtype_name):
     """A decode loop over a growing cache (slices of one buffer: rows contiguous, so bulk
@@ -1102,12 +1127,14 @@ def test_split_kv_stream_knob_fallback(kernel_backend, monkeypatch):
 
 
 @pytest.mark.emulator_only
-@pytest.mark.parametrize("dtype_name, mask_kind, layout", [("float16", "causal", "cache"), ("bfloat16", "bool", "cache"),
-                                                           ("float32", "additive", "swapped")])
-def test_check_schedules_split_kv_stream(backend, dtype_name, mask_kind, layout):
+@pytest.mark.parametrize("dtype_name, mask_kind, layout, early", [
+    ("float16", "causal", "cache", False), ("bfloat16", "bool", "cache", False), ("float32", "additive", "swapped", False),
+    ("bfloat16", "causal", "cache", True), ("float16", "additive", "swapped", True)])
+def test_check_schedules_split_kv_stream(backend, monkeypatch, dtype_name, mask_kind, layout, early):
     """One-launch decode under every schedule: the bars' phases (bulk copies) or the lanes'
     element copies (a swapped K / V layout), each stage refilled only after every lane read
-    it; 1100 keys, GQA 2, Lq = 2."""
+    it (after the arithmetic, or with STREAM_EARLY_REFILL before it); 1100 keys, GQA 2, Lq = 2."""
+    monkeypatch.setattr(att, "STREAM_EARLY_REFILL", early)
     dtype = DTYPES[dtype_name]
     q, k, v = make_qkv(1, 4, 2, 2, 1100, 64, 64, dtype, seed_of("sched-stream", dtype_name))
     kv, vv = kv_layout(k, layout), kv_layout(v, layout)

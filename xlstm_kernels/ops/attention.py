@@ -1040,6 +1040,12 @@ STREAM_MAX_ROWS = 8
 #: of 4 rows (8x32x8x8192) 98.9 against 101.5, D = 64 (1x32x32x16384) 57.5 against 55.3.
 STREAM_MIN_GROUPS = 32
 STREAM_MAX_GROUPS = 64
+#: One-launch decode's early refill (the kernel's ER): each lane loads its words of a tile into
+#: registers and the stage is refilled before the arithmetic. H100, session 40 (as a patched
+#: kernel): 30.58 against 29.49 us in Nsight Compute (164 registers against 104), chains within
+#: noise; off. Kept as a variant for devices where the kernel sits further above its copies
+#: (H200, session 46: 24.6 us against 17.9-18.5 for its geometry); not yet timed there.
+STREAM_EARLY_REFILL = False
 
 
 def _stream_bytes(tiles: tuple[int, int, int], rows: int, d: int, dv: int, dtype: mx.Dtype) -> int:
@@ -1120,7 +1126,7 @@ def _stream_launch(q, k, v, m: _Mask, scale: float, backend: str) -> tuple[Kerne
         grid=(32 * nw, hkv, b),
         threadgroup=(32 * nw, 1, 1),
         template=[("T", q.dtype), ("MT", mbuf.dtype), ("D", d), ("DV", dv), ("MASK", m.kind), ("R", rows),
-                  ("TB", tb), ("ST", st), ("NW", nw)],
+                  ("TB", tb), ("ST", st), ("NW", nw), ("ER", int(STREAM_EARLY_REFILL))],
         # cuda: the stages are the launch's dynamic shared memory (the bars static beside
         # them); the emulator models that launch (its limit: the stages and the bars)
         shared_memory={"cuda": nbytes, "emulate": nbytes + 8 * nw * st}.get(backend, 0),
