@@ -3,6 +3,7 @@
 
     python3 scripts/probe_stream_plans.py                      # 1x32x32x4096x128, fp16 and bf16
     PROBE_SP_SHAPES="1,32,32,8192,128" PROBE_SP_PLANS="16x12x2 16x8x3" python3 scripts/probe_stream_plans.py
+    PROBE_SP_PLANS="16x12x2 16x12x2e 16x8x3e" python3 scripts/probe_stream_plans.py   # "e": early refill (session 46)
 
 Each plan is its own prepared launch (``ops.attention._stream_launch`` with STREAM_TILES
 patched to that plan alone), so no call cache stands between the plans. q is the previous
@@ -27,13 +28,13 @@ SHAPES = [tuple(int(x) for x in s.split(",")) for s in os.environ.get("PROBE_SP_
 DTYPES = os.environ.get("PROBE_SP_DTYPES", "float16 bfloat16").split()
 
 
-def _plan_step(plan, q, k, v, scale):
-    saved = att.STREAM_TILES
-    att.STREAM_TILES = (plan,)
+def _plan_step(plan, q, k, v, scale, early=False):
+    saved = att.STREAM_TILES, att.STREAM_EARLY_REFILL
+    att.STREAM_TILES, att.STREAM_EARLY_REFILL = (plan,), early
     try:
         spec, kw = att._stream_launch(q, k, v, att._check_inputs(q, k, v, scale, None), scale, "cuda")
     finally:
-        att.STREAM_TILES = saved
+        att.STREAM_TILES, att.STREAM_EARLY_REFILL = saved
     run, consts = prepare_launch(spec, **kw, backend="cuda"), kw["inputs"][3:]
     return lambda x: run([x, k, v, *consts])[0]
 
@@ -51,9 +52,9 @@ def main() -> int:
             scale = d**-0.5
             steps = {}
             for p in PLANS:
-                plan = tuple(int(x) for x in p.split("x"))
+                plan = tuple(int(x) for x in p.rstrip("e").split("x"))  # "16x12x2e": early refill (ER)
                 try:
-                    steps[f"stream {p}"] = _plan_step(plan, q0, k, v, scale)
+                    steps[f"stream {p}"] = _plan_step(plan, q0, k, v, scale, early=p.endswith("e"))
                 except Exception as e:  # a plan that does not fit: say so, go on
                     print(f"  stream {p}: {type(e).__name__}: {e}")
             steps["pair"] = lambda x: att.scaled_dot_product_attention(x, k, v, scale=scale,
