@@ -1044,7 +1044,8 @@ STREAM_MAX_GROUPS = 64
 #: registers and the stage is refilled before the arithmetic. H100, session 40 (as a patched
 #: kernel): 30.58 against 29.49 us in Nsight Compute (164 registers against 104), chains within
 #: noise; off. Kept as a variant for devices where the kernel sits further above its copies
-#: (H200, session 46: 24.6 us against 17.9-18.5 for its geometry); not yet timed there.
+#: (H200, session 46: 24.6 us against 17.9-18.5 for its geometry); not yet timed there. Read
+#: when a call is built: set it before the first call (memoised calls keep their kernel).
 STREAM_EARLY_REFILL = False
 
 
