@@ -471,29 +471,43 @@ def test_vjp_short_pair_units_scale_with_bandwidth(monkeypatch, gbps, units):
         return dict(kw["template"])["XK_MIN_BLOCKS"], groups
 
     sms = norm_mod.RMS_VJP_SMS_CUDA
-    for kind, shape, dt in [("rms", (16384, 1024), mx.bfloat16), ("ln", (8192, 2048), mx.bfloat16),
-                            ("rms", (16384, 1024), mx.float32), ("ln", (8192, 512), mx.float32)]:
+    for kind, shape, dt in [("ln", (8192, 2048), mx.bfloat16), ("rms", (16384, 1024), mx.float32),
+                            ("ln", (8192, 512), mx.float32)]:
         assert plan(kind, shape, dt) == (units, sms * units), (kind, shape, dt)
+    # 16-bit rows of 1024 on GPUs faster than the H100: 64-thread units (RMS_VJP_NARROW_*), six a SM
+    # or the scaled count; at the H100's bandwidth and below, 128-thread units as above
+    for kind in ("rms", "ln"):
+        narrow_1024 = max(6, units) if gbps > norm_mod.RMS_VJP_UNITS_REF_GBPS else units
+        assert plan(kind, (16384, 1024), mx.bfloat16) == (narrow_1024, sms * narrow_1024), (kind, gbps)
     assert plan("rms", (4096, 4096), mx.bfloat16) == (3, sms * 3)
     narrow = max(6, units)  # 64-thread units: six a SM (RMS_VJP_STAGED_THREADS_PER_SM), or the scaled count
     assert plan("ln", (4096, 4096), mx.bfloat16, 8) == (narrow, sms * narrow // 8)
     assert norm_mod._short_pair_units(8192, 128, 160) == (units, 160 if units == 3 else 65536 // (units * 128))
+    monkeypatch.setattr(norm_mod, "RMS_VJP_NARROW_MAX_N", 0)
+    assert plan("rms", (16384, 1024), mx.bfloat16) == (units, sms * units)
     monkeypatch.setattr(norm_mod, "RMS_VJP_SHORT_PAIR_BYTES", 0)
     assert plan("rms", (16384, 1024), mx.bfloat16) == (3, sms * 3)
 
 
+@pytest.mark.parametrize("narrow", [True, False])
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16])
 @pytest.mark.parametrize("kind", ["rms", "ln"])
-def test_vjp_short_pair_units_grads(kernel_backend, monkeypatch, fresh_norm_calls, kind):
-    """The backward planned with the H200's short-row units (four a SM; two SMs, so that each
-    unit takes several strided rows) gives the reference's gradients on bfloat16 rows of 1024."""
+def test_vjp_short_pair_units_grads(kernel_backend, monkeypatch, fresh_norm_calls, kind, dtype, narrow):
+    """The backward planned with the H200's short-row units (two SMs, so that each unit takes
+    several strided rows) gives the reference's gradients on 16-bit rows of 1024: 64-thread
+    units, six a SM (RMS_VJP_NARROW_*), or with those off 128-thread units, four a SM."""
     monkeypatch.setattr(norm_mod, "_plans_for_cuda", lambda: True)
     monkeypatch.setattr(norm_mod, "_device_bandwidth_gbs", lambda: 4800.0)
     monkeypatch.setattr(norm_mod, "RMS_VJP_SMS_CUDA", 2)
-    x = mx.zeros((37, 1024), dtype=mx.bfloat16)
-    _, kw, groups = norm_mod._vjp_plan(kind, x, mx.zeros((1024,), dtype=mx.bfloat16), kind == "ln", x, EPS)
+    if not narrow:
+        monkeypatch.setattr(norm_mod, "RMS_VJP_NARROW_MAX_N", 0)
+    x = mx.zeros((37, 1024), dtype=dtype)
+    _, kw, groups = norm_mod._vjp_plan(kind, x, mx.zeros((1024,), dtype=dtype), kind == "ln", x, EPS)
     t = dict(kw["template"])
-    assert t["STAGED"] and t["STRIDED"] and t["XK_MIN_BLOCKS"] == 4 and groups == 8, (t, groups)
-    _check_grads(kind, (37, 1024), mx.bfloat16, True, kind == "ln", seed=seed_of("short-units", kind))
+    tpr, per_sm = (64, 6) if narrow else (128, 4)
+    assert kw["threadgroup"] == (tpr, 1, 1) and t["N_READS"] == 1024 // tpr, (kw["threadgroup"], t)
+    assert t["STAGED"] and t["STRIDED"] and t["XK_MIN_BLOCKS"] == per_sm and groups == 2 * per_sm, (t, groups)
+    _check_grads(kind, (37, 1024), dtype, True, kind == "ln", seed=seed_of("short-units", kind, str(dtype), narrow))
 
 
 def test_ln_vjp_wide_threads_register_hint(monkeypatch):

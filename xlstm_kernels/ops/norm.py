@@ -33,7 +33,8 @@ their dw / db sums before writing them (TGSUM). On CUDA 16-bit LayerNorm forward
 the automatic layout gives one run a thread (512-2048 elements) take four runs a thread
 (``LN_FWD_RUNS_CUDA_16BIT``: a row of 1024 is one simdgroup), and the staged backward plans
 more units a SM for short rows on GPUs faster than the H100 (``RMS_VJP_SHORT_PAIR_BYTES``:
-scaled by the preset roofline's bandwidth).
+scaled by the preset roofline's bandwidth), there with 16-bit rows of 1024 in 64-thread units
+(``RMS_VJP_NARROW_*``: six a SM).
 Multi-head LayerNorm is the LayerNorm kernels on (rows * num_heads, head_dim) rows with
 the weight slice of head ``row % num_heads``.
 
@@ -233,6 +234,17 @@ RMS_VJP_STAGED_REGISTERS = 160
 # units (kept at three). The H100 and slower GPUs plan three as before. 0: off.
 RMS_VJP_SHORT_PAIR_BYTES = 8192
 RMS_VJP_UNITS_REF_GBPS = 3350.0
+# ... and on such faster GPUs, 16-bit rows of at most RMS_VJP_NARROW_MAX_N elements stage in
+# units of RMS_VJP_NARROW_THREADS threads (16 elements a thread on a row of 1024; six units a SM
+# by RMS_VJP_STAGED_THREADS_PER_SM) rather than RMS_VJP_STAGED_THREADS_CUDA: twice the units
+# for the same threads, each row's sums over two simdgroups instead of four. H200, session 47
+# (Nsight Compute, warm caches, bf16 16384x1024): RMSNorm backward kernel 32.3 -> 29.2 us,
+# LayerNorm 35.7 -> 28.8 (MLX's a + g on the same bytes: 25.1); marginal chains
+# (probe_norm_marginal.py) 74 -> 84% and 68 -> 82% of the copy; 16-bit rows of 2048 and
+# float32 rows were no faster (float32 LayerNorm 16384x1024 99 -> 91%), so they keep 128.
+# Not measured on the H100, which keeps its plans (its bandwidth is the reference). 0: off.
+RMS_VJP_NARROW_MAX_N = 1024
+RMS_VJP_NARROW_THREADS = 64
 RMS_VJP_STAGED_STRIDED = True  # a unit takes every groups-th row (as MLX's), not consecutive ones
 # Stage through L1 (cp.async.ca, as MLX's kernel) instead of bypassing it (.cg): H200, Nsight
 # Compute bf16 4096x4096 44.8 against 41.3 us, the probe within its noise (session 13).
@@ -634,6 +646,17 @@ def _short_pair_units(pair_bytes: int, tpr: int, registers: int) -> tuple[int, i
     return units, registers
 
 
+def _staged_min_threads(n: int, dtype: mx.Dtype) -> tuple[int, ...]:
+    """The fewest threads a staged backward unit may have for rows of `n` elements of `dtype`,
+    in the order to try them (the first whose layout tiles the row exactly is planned):
+    RMS_VJP_NARROW_THREADS first for 16-bit rows of at most RMS_VJP_NARROW_MAX_N elements on a
+    GPU faster than RMS_VJP_UNITS_REF_GBPS, then RMS_VJP_STAGED_THREADS_CUDA."""
+    if (RMS_VJP_NARROW_MAX_N and dtype.size == 2 and n <= RMS_VJP_NARROW_MAX_N
+            and _device_bandwidth_gbs() > RMS_VJP_UNITS_REF_GBPS):
+        return (RMS_VJP_NARROW_THREADS, RMS_VJP_STAGED_THREADS_CUDA)
+    return (RMS_VJP_STAGED_THREADS_CUDA,)
+
+
 def _vjp_stages(pair_bytes: int) -> int:
     """Stages of the staged backward for rows whose x and g take `pair_bytes` together:
     two where RMS_VJP_TWO_STAGES holds them, else RMS_VJP_STAGES, fewer where those would
@@ -695,13 +718,15 @@ def _vjp_plan(
     stage_ok = (RMS_VJP_STAGED_CUDA if kind == "rms" else LN_VJP_STAGED_CUDA) and cuda
     stages = 2
     if stage_ok and FULL_ROWS and 4 * n * dtype.size <= _stage_cap(RMS_VJP_STAGE_BYTES):
-        sthreads = max(RMS_VJP_STAGED_THREADS_CUDA, _pow2_at_least(-(-n // RMS_VJP_STAGED_MAX_READS)))
-        slay = _layout(n, m * num_heads, itemsize=dtype.size, vjp=True, vjp_threads=sthreads,
-                       max_reads=RMS_VJP_STAGED_MAX_READS)
-        if sthreads <= 1024 and not slay.looped and not slay.one_simd and slay.tpr * slay.n_reads == n:
-            lay, threads, staged = slay, sthreads, True
-            stages = _vjp_stages(2 * n * dtype.size)
-            stage_bytes += 2 * (stages - 2) * n * dtype.size
+        for least in _staged_min_threads(n, dtype):  # the first whose layout tiles the row exactly
+            sthreads = max(least, _pow2_at_least(-(-n // RMS_VJP_STAGED_MAX_READS)))
+            slay = _layout(n, m * num_heads, itemsize=dtype.size, vjp=True, vjp_threads=sthreads,
+                           max_reads=RMS_VJP_STAGED_MAX_READS)
+            if sthreads <= 1024 and not slay.looped and not slay.one_simd and slay.tpr * slay.n_reads == n:
+                lay, threads, staged = slay, sthreads, True
+                stages = _vjp_stages(2 * n * dtype.size)
+                stage_bytes += 2 * (stages - 2) * n * dtype.size
+                break
     full = kind == "rms" and not lay.looped and FULL_ROWS and lay.tpr * lay.n_reads == n
     regs = LN_VJP_STAGED_REGISTERS if kind == "ln" and lay.n_reads >= LN_VJP_WIDE_READS else RMS_VJP_STAGED_REGISTERS
     units_per_sm = None
