@@ -1124,6 +1124,24 @@ def test_split_kv_stream_knob_fallback(kernel_backend, monkeypatch):
             assert spy.kernels == ["attention_partial_mma", "attention_reduce"]
 
 
+def test_split_kv_stream_refusal_names_the_reason(monkeypatch):
+    """Where one-launch decode cannot run, the refusal names the condition the call fails:
+    rows not whole 16-byte words, too many query rows a kv head, or no tile plan that fits
+    (12 simdgroups asked with four rows a kv head)."""
+    def why(hq, hkv, lq, d, dtype):
+        q = mx.zeros((1, hq, lq, d), dtype=dtype)
+        kv = mx.zeros((1, hkv, 64, d), dtype=dtype)
+        return att._stream_refusal(q, kv, kv, "cuda")
+
+    assert "whole 16-byte words" in why(2, 1, 1, 36, mx.float16)
+    assert "at most 8 query rows" in why(16, 1, 1, 64, mx.bfloat16) and "16 / 1 * 1 = 16" in why(16, 1, 1, 64, mx.bfloat16)
+    assert why(4, 1, 1, 128, mx.float16) is None
+    monkeypatch.setattr(att, "STREAM_TILES", ((16, 12, 2),))
+    msg = why(4, 1, 1, 128, mx.float16)
+    assert "no tile plan of STREAM_TILES ((16, 12, 2),)" in msg and "at most 8 simdgroups" in msg, msg
+    assert why(1, 1, 1, 128, mx.float16) is None  # one row: 12 simdgroups are allowed
+
+
 @pytest.mark.emulator_only
 @pytest.mark.parametrize("dtype_name, mask_kind, layout, early", [
     ("float16", "causal", "cache", False), ("bfloat16", "bool", "cache", False), ("float32", "additive", "swapped", False),

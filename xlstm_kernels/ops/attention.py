@@ -1083,15 +1083,22 @@ def _stream_plan(rows: int, d: int, dv: int, dtype: mx.Dtype, backend: str) -> t
 
 
 def _stream_refusal(q, k, v, backend: str) -> str | None:
-    """None where one-launch decode can run this call, else why not."""
+    """None where one-launch decode can run this call, else why not (the first of its
+    conditions that the call fails)."""
     b, hq, lq, d = q.shape
     hkv, dv = k.shape[1], v.shape[3]
     rows = hq // hkv * lq
     if _stream_plan(rows, d, dv, q.dtype, backend) is None:
         itemsize = 4 if q.dtype == mx.float32 else 2
-        return (f"one-launch decode needs rows of K and V in whole 16-byte words (head dims ({d}, {dv}) in "
-                f"{q.dtype} are {d * itemsize} and {dv * itemsize} bytes) and at most {STREAM_MAX_ROWS} query rows "
-                f"per kv head (Hq / Hkv * Lq = {rows})")
+        if (d * itemsize) % 16 or (dv * itemsize) % 16:
+            return (f"one-launch decode needs rows of K and V in whole 16-byte words (head dims ({d}, {dv}) in "
+                    f"{q.dtype} are {d * itemsize} and {dv * itemsize} bytes)")
+        if rows > STREAM_MAX_ROWS:
+            return (f"one-launch decode takes at most {STREAM_MAX_ROWS} query rows per kv head "
+                    f"(Hq / Hkv * Lq = {hq} / {hkv} * {lq} = {rows})")
+        return (f"one-launch decode has no tile plan of STREAM_TILES {STREAM_TILES} within {_stream_budget(backend)} "
+                f"bytes of threadgroup memory for {rows} query rows per kv head and head dims ({d}, {dv}) in {q.dtype} "
+                f"(with more than one row, at most {STREAM_MAX_WARPS_ROWS} simdgroups)")
     return None
 
 
