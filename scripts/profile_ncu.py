@@ -92,6 +92,12 @@ def _cases():
         x = rnd(shape, dtype)
         return lambda: x * 2
 
+    def add_pair(shape, dtype):
+        """a + b by MLX's elementwise kernel: two reads and a write of x's bytes (a norm backward's
+        traffic: x and g in, dx out)."""
+        a, b = rnd(shape, dtype), rnd(shape, dtype)
+        return lambda: a + b
+
     def gemm(op: str, dtype=mx.float16, m=4096, n=4096, k=4096):
         a = rnd((m, k), dtype)
         if op == "gemm_at_b":
@@ -188,6 +194,7 @@ def _cases():
         "ln_vjp_bf16_16k1k_ours": (lambda: ln_vjp(True, mx.bfloat16, rows=16384, n=1024),
                                    "custom_kernel_layer_norm_vjp|norm_partials"),
         "copy_vjp_bf16_16k1k": (lambda: scale_copy((16384, 1536), mx.bfloat16), "binary|multiply"),
+        "add_vjp_bf16_16k1k": (lambda: add_pair((16384, 1024), mx.bfloat16), "binary|add"),
         "rms_vjp_f32_16k1k_ours": (lambda: rms_vjp(True, mx.float32, rows=16384, n=1024),
                                    "custom_kernel_rms_norm_vjp|norm_partials"),
         "mhln_vjp_bf16_4k8x512_ours": (lambda: mhln_vjp(mx.bfloat16, rows=4096, nh=8, dh=512),
