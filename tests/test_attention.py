@@ -1140,6 +1140,9 @@ def test_split_kv_stream_refusal_names_the_reason(monkeypatch):
     msg = why(4, 1, 1, 128, mx.float16)
     assert "no tile plan of STREAM_TILES ((16, 12, 2),)" in msg and "at most 8 simdgroups" in msg, msg
     assert why(1, 1, 1, 128, mx.float16) is None  # one row: 12 simdgroups are allowed
+    monkeypatch.setattr(att, "STREAM_TILES", ((16, 12, 64),))  # far past any threadgroup memory
+    msg = why(1, 1, 1, 128, mx.float16)
+    assert "no tile plan" in msg and "simdgroups" not in msg, msg
 
 
 @pytest.mark.emulator_only

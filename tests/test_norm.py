@@ -483,6 +483,10 @@ def test_vjp_short_pair_units_scale_with_bandwidth(monkeypatch, gbps, units):
     narrow = max(6, units)  # 64-thread units: six a SM (RMS_VJP_STAGED_THREADS_PER_SM), or the scaled count
     assert plan("ln", (4096, 4096), mx.bfloat16, 8) == (narrow, sms * narrow // 8)
     assert norm_mod._short_pair_units(8192, 128, 160) == (units, 160 if units == 3 else 65536 // (units * 128))
+    # rows of 768 do not tile with 64 threads (12 elements): they keep their 96-thread units
+    x768 = mx.zeros((4096, 768), dtype=mx.bfloat16)
+    _, kw768, _ = norm_mod._vjp_plan("rms", x768, mx.zeros((768,), dtype=mx.bfloat16), False, x768, EPS)
+    assert kw768["threadgroup"] == (96, 1, 1) and dict(kw768["template"])["STAGED"], kw768["threadgroup"]
     monkeypatch.setattr(norm_mod, "RMS_VJP_NARROW_MAX_N", 0)
     assert plan("rms", (16384, 1024), mx.bfloat16) == (units, sms * units)
     monkeypatch.setattr(norm_mod, "RMS_VJP_SHORT_PAIR_BYTES", 0)

@@ -1096,9 +1096,10 @@ def _stream_refusal(q, k, v, backend: str) -> str | None:
         if rows > STREAM_MAX_ROWS:
             return (f"one-launch decode takes at most {STREAM_MAX_ROWS} query rows per kv head "
                     f"(Hq / Hkv * Lq = {hq} / {hkv} * {lq} = {rows})")
+        warps = f" (with more than one row, at most {STREAM_MAX_WARPS_ROWS} simdgroups)" if rows > 1 else ""
         return (f"one-launch decode has no tile plan of STREAM_TILES {STREAM_TILES} within {_stream_budget(backend)} "
-                f"bytes of threadgroup memory for {rows} query rows per kv head and head dims ({d}, {dv}) in {q.dtype} "
-                f"(with more than one row, at most {STREAM_MAX_WARPS_ROWS} simdgroups)")
+                f"bytes of threadgroup memory for {rows} query rows per kv head and head dims ({d}, {dv}) in "
+                f"{q.dtype}{warps}")
     return None
 
 

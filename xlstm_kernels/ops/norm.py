@@ -234,15 +234,18 @@ RMS_VJP_STAGED_REGISTERS = 160
 # units (kept at three). The H100 and slower GPUs plan three as before. 0: off.
 RMS_VJP_SHORT_PAIR_BYTES = 8192
 RMS_VJP_UNITS_REF_GBPS = 3350.0
-# ... and on such faster GPUs, 16-bit rows of at most RMS_VJP_NARROW_MAX_N elements stage in
-# units of RMS_VJP_NARROW_THREADS threads (16 elements a thread on a row of 1024; six units a SM
-# by RMS_VJP_STAGED_THREADS_PER_SM) rather than RMS_VJP_STAGED_THREADS_CUDA: twice the units
-# for the same threads, each row's sums over two simdgroups instead of four. H200, session 47
-# (Nsight Compute, warm caches, bf16 16384x1024): RMSNorm backward kernel 32.3 -> 29.2 us,
-# LayerNorm 35.7 -> 28.8 (MLX's a + g on the same bytes: 25.1); marginal chains
-# (probe_norm_marginal.py) 74 -> 84% and 68 -> 82% of the copy; 16-bit rows of 2048 and
-# float32 rows were no faster (float32 LayerNorm 16384x1024 99 -> 91%), so they keep 128.
-# Not measured on the H100, which keeps its plans (its bandwidth is the reference). 0: off.
+# ... and on GPUs whose preset bandwidth passes RMS_VJP_UNITS_REF_GBPS (whatever
+# RMS_VJP_SHORT_PAIR_BYTES says; the presets: H200 / GH200), 16-bit rows of at most
+# RMS_VJP_NARROW_MAX_N elements that RMS_VJP_NARROW_THREADS threads tile exactly (in effect rows
+# of 1024: shorter ones had such units already, 513-1023 keep their wider ones) stage in units of
+# that many threads (16 elements a thread; six units a SM by RMS_VJP_STAGED_THREADS_PER_SM)
+# rather than RMS_VJP_STAGED_THREADS_CUDA: twice the units for the same threads, each row's sums
+# over two simdgroups instead of four. H200, session 47 (Nsight Compute, warm caches, bf16
+# 16384x1024): RMSNorm backward kernel 32.3 -> 29.2 us, LayerNorm 35.7 -> 28.8 (MLX's a + b on
+# the same shape: 25.1); marginal chains (probe_norm_marginal.py) 74-77 -> 81-87% and 68-71 ->
+# 82-84% of the copy; 16-bit rows of 2048 and float32 rows were no faster with 64-thread units
+# (float32 LayerNorm 16384x1024 99 -> 91%), so they keep 128. Not measured on the H100, which
+# keeps its plans (its bandwidth is the reference). 0: off.
 RMS_VJP_NARROW_MAX_N = 1024
 RMS_VJP_NARROW_THREADS = 64
 RMS_VJP_STAGED_STRIDED = True  # a unit takes every groups-th row (as MLX's), not consecutive ones
