@@ -514,6 +514,47 @@ def test_vjp_short_pair_units_grads(kernel_backend, monkeypatch, fresh_norm_call
     _check_grads(kind, (37, 1024), dtype, True, kind == "ln", seed=seed_of("short-units", kind, str(dtype), narrow))
 
 
+def _one_simd_staged(monkeypatch):
+    """Plan as on an H200 of two SMs with staged one-simdgroup units (RMS_VJP_STAGED_ONE_SIMD,
+    RMS_VJP_NARROW_THREADS = 32: 16-bit rows of 256-1024 in 32-thread units)."""
+    monkeypatch.setattr(norm_mod, "_plans_for_cuda", lambda: True)
+    monkeypatch.setattr(norm_mod, "_device_bandwidth_gbs", lambda: 4800.0)
+    monkeypatch.setattr(norm_mod, "RMS_VJP_SMS_CUDA", 2)
+    monkeypatch.setattr(norm_mod, "RMS_VJP_STAGED_ONE_SIMD", True)
+    monkeypatch.setattr(norm_mod, "RMS_VJP_NARROW_THREADS", 32)
+
+
+@pytest.mark.parametrize("kind", ["rms", "ln"])
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16])
+@pytest.mark.parametrize("n, nh", [(1024, 1), (512, 1), (1024, 2), (256, 1)])
+def test_vjp_staged_one_simd_grads(kernel_backend, monkeypatch, fresh_norm_calls, kind, dtype, n, nh):
+    """Staged units of one simdgroup (one a threadgroup, row sums by shuffles alone): the plan,
+    then the gradients (dx, dw, db) against float64 on rows that strided units share."""
+    _one_simd_staged(monkeypatch)
+    x = mx.zeros((37, n), dtype=dtype)
+    _, kw, groups = norm_mod._vjp_plan(kind, x, mx.zeros((n,), dtype=dtype), kind == "ln", x, EPS, nh)
+    t = dict(kw["template"])
+    assert kw["threadgroup"] == (32, 1, 1) and t["ONE_SIMD"] and t["STAGED"] and t["TGSUM"] == 0, (kw["threadgroup"], t)
+    assert t["N_READS"] == n // nh // 32 and t["STRIDED"], t
+    _check_grads(kind, (37, n), dtype, True, kind == "ln", nh=nh, seed=seed_of("one-simd-staged", kind, str(dtype), n, nh))
+
+
+@pytest.mark.emulator_only
+@pytest.mark.parametrize("kind", ["rms", "ln"])
+def test_vjp_staged_one_simd_schedules(monkeypatch, kind):
+    """Staged one-simdgroup units under every thread order: bit-identical, in bounds (each lane
+    reads back only its own staged runs; no barrier a row)."""
+    from xlstm_kernels.emulate import check_schedules
+
+    _one_simd_staged(monkeypatch)
+    rng = np.random.default_rng(seed_of("one-simd-schedules", kind))
+    x, w, _ = make(rng, (9, 512), mx.bfloat16, True, kind == "ln")
+    g = rand(rng, (9, 512), mx.bfloat16)
+    spec, kw, groups = norm_mod._vjp_plan(kind, x, w, kind == "ln", g, EPS)
+    assert dict(kw["template"])["ONE_SIMD"] and dict(kw["template"])["STAGED"] and groups == 9, (kw["template"], groups)
+    check_schedules(runtime.get_kernel(spec, "emulate"), seeds=(1, 2), check_bounds=True, **kw)
+
+
 def test_ln_vjp_wide_threads_register_hint(monkeypatch):
     """LayerNorm's staged units whose threads hold LN_VJP_WIDE_READS or more elements are
     planned at LN_VJP_STAGED_REGISTERS (16-bit rows of 4096: two units a SM, not three);

@@ -248,6 +248,12 @@ RMS_VJP_UNITS_REF_GBPS = 3350.0
 # keeps its plans (its bandwidth is the reference). 0: off.
 RMS_VJP_NARROW_MAX_N = 1024
 RMS_VJP_NARROW_THREADS = 64
+# Staged units of one simdgroup: where a staged row's layout is 32 threads (RMS_VJP_NARROW_THREADS
+# = 32 gives it to 16-bit rows of 256-1024), the unit is one simdgroup a threadgroup, its row sums
+# by shuffles alone (the kernels' ONE_SIMD: no threadgroup barrier a row). Off (False): such
+# layouts are not staged. Built in session 47 for multi-head LayerNorm 4096x8x512 backward (68%
+# of copy on the H200 at 64-thread units), tested on the emulator, not yet timed on a GPU.
+RMS_VJP_STAGED_ONE_SIMD = False
 RMS_VJP_STAGED_STRIDED = True  # a unit takes every groups-th row (as MLX's), not consecutive ones
 # Stage through L1 (cp.async.ca, as MLX's kernel) instead of bypassing it (.cg): H200, Nsight
 # Compute bf16 4096x4096 44.8 against 41.3 us, the probe within its noise (session 13).
@@ -725,7 +731,10 @@ def _vjp_plan(
             sthreads = max(least, _pow2_at_least(-(-n // RMS_VJP_STAGED_MAX_READS)))
             slay = _layout(n, m * num_heads, itemsize=dtype.size, vjp=True, vjp_threads=sthreads,
                            max_reads=RMS_VJP_STAGED_MAX_READS)
-            if sthreads <= 1024 and not slay.looped and not slay.one_simd and slay.tpr * slay.n_reads == n:
+            one_ok = not slay.one_simd or (RMS_VJP_STAGED_ONE_SIMD and slay.tpr == 32)
+            if sthreads <= 1024 and not slay.looped and one_ok and slay.tpr * slay.n_reads == n:
+                if slay.one_simd:  # one unit (one simdgroup) a threadgroup, as every staged unit
+                    slay = _Layout(False, True, 32, 1, slay.n_reads)
                 lay, threads, staged = slay, sthreads, True
                 stages = _vjp_stages(2 * n * dtype.size)
                 stage_bytes += 2 * (stages - 2) * n * dtype.size
@@ -759,7 +768,7 @@ def _vjp_plan(
     units = groups * num_heads
     if tgsum:
         lay = _Layout(False, True, 32, tgsum, lay.n_reads)
-    elif lay.one_simd:
+    elif lay.one_simd and not staged:
         lay = _Layout(False, True, 32, max(1, min(SIMD_ROWS, units)), lay.n_reads)
     pdt = _partials_dtype(dtype, lay.looped)
     template: list[tuple[str, Any]] = [("T", dtype)] + ([] if lay.looped else [("PT", pdt)])
