@@ -8,7 +8,7 @@ Cases (PROBE_NM_CASES, space-separated ``op:shape:dtype``; op ln, mhln<heads>, r
 ``ln:16384x1024:bfloat16 mhln8:4096x4096:bfloat16`` ...
 Variants (PROBE_NM_VARIANTS, ``|``-separated ``name:SETTING,SETTING``): a SETTING is
 ``ENV_VAR=value`` (a knob variable such as XLSTM_LAYER_NORM_N_READS) or ``ATTR=value``
-(an int module constant of ops.norm); ``auto`` is the op as shipped. Every variant resets
+(an int, bool or float module constant of ops.norm); ``auto`` is the op as shipped. Every variant resets
 the others' settings and clears the norm call memo before its chains.
 Each line (scripts/marginal_probe.py): fastest quarter / median over REPEATS rounds of the
 marginal time a call (us) and that time as a share of the copy bandwidth measured at the
@@ -33,7 +33,8 @@ from xlstm_kernels.ops import norm as norm_ops  # noqa: E402
 REPEATS = int(os.environ.get("PROBE_NM_REPEATS", "9"))
 CASES = os.environ.get("PROBE_NM_CASES", "ln:16384x1024:bfloat16 mhln8:4096x4096:bfloat16 rms:16384x1024:bfloat16").split()
 VARIANTS = parse_variants(os.environ.get("PROBE_NM_VARIANTS", "auto|nr16:XLSTM_LAYER_NORM_N_READS=16"))
-SHIPPED = {a: getattr(norm_ops, a) for a in dir(norm_ops) if a.isupper() and isinstance(getattr(norm_ops, a), int)}
+SHIPPED = {a: getattr(norm_ops, a) for a in dir(norm_ops)
+           if a.isupper() and isinstance(getattr(norm_ops, a), (int, float))}
 
 
 def configure(settings: list[str]) -> None:
@@ -47,9 +48,10 @@ def configure(settings: list[str]) -> None:
         if k.startswith("XLSTM_"):
             os.environ[k] = v
         elif k in SHIPPED:
-            setattr(norm_ops, k, type(SHIPPED[k])(int(v)))
+            kind = type(SHIPPED[k])
+            setattr(norm_ops, k, kind(float(v)) if kind is float else kind(int(v)))
         else:
-            raise SystemExit(f"probe_norm_marginal: unknown setting {s!r} (an XLSTM_* variable or an int constant of ops.norm)")
+            raise SystemExit(f"probe_norm_marginal: unknown setting {s!r} (an XLSTM_* variable or a numeric constant of ops.norm)")
     norm_ops._CALLS.clear()
 
 
