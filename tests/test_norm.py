@@ -480,7 +480,9 @@ def test_vjp_short_pair_units_scale_with_bandwidth(monkeypatch, gbps, units):
         narrow_1024 = max(6, units) if gbps > norm_mod.RMS_VJP_UNITS_REF_GBPS else units
         assert plan(kind, (16384, 1024), mx.bfloat16) == (narrow_1024, sms * narrow_1024), (kind, gbps)
     assert plan("rms", (4096, 4096), mx.bfloat16) == (3, sms * 3)
-    narrow = max(6, units)  # 64-thread units: six a SM (RMS_VJP_STAGED_THREADS_PER_SM), or the scaled count
+    # heads of 512: on GPUs faster than the H100 one-simdgroup units, eight a SM
+    # (RMS_VJP_ONE_SIMD_*); else 64-thread units, six a SM (RMS_VJP_STAGED_THREADS_PER_SM) or the scaled count
+    narrow = 8 if gbps > norm_mod.RMS_VJP_UNITS_REF_GBPS else max(6, units)
     assert plan("ln", (4096, 4096), mx.bfloat16, 8) == (narrow, sms * narrow // 8)
     assert norm_mod._short_pair_units(8192, 128, 160) == (units, 160 if units == 3 else 65536 // (units * 128))
     # rows of 768 do not tile with 64 threads (12 elements): they keep their 96-thread units
@@ -522,6 +524,61 @@ def _one_simd_staged(monkeypatch):
     monkeypatch.setattr(norm_mod, "RMS_VJP_SMS_CUDA", 2)
     monkeypatch.setattr(norm_mod, "RMS_VJP_STAGED_ONE_SIMD", True)
     monkeypatch.setattr(norm_mod, "RMS_VJP_NARROW_THREADS", 32)
+
+
+@pytest.mark.parametrize("gbps", [3350.0, 4800.0])
+def test_vjp_one_simd_rule_plans(monkeypatch, gbps):
+    """The shipped rule (RMS_VJP_STAGED_ONE_SIMD, RMS_VJP_ONE_SIMD_MAX_N,
+    RMS_VJP_ONE_SIMD_PAIR_BYTES_PER_SM): on GPUs faster than the H100 16-bit rows (and heads)
+    of 256 and 512 stage in one-simdgroup units, twelve and eight a SM; rows of 1024 keep
+    64-thread units, float32 rows and the H100 their plans; rows of 128 are not staged; off
+    (the flag False, or RMS_VJP_ONE_SIMD_MAX_N 0), rows of 512 take 64-thread units again."""
+    monkeypatch.setattr(norm_mod, "_plans_for_cuda", lambda: True)
+    monkeypatch.setattr(norm_mod, "_device_bandwidth_gbs", lambda: gbps)
+    fast = gbps > norm_mod.RMS_VJP_UNITS_REF_GBPS
+
+    def plan(kind, n, dt, nh=1):
+        x = mx.zeros((4096, n * nh), dtype=dt)
+        _, kw, _ = norm_mod._vjp_plan(kind, x, mx.zeros((n * nh,), dtype=dt), kind == "ln", x, EPS, nh)
+        t = dict(kw["template"])
+        return kw["threadgroup"][0], t["ONE_SIMD"], t["STAGED"], t.get("XK_MIN_BLOCKS")
+
+    for kind in ("rms", "ln"):
+        for dt in (mx.bfloat16, mx.float16):
+            for nh in (1, 8):
+                assert plan(kind, 512, dt, nh) == ((32, True, True, 8) if fast else (64, False, True, 6)), (kind, dt, nh)
+                if fast:
+                    assert plan(kind, 256, dt, nh) == (32, True, True, 12), (kind, dt, nh)
+                else:
+                    assert not plan(kind, 256, dt, nh)[2], (kind, dt, nh)
+            assert plan(kind, 1024, dt)[:2] == ((64, False) if fast else (128, False)), (kind, dt)
+            assert not plan(kind, 128, dt)[2], (kind, dt)
+        assert plan(kind, 512, mx.float32)[:3] == (128, False, True), kind
+    if fast:
+        monkeypatch.setattr(norm_mod, "RMS_VJP_ONE_SIMD_PAIR_BYTES_PER_SM", 0)  # no cap: the threads' twelve
+        assert plan("ln", 512, mx.bfloat16, 8) == (32, True, True, 12)
+    for off in (("RMS_VJP_STAGED_ONE_SIMD", False), ("RMS_VJP_ONE_SIMD_MAX_N", 0)):
+        with monkeypatch.context() as m:
+            m.setattr(norm_mod, *off)
+            assert plan("rms", 512, mx.bfloat16) == (64, False, True, 6), off
+
+
+@pytest.mark.parametrize("kind", ["rms", "ln"])
+@pytest.mark.parametrize("n, nh", [(512, 1), (512, 2), (256, 1)])
+def test_vjp_one_simd_rule_grads(kernel_backend, monkeypatch, fresh_norm_calls, kind, n, nh):
+    """The shipped one-simdgroup rule planned as on an H200 of two SMs (rows of 512 eight units
+    a SM, rows and heads of 256 twelve; 37 rows strided over them): dx, dw, db of bf16 rows
+    against the float32 reference ops."""
+    monkeypatch.setattr(norm_mod, "_plans_for_cuda", lambda: True)
+    monkeypatch.setattr(norm_mod, "_device_bandwidth_gbs", lambda: 4800.0)
+    monkeypatch.setattr(norm_mod, "RMS_VJP_SMS_CUDA", 2)
+    x = mx.zeros((37, n), dtype=mx.bfloat16)
+    _, kw, groups = norm_mod._vjp_plan(kind, x, mx.zeros((n,), dtype=mx.bfloat16), kind == "ln", x, EPS, nh)
+    t = dict(kw["template"])
+    units = 8 if n // nh == 512 else 12
+    assert kw["threadgroup"] == (32, 1, 1) and t["ONE_SIMD"] and t["STAGED"] and t["XK_MIN_BLOCKS"] == units, t
+    assert groups == 2 * units // nh, groups
+    _check_grads(kind, (37, n), mx.bfloat16, True, kind == "ln", nh=nh, seed=seed_of("one-simd-rule", kind, n, nh))
 
 
 @pytest.mark.parametrize("kind", ["rms", "ln"])

@@ -248,12 +248,29 @@ RMS_VJP_UNITS_REF_GBPS = 3350.0
 # keeps its plans (its bandwidth is the reference). 0: off.
 RMS_VJP_NARROW_MAX_N = 1024
 RMS_VJP_NARROW_THREADS = 64
-# Staged units of one simdgroup: where a staged row's layout is 32 threads (RMS_VJP_NARROW_THREADS
-# = 32 gives it to 16-bit rows of 256-1024), the unit is one simdgroup a threadgroup, its row sums
-# by shuffles alone (the kernels' ONE_SIMD: no threadgroup barrier a row). Off (False): such
-# layouts are not staged. Built in session 47 for multi-head LayerNorm 4096x8x512 backward (68%
-# of copy on the H200 at 64-thread units), tested on the emulator, not yet timed on a GPU.
-RMS_VJP_STAGED_ONE_SIMD = False
+# Staged units of one simdgroup: where a staged row's layout is 32 threads, the unit is one
+# simdgroup a threadgroup, its row sums by shuffles alone (the kernels' ONE_SIMD: no threadgroup
+# barrier a row); 12 units a SM by RMS_VJP_STAGED_THREADS_PER_SM. On GPUs whose preset
+# bandwidth passes RMS_VJP_UNITS_REF_GBPS (as the narrow units above), 16-bit rows of at most
+# RMS_VJP_ONE_SIMD_MAX_N elements try 32 threads first: in effect rows of 256 and 512 (shorter
+# ones are not staged; rows of 1024 were no faster, their kernel 29.2 -> 29.3 us and their
+# partials' sum 5.0 -> 8.0 with twice the units). H200, session 48, marginal chains
+# (probe_norm_marginal.py, share of the copy, 64-thread or unstaged units -> one simdgroup):
+# bf16 RMSNorm 65536x256 62 -> 92%, LayerNorm 65536x256 42 -> 88%, RMSNorm 32768x512 72 -> 88%
+# (fp16 72 -> 84%), LayerNorm 32768x512 69 -> 82%, multi-head LayerNorm 4096x8x512 66 -> 79%
+# (fp16 67 -> 77%); Nsight Compute, that last kernel 35.6 -> 29.2 us. float32 rows of 512 and
+# 16-bit rows of 768 (96-thread layouts) do not change. Not measured on the H100. False: such
+# layouts are not staged; 0: no rows try 32 threads first (RMS_VJP_NARROW_THREADS = 32 still
+# gives them to every 16-bit row of 256-1024).
+RMS_VJP_STAGED_ONE_SIMD = True
+RMS_VJP_ONE_SIMD_MAX_N = 512
+# ... and no more one-simdgroup units a SM than hold RMS_VJP_ONE_SIMD_PAIR_BYTES_PER_SM bytes
+# of their rows' x and g (a row each): rows of 512 eight a SM, rows of 256 twelve (the threads'
+# cap). H200, session 48, marginal chains, share of the copy at 12 -> 8 units a SM: multi-head
+# LayerNorm 4096x8x512 79-80 -> 84-85%, RMSNorm 32768x512 85 -> 87-89%, LayerNorm 32768x512
+# 84-85 -> 89-90%; rows of 256 lost at 8 (RMSNorm 65536x256 86-90 -> 78-80%, LayerNorm 83-84
+# -> 76%) and read the same at 16 as at 12. 0: no cap.
+RMS_VJP_ONE_SIMD_PAIR_BYTES_PER_SM = 16384
 RMS_VJP_STAGED_STRIDED = True  # a unit takes every groups-th row (as MLX's), not consecutive ones
 # Stage through L1 (cp.async.ca, as MLX's kernel) instead of bypassing it (.cg): H200, Nsight
 # Compute bf16 4096x4096 44.8 against 41.3 us, the probe within its noise (session 13).
@@ -612,14 +629,18 @@ def _stage_cap(budget: int) -> int:
     return min(budget, cuda_limits.shared_bytes_per_block() - 2048)
 
 
-def _staged_units_per_sm(tpr: int, smem_bytes: int, registers: int | None = None, units: int | None = None) -> int:
+def _staged_units_per_sm(tpr: int, smem_bytes: int, registers: int | None = None, units: int | None = None,
+                         pair_bytes: int = 0) -> int:
     """Units of the staged RMSNorm backward (`tpr` threads, `smem_bytes` of threadgroup
     memory each) to plan per SM: `units` (default RMS_VJP_STAGED_UNITS_PER_SM), or
-    RMS_VJP_STAGED_THREADS_PER_SM threads' worth of narrower units, fewer where their registers
-    (at the `registers` hint, default RMS_VJP_STAGED_REGISTERS) or shared memory do not fit one
-    SM; at least 1."""
+    RMS_VJP_STAGED_THREADS_PER_SM threads' worth of narrower units, units of one simdgroup no
+    more than RMS_VJP_ONE_SIMD_PAIR_BYTES_PER_SM holds of rows whose x and g take `pair_bytes`,
+    fewer where their registers (at the `registers` hint, default RMS_VJP_STAGED_REGISTERS) or
+    shared memory do not fit one SM; at least 1."""
     registers = RMS_VJP_STAGED_REGISTERS if registers is None else registers
     per = max(RMS_VJP_STAGED_UNITS_PER_SM if units is None else units, RMS_VJP_STAGED_THREADS_PER_SM // tpr)
+    if tpr == 32 and pair_bytes and RMS_VJP_ONE_SIMD_PAIR_BYTES_PER_SM:
+        per = min(per, max(1, RMS_VJP_ONE_SIMD_PAIR_BYTES_PER_SM // pair_bytes))
     if registers > 0:
         per = min(per, 65536 // (registers * tpr))
     return max(1, min(per, _smem_per_sm() // (smem_bytes + 1024)))
@@ -658,12 +679,18 @@ def _short_pair_units(pair_bytes: int, tpr: int, registers: int) -> tuple[int, i
 def _staged_min_threads(n: int, dtype: mx.Dtype) -> tuple[int, ...]:
     """The fewest threads a staged backward unit may have for rows of `n` elements of `dtype`,
     in the order to try them (the first whose layout tiles the row exactly is planned):
-    RMS_VJP_NARROW_THREADS first for 16-bit rows of at most RMS_VJP_NARROW_MAX_N elements on a
-    GPU faster than RMS_VJP_UNITS_REF_GBPS, then RMS_VJP_STAGED_THREADS_CUDA."""
-    if (RMS_VJP_NARROW_MAX_N and dtype.size == 2 and n <= RMS_VJP_NARROW_MAX_N
-            and _device_bandwidth_gbs() > RMS_VJP_UNITS_REF_GBPS):
-        return (RMS_VJP_NARROW_THREADS, RMS_VJP_STAGED_THREADS_CUDA)
-    return (RMS_VJP_STAGED_THREADS_CUDA,)
+    on a GPU faster than RMS_VJP_UNITS_REF_GBPS, 16-bit rows try 32 (one simdgroup, where
+    RMS_VJP_STAGED_ONE_SIMD, up to RMS_VJP_ONE_SIMD_MAX_N elements), then RMS_VJP_NARROW_THREADS
+    (up to RMS_VJP_NARROW_MAX_N), then RMS_VJP_STAGED_THREADS_CUDA; other rows and GPUs only
+    RMS_VJP_STAGED_THREADS_CUDA."""
+    if not (dtype.size == 2 and _device_bandwidth_gbs() > RMS_VJP_UNITS_REF_GBPS):
+        return (RMS_VJP_STAGED_THREADS_CUDA,)
+    tries = [RMS_VJP_STAGED_THREADS_CUDA]
+    if RMS_VJP_NARROW_MAX_N and n <= RMS_VJP_NARROW_MAX_N:
+        tries.insert(0, RMS_VJP_NARROW_THREADS)
+    if RMS_VJP_STAGED_ONE_SIMD and RMS_VJP_ONE_SIMD_MAX_N and n <= RMS_VJP_ONE_SIMD_MAX_N:
+        tries.insert(0, 32)
+    return tuple(dict.fromkeys(tries))
 
 
 def _vjp_stages(pair_bytes: int) -> int:
@@ -731,7 +758,8 @@ def _vjp_plan(
             sthreads = max(least, _pow2_at_least(-(-n // RMS_VJP_STAGED_MAX_READS)))
             slay = _layout(n, m * num_heads, itemsize=dtype.size, vjp=True, vjp_threads=sthreads,
                            max_reads=RMS_VJP_STAGED_MAX_READS)
-            one_ok = not slay.one_simd or (RMS_VJP_STAGED_ONE_SIMD and slay.tpr == 32)
+            # one simdgroup only where 32 threads were asked for (not rows too short for more)
+            one_ok = not slay.one_simd or (RMS_VJP_STAGED_ONE_SIMD and least == 32 and slay.tpr == 32)
             if sthreads <= 1024 and not slay.looped and one_ok and slay.tpr * slay.n_reads == n:
                 if slay.one_simd:  # one unit (one simdgroup) a threadgroup, as every staged unit
                     slay = _Layout(False, True, 32, 1, slay.n_reads)
@@ -749,7 +777,7 @@ def _vjp_plan(
     else:
         target = VJP_TARGET_THREADS
         if staged:
-            target = RMS_VJP_SMS_CUDA * _staged_units_per_sm(lay.tpr, stage_bytes, regs, units_per_sm) * lay.tpr
+            target = RMS_VJP_SMS_CUDA * _staged_units_per_sm(lay.tpr, stage_bytes, regs, units_per_sm, 2 * n * dtype.size) * lay.tpr
         elif rms_cuda and not lay.looped and lay.tpr == threads:
             target = RMS_VJP_TARGET_THREADS_CUDA
         target_units = max(1, target // lay.tpr)
@@ -792,7 +820,7 @@ def _vjp_plan(
             template.append(("MOM", bool(staged and LN_MOMENTS)))
         template.append(("TGSUM", tgsum))
         if staged and regs > 0:
-            template.append(("XK_MIN_BLOCKS", _staged_units_per_sm(lay.tpr, stage_bytes, regs, units_per_sm)))
+            template.append(("XK_MIN_BLOCKS", _staged_units_per_sm(lay.tpr, stage_bytes, regs, units_per_sm, 2 * n * dtype.size)))
         elif full:
             template += _occupancy_hint(VJP_REGISTERS, lay.tpr * lay.rows_per_tg)
     r = lay.rows_per_tg
