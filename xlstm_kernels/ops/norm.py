@@ -261,12 +261,12 @@ RMS_VJP_NARROW_THREADS = 64
 # (fp16 67 -> 77%); Nsight Compute, that last kernel 35.6 -> 29.2 us. float32 rows of 512 and
 # 16-bit rows of 768 (96-thread layouts) do not change. Not measured on the H100. False: such
 # layouts are not staged; 0: no rows try 32 threads first (RMS_VJP_NARROW_THREADS = 32 still
-# gives them to every 16-bit row of 256-1024).
+# gives them to every 16-bit row of 256-1024, under the cap below: rows of 1024 four a SM).
 RMS_VJP_STAGED_ONE_SIMD = True
 RMS_VJP_ONE_SIMD_MAX_N = 512
-# ... and no more one-simdgroup units a SM than hold RMS_VJP_ONE_SIMD_PAIR_BYTES_PER_SM bytes
-# of their rows' x and g (a row each): rows of 512 eight a SM, rows of 256 twelve (the threads'
-# cap). H200, session 48, marginal chains, share of the copy at 12 -> 8 units a SM: multi-head
+# ... and no more one-simdgroup units a SM (any 32-thread staged unit) than hold
+# RMS_VJP_ONE_SIMD_PAIR_BYTES_PER_SM bytes of their rows' x and g (a row each): rows of 512
+# eight a SM, rows of 256 twelve (the threads' cap). H200, session 48, marginal chains, share of the copy at 12 -> 8 units a SM: multi-head
 # LayerNorm 4096x8x512 79-80 -> 84-85%, RMSNorm 32768x512 85 -> 87-89%, LayerNorm 32768x512
 # 84-85 -> 89-90%; rows of 256 lost at 8 (RMSNorm 65536x256 86-90 -> 78-80%, LayerNorm 83-84
 # -> 76%) and read the same at 16 as at 12. 0: no cap.
