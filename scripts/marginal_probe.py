@@ -9,12 +9,19 @@ Each case prints one line: per side the fastest quarter / median over `repeats` 
 marginal time a call (us), the fastest quarter as % of the copy bandwidth measured at the
 start (``copy``: copy_words of x, its 2 x bytes; the others: `moved_bytes`), and for MLX and
 our variants the host's microseconds a call to build 50 chained calls (nothing evaluated).
+
+The chains do not keep their outputs unless ``PROBE_KEEP=1``: then every call's output stays
+referenced until the chain is evaluated, as the norm bench's marginal rows do. Without it, an
+MLX op that writes over a donatable input (MLX's CUDA norms) keeps one buffer where ours
+alternate two; on rows of 32 MiB that made MLX's norms 1.1-1.4x faster (session 48,
+scripts/probe_donation.py). Our variants compare alike either way.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -26,6 +33,7 @@ from xlstm_kernels.benchmarks import timing
 from xlstm_kernels.benchmarks.copy_rate import copy_words, measure_copy_rate
 
 Variant = tuple[str, list[str]]
+KEEP = os.environ.get("PROBE_KEEP", "0") == "1"  # keep every output (no donation), as the bench
 
 
 def parse_variants(text: str) -> list[Variant]:
@@ -57,7 +65,8 @@ def run_probe(name: str, cases: Sequence[str], make_case: Callable, configure: C
     t0 = time.perf_counter()
     copy = measure_copy_rate()
     gbps = copy["gbps"]
-    print(f"device {mx.device_info().get('device_name', '?')}; copy {gbps:,.0f} GB/s; variants "
+    print(f"device {mx.device_info().get('device_name', '?')}; copy {gbps:,.0f} GB/s; outputs "
+          f"{'kept' if KEEP else 'not kept'}; variants "
           + " | ".join(f"{n}: {','.join(s) or 'shipped'}" for n, s in variants), flush=True)
     rows = []
     for spec in cases:
@@ -65,7 +74,7 @@ def run_probe(name: str, cases: Sequence[str], make_case: Callable, configure: C
         sides = [("copy", lambda: (configure([]), copy_words)[1]), ("mlx", lambda: (configure([]), mlx)[1])]
         sides += [(n, (lambda s: lambda: (configure(s), ours)[1])(settings)) for n, settings in variants]
         configure([])
-        t = timing.measure_chained_variants(sides, x, repeats=repeats, marginal=True)
+        t = timing.measure_chained_variants(sides, x, repeats=repeats, marginal=True, keep=KEEP)
         line = {}
         for side, s in t.items():
             q, med = timing.fastest_quarter(s), statistics.median(s)
