@@ -89,7 +89,7 @@ def run_probe(name: str, cases: Sequence[str], make_case: Callable, configure: C
     configure([])
     if args.out:
         with open(args.out, "w") as fh:
-            json.dump({"copy": copy, "variants": list(variants), "rows": rows, "seconds": time.perf_counter() - t0},
+            json.dump({"copy": copy, "keep": KEEP, "variants": list(variants), "rows": rows, "seconds": time.perf_counter() - t0},
                       fh, indent=1)
     print(f"{time.perf_counter() - t0:.0f} s")
     return 0
