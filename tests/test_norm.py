@@ -882,6 +882,64 @@ def test_multihead_odd_head_slices(kernel_backend, nh, dh):
     _check_grads("ln", (3, nh * dh), mx.float32, True, True, nh=nh, seed=seed_of("gmhodd", nh, dh))
 
 
+def _head_major_plan(x, w, b, nh):
+    spec, kw = norm_mod._plan("ln", x, w, b, EPS, nh)
+    return dict(kw["template"]), kw
+
+
+@pytest.mark.parametrize("dtype,outer,nh,dh", [(d, *c) for d in DTYPES for c in ((37, 3, 64), (5, 8, 128), (9, 4, 33), (2, 3, 5))]
+                         + [("bfloat16", 5, 8, 512), ("float16", 11, 8, 512)])
+@pytest.mark.parametrize("has_w,has_b", [(True, True), (True, False), (False, True)])
+def test_multihead_forward_head_major(kernel_backend, monkeypatch, fresh_norm_calls, dtype, outer, nh, dh, has_w, has_b):
+    """LN_HEAD_MAJOR: multi-head LayerNorm's rows of one simdgroup in head-major threadgroups
+    (each threadgroup one head of up to R consecutive outer rows; outer rows not a multiple of
+    R leave simdgroups idle): the plan (HM, the grid) and y against float64, on FULL heads (64,
+    128; 16-bit 512) and the general path (33, 5), each head with its own weight and bias slice;
+    planned as on CUDA (16-bit heads of 512: one simdgroup of 16 elements a lane)."""
+    monkeypatch.setattr(norm_mod, "LN_HEAD_MAJOR", True)
+    monkeypatch.setattr(norm_mod, "_plans_for_cuda", lambda: True)
+    dt = DTYPES[dtype]
+    rng = np.random.default_rng(seed_of("head-major", dtype, outer, nh, dh, has_w, has_b))
+    x, w, b = make(rng, (outer, nh * dh), dt, has_w, has_b)
+    t, kw = _head_major_plan(x, w, b, nh)
+    r = kw["threadgroup"][1]
+    assert t["HM"] and t["ONE_SIMD"] and r > 1, (t, kw["threadgroup"])
+    assert kw["grid"][1] == r * nh * -(-outer // r), (kw["grid"], r)
+    y = multihead_layer_norm(x, w, b, nh, EPS)
+    assert y.dtype == dt and y.shape == x.shape
+    assert rel_err(y, ln_ref64(x, w, b, num_heads=nh)) < tol(dt)
+
+
+def test_multihead_forward_head_major_plan(monkeypatch):
+    """HM only where LN_HEAD_MAJOR holds, with several heads of rows of one simdgroup, several
+    simdgroups a threadgroup and a weight or bias; the grid of the row-major form otherwise."""
+    rng = np.random.default_rng(seed_of("head-major-plan"))
+    x, w, b = make(rng, (37, 4 * 64), mx.bfloat16, True, True)
+    assert not _head_major_plan(x, w, b, 4)[0]["HM"]  # off as shipped
+    monkeypatch.setattr(norm_mod, "LN_HEAD_MAJOR", True)
+    assert _head_major_plan(x, w, b, 4)[0]["HM"]
+    assert not _head_major_plan(x, None, None, 4)[0]["HM"]  # nothing to share
+    t, kw = _head_major_plan(x, w, b, 1)  # one head: rows of 256, row-major
+    assert not t["HM"] and kw["grid"][1] == kw["threadgroup"][1] * -(-37 // kw["threadgroup"][1])
+    xl, wl, bl = make(rng, (2, 2 * 4100), mx.float32, True, True)  # looped heads: no HM entry
+    assert "HM" not in _head_major_plan(xl, wl, bl, 2)[0]
+
+
+@pytest.mark.emulator_only
+@pytest.mark.parametrize("outer,nh,dh", [(9, 4, 64), (5, 3, 33)])
+def test_multihead_forward_head_major_schedules(monkeypatch, outer, nh, dh):
+    """Head-major threadgroups under every thread order: bit-identical, in bounds (idle
+    simdgroups past the last outer row touch nothing)."""
+    from xlstm_kernels.emulate import check_schedules
+
+    monkeypatch.setattr(norm_mod, "LN_HEAD_MAJOR", True)
+    rng = np.random.default_rng(seed_of("head-major-schedules", outer, nh, dh))
+    x, w, b = make(rng, (outer, nh * dh), mx.bfloat16, True, True)
+    spec, kw = norm_mod._plan("ln", x, w, b, EPS, nh)
+    assert dict(kw["template"])["HM"], kw["template"]
+    check_schedules(runtime.get_kernel(spec, "emulate"), seeds=(1, 2), check_bounds=True, **kw)
+
+
 # the shared vector-access helpers (metal_src/_memory.metal; CUDA: cuda/vector_io.h) ------
 
 MEM_BODY = """
