@@ -887,8 +887,8 @@ def _head_major_plan(x, w, b, nh):
     return dict(kw["template"]), kw
 
 
-@pytest.mark.parametrize("dtype,outer,nh,dh", [(d, *c) for d in DTYPES for c in ((37, 3, 64), (5, 8, 128), (9, 4, 33), (2, 3, 5))]
-                         + [("bfloat16", 5, 8, 512), ("float16", 11, 8, 512)])
+@pytest.mark.parametrize("dtype,outer,nh,dh", [(d, *c) for d in DTYPES for c in ((37, 3, 64), (13, 8, 128), (9, 4, 33), (9, 3, 5))]
+                         + [("bfloat16", 11, 8, 512), ("float16", 17, 8, 512)])
 @pytest.mark.parametrize("has_w,has_b", [(True, True), (True, False), (False, True)])
 def test_multihead_forward_head_major(kernel_backend, monkeypatch, fresh_norm_calls, dtype, outer, nh, dh, has_w, has_b):
     """LN_HEAD_MAJOR: multi-head LayerNorm's rows of one simdgroup in head-major threadgroups
@@ -921,12 +921,14 @@ def test_multihead_forward_head_major_plan(monkeypatch):
     assert not _head_major_plan(x, None, None, 4)[0]["HM"]  # nothing to share
     t, kw = _head_major_plan(x, w, b, 1)  # one head: rows of 256, row-major
     assert not t["HM"] and kw["grid"][1] == kw["threadgroup"][1] * -(-37 // kw["threadgroup"][1])
+    xs, ws, bs = make(rng, (5, 4 * 64), mx.bfloat16, True, True)  # fewer outer rows than simdgroups (8)
+    assert not _head_major_plan(xs, ws, bs, 4)[0]["HM"]
     xl, wl, bl = make(rng, (2, 2 * 4100), mx.float32, True, True)  # looped heads: no HM entry
     assert "HM" not in _head_major_plan(xl, wl, bl, 2)[0]
 
 
 @pytest.mark.emulator_only
-@pytest.mark.parametrize("outer,nh,dh", [(9, 4, 64), (5, 3, 33)])
+@pytest.mark.parametrize("outer,nh,dh", [(9, 4, 64), (11, 3, 33)])
 def test_multihead_forward_head_major_schedules(monkeypatch, outer, nh, dh):
     """Head-major threadgroups under every thread order: bit-identical, in bounds (idle
     simdgroups past the last outer row touch nothing)."""
@@ -938,6 +940,23 @@ def test_multihead_forward_head_major_schedules(monkeypatch, outer, nh, dh):
     spec, kw = norm_mod._plan("ln", x, w, b, EPS, nh)
     assert dict(kw["template"])["HM"], kw["template"]
     check_schedules(runtime.get_kernel(spec, "emulate"), seeds=(1, 2), check_bounds=True, **kw)
+
+
+@pytest.mark.emulator_only
+def test_multihead_forward_head_major_order(monkeypatch):
+    """The head-major order itself: the first two threadgroups alone (a grid cut to 2 R
+    simdgroups) write heads 0 and 1 of the first R outer rows, not the first 2 R rows."""
+    monkeypatch.setattr(norm_mod, "LN_HEAD_MAJOR", True)
+    rng = np.random.default_rng(seed_of("head-major-order"))
+    outer, nh, dh = 19, 4, 64
+    x, w, b = make(rng, (outer, nh * dh), mx.float32, True, True)
+    spec, kw = norm_mod._plan("ln", x, w, b, EPS, nh)
+    r = kw["threadgroup"][1]
+    assert dict(kw["template"])["HM"] and r == 8, (kw["template"], r)
+    kw = dict(kw, grid=(kw["grid"][0], 2 * r, 1), init_value=0.0)
+    (y,) = runtime.get_kernel(spec, "emulate")(**kw)
+    written = sorted(i for i, row in enumerate(np.array(y)) if np.any(row != 0))
+    assert written == sorted(o * nh + h for o in range(r) for h in (0, 1)), written
 
 
 # the shared vector-access helpers (metal_src/_memory.metal; CUDA: cuda/vector_io.h) ------

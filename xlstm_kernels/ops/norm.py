@@ -136,10 +136,10 @@ LN_MOMENTS = True
 # threadgroups (kernel template HM): a threadgroup's simdgroups take one head of consecutive
 # outer rows and share its weight and bias slices, rather than a head each (plain LayerNorm's
 # simdgroups share one slice). Built in session 48 for multi-head LayerNorm bf16 4096x8x512
-# forward (76.6-78.7% of copy in the H200 bench where LayerNorm 32768x512, the same rows and
-# layout, reads 87-90% in the probe): with eight heads' slices a threadgroup the weight and bias
-# reads are as many bytes as x's and may go to L2 rather than L1. Tested on the emulator, not
-# yet timed on a GPU: off.
+# forward (76.6-78.7% of copy in the H200's bf16 bench runs; LayerNorm 32768x512, the same
+# rows on the same kernel and layout, read 86-90% in the probe where multi-head read 77-89%):
+# with eight heads' slices a threadgroup's weight and bias reads are twice x's bytes and eight
+# times plain LayerNorm's distinct lines. Tested on the emulator, not yet timed on a GPU: off.
 LN_HEAD_MAJOR = False
 # Backward (automatic layout): about VJP_THREADS threads per row, at most VJP_MAX_READS
 # elements per thread (the unit keeps x, g, w and the dw/db sums of its columns in
@@ -560,7 +560,7 @@ def _plan(
         template += [("FULL", int(full)), ("NF", n if full else 0), ("EPSB", _float_bits(eps) if full else 0)]
         if kind == "ln":
             template.append(("MOM", bool(full and LN_MOMENTS)))
-            template.append(("HM", _head_major(lay, num_heads, weight, bias)))
+            template.append(("HM", _head_major(lay, rows, num_heads, weight, bias)))
         if kind == "rms":
             stage_units, per_sm = _forward_stage_units(n, lay, dtype.size, rows) if full else (0, 0)
             template.append(("STAGED", stage_units > 0))
@@ -571,7 +571,7 @@ def _plan(
     inputs += [_eps(float(eps)), _ints(rows, n, num_heads)]
     r = lay.rows_per_tg
     groups = r * -(-rows // r)
-    if kind == "ln" and not lay.looped and _head_major(lay, num_heads, weight, bias):
+    if kind == "ln" and not lay.looped and _head_major(lay, rows, num_heads, weight, bias):
         groups = r * num_heads * -(-(rows // num_heads) // r)  # R simdgroups of one head a threadgroup
     extra: dict[str, Any] = {}
     if kind == "rms" and not lay.looped and dict(template)["STAGED"]:
@@ -589,11 +589,12 @@ def _plan(
     return _SPECS[(kind, lay.looped, False)], kwargs
 
 
-def _head_major(lay: _Layout, num_heads: int, weight: mx.array | None, bias: mx.array | None) -> bool:
+def _head_major(lay: _Layout, rows: int, num_heads: int, weight: mx.array | None, bias: mx.array | None) -> bool:
     """Whether LayerNorm's forward runs head-major threadgroups (LN_HEAD_MAJOR; several heads
-    of rows of one simdgroup, several simdgroups a threadgroup, a weight or bias to share)."""
+    of rows of one simdgroup, several simdgroups a threadgroup and at least as many outer rows,
+    a weight or bias to share)."""
     return bool(LN_HEAD_MAJOR and num_heads > 1 and lay.one_simd and not lay.looped and lay.rows_per_tg > 1
-                and (weight is not None or bias is not None))
+                and rows // num_heads >= lay.rows_per_tg and (weight is not None or bias is not None))
 
 
 def _forward_stage_units(n: int, lay: _Layout, itemsize: int, rows: int) -> tuple[int, int]:
