@@ -492,12 +492,7 @@ for (uint c = tid * W; c < n; c += step) {
 // threads' moments merged, xk_row_moments).
 // inputs:  x (rows, n) T; w (nh * n) T; b (nh * n) T (1-element dummies when absent);
 //          eps () float; params (3) int = [rows, n, nh]
-// outputs: y (rows, n) T.  template: T, HAS_W, HAS_B, N_READS, ONE_SIMD, FULL, NF, EPSB, MOM, HM
-// HM (rows of one simdgroup, nh heads): head-major threadgroups, each of the R simdgroups a
-// threadgroup (threads_per_threadgroup.y) taking one head h of R consecutive outer rows:
-// threadgroup g takes head g % nh of outer rows (g / nh) * R ... + R - 1, so a threadgroup's
-// simdgroups share one head's weight and bias slices (else R different heads' slices); the
-// grid holds R * nh * ceil((rows / nh) / R) simdgroups, those past the last outer row idle.
+// outputs: y (rows, n) T.  template: T, HAS_W, HAS_B, N_READS, ONE_SIMD, FULL, NF, EPSB, MOM
 // FULL, NF, EPSB: as rms_norm's (rows of exactly tpr * N_READS = NF elements, whole 32-bit
 // words per run: no bounds code, x held as words, eps from its bits, every weight and bias
 // run loaded before the first store; FULL = 2 always element accesses), any number of heads
@@ -506,15 +501,8 @@ for (uint c = tid * W; c < n; c += step) {
 // (xk_row_moments: one barrier a row, not two).
 constexpr int W = XK_RUN(T, N_READS);
 constexpr int NR = N_READS / W;
-static_assert(!HM || ONE_SIMD, "layer_norm: HM needs rows of one simdgroup");
 const uint nrows = uint(params[0]);
-uint row = ONE_SIMD ? thread_position_in_grid.y : threadgroup_position_in_grid.y;
-if (HM) {  // head-major: this threadgroup's head, this simdgroup's outer row
-  const uint nh_hm = uint(params[2]);
-  const uint g = threadgroup_position_in_grid.y;
-  const uint outer = (g / nh_hm) * threads_per_threadgroup.y + thread_position_in_threadgroup.y;
-  row = outer < nrows / nh_hm ? outer * nh_hm + g % nh_hm : nrows;
-}
+const uint row = ONE_SIMD ? thread_position_in_grid.y : threadgroup_position_in_grid.y;
 const uint tid = thread_position_in_threadgroup.x;
 const uint tpr = threads_per_threadgroup.x;
 const uint lane = thread_index_in_simdgroup;

@@ -132,15 +132,6 @@ LN_FULL_HEADS = True
 # backward, its gw sums, merged pairwise over the row; one barrier a row where the two-pass
 # form takes two). False: mean, then the deviations from it (two reductions).
 LN_MOMENTS = True
-# Multi-head LayerNorm's forward rows of one simdgroup (with a weight or bias) in head-major
-# threadgroups (kernel template HM): a threadgroup's simdgroups take one head of consecutive
-# outer rows and share its weight and bias slices, rather than a head each (plain LayerNorm's
-# simdgroups share one slice). Built in session 48 for multi-head LayerNorm bf16 4096x8x512
-# forward (76.6-78.7% of copy in the H200's bf16 bench runs; LayerNorm 32768x512, the same
-# rows on the same kernel and layout, read 86-90% in the probe where multi-head read 77-89%):
-# with eight heads' slices a threadgroup's weight and bias reads are twice x's bytes and eight
-# times plain LayerNorm's distinct lines. Tested on the emulator, not yet timed on a GPU: off.
-LN_HEAD_MAJOR = False
 # Backward (automatic layout): about VJP_THREADS threads per row, at most VJP_MAX_READS
 # elements per thread (the unit keeps x, g, w and the dw/db sums of its columns in
 # registers), longer rows the looped backward kernels.
@@ -560,7 +551,6 @@ def _plan(
         template += [("FULL", int(full)), ("NF", n if full else 0), ("EPSB", _float_bits(eps) if full else 0)]
         if kind == "ln":
             template.append(("MOM", bool(full and LN_MOMENTS)))
-            template.append(("HM", _head_major(lay, rows, num_heads, weight, bias)))
         if kind == "rms":
             stage_units, per_sm = _forward_stage_units(n, lay, dtype.size, rows) if full else (0, 0)
             template.append(("STAGED", stage_units > 0))
@@ -571,8 +561,6 @@ def _plan(
     inputs += [_eps(float(eps)), _ints(rows, n, num_heads)]
     r = lay.rows_per_tg
     groups = r * -(-rows // r)
-    if kind == "ln" and not lay.looped and _head_major(lay, rows, num_heads, weight, bias):
-        groups = r * num_heads * -(-(rows // num_heads) // r)  # R simdgroups of one head a threadgroup
     extra: dict[str, Any] = {}
     if kind == "rms" and not lay.looped and dict(template)["STAGED"]:
         groups = _forward_stage_units(n, lay, dtype.size, rows)[0]
@@ -587,14 +575,6 @@ def _plan(
         **extra,
     )
     return _SPECS[(kind, lay.looped, False)], kwargs
-
-
-def _head_major(lay: _Layout, rows: int, num_heads: int, weight: mx.array | None, bias: mx.array | None) -> bool:
-    """Whether LayerNorm's forward runs head-major threadgroups (LN_HEAD_MAJOR; several heads
-    of rows of one simdgroup, several simdgroups a threadgroup and at least as many outer rows,
-    a weight or bias to share)."""
-    return bool(LN_HEAD_MAJOR and num_heads > 1 and lay.one_simd and not lay.looped and lay.rows_per_tg > 1
-                and rows // num_heads >= lay.rows_per_tg and (weight is not None or bias is not None))
 
 
 def _forward_stage_units(n: int, lay: _Layout, itemsize: int, rows: int) -> tuple[int, int]:
