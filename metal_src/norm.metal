@@ -492,17 +492,23 @@ for (uint c = tid * W; c < n; c += step) {
 // threads' moments merged, xk_row_moments).
 // inputs:  x (rows, n) T; w (nh * n) T; b (nh * n) T (1-element dummies when absent);
 //          eps () float; params (3) int = [rows, n, nh]
-// outputs: y (rows, n) T.  template: T, HAS_W, HAS_B, N_READS, ONE_SIMD, FULL, NF, EPSB, MOM
+// outputs: y (rows, n) T.  template: T, HAS_W, HAS_B, N_READS, ONE_SIMD, FULL, NF, EPSB, MOM, RW
 // FULL, NF, EPSB: as rms_norm's (rows of exactly tpr * N_READS = NF elements, whole 32-bit
 // words per run: no bounds code, x held as words, eps from its bits, every weight and bias
 // run loaded before the first store; FULL = 2 always element accesses), any number of heads
 // (row h's weight and bias slices start at h * NF: a multiple of 128 bytes, aligned iff w, b are).
 // MOM (FULL rows): mean and variance from one reduction of the threads' moments
 // (xk_row_moments: one barrier a row, not two).
+// RW (FULL rows of one simdgroup; else 1): rows a simdgroup, RW consecutive rows (simdgroup g
+// of the grid takes rows g * RW ...); every row's x loads go out before the first row's
+// reduction (RW times the bytes in flight a simdgroup), then the rows in turn. The grid's y
+// counts simdgroups: ceil(rows / RW) rounded up to the threadgroup's.
 constexpr int W = XK_RUN(T, N_READS);
 constexpr int NR = N_READS / W;
+static_assert(RW >= 1 && (RW == 1 || (ONE_SIMD && FULL != 0)),
+              "layer_norm: RW > 1 only for FULL rows of one simdgroup");
 const uint nrows = uint(params[0]);
-const uint row = ONE_SIMD ? thread_position_in_grid.y : threadgroup_position_in_grid.y;
+const uint row = ONE_SIMD ? thread_position_in_grid.y * uint(RW) : threadgroup_position_in_grid.y;
 const uint tid = thread_position_in_threadgroup.x;
 const uint tpr = threads_per_threadgroup.x;
 const uint lane = thread_index_in_simdgroup;
@@ -515,93 +521,105 @@ threadgroup float red_m[MOM ? 2 * 32 : 1];  // xk_row_moments' scratch (m and q 
 if (FULL != 0) {  // a compile-time branch; see rms_norm's FULL path
   constexpr uint n = uint(NF);
   constexpr uint tpf = uint(NF) / uint(N_READS);  // = tpr, as a constant
-  if (!ONE_SIMD || row < nrows) {
-    const device T* xr = x + size_t(row) * n;
-    device T* yr = y + size_t(row) * n;
-    const bool al = FULL == 1 && xk_run_aligned<W>(xr) && xk_run_aligned<W>(yr) &&
-                    (!HAS_W || xk_run_aligned<W>(w)) && (!HAS_B || xk_run_aligned<W>(b));
-    constexpr int E = xk_word<T>::N;
-    constexpr int WW = W / E > 0 ? W / E : 1;
-    uint u[N_READS / E > 0 ? N_READS / E : 1];
-    float s = 0.0f;
-    if (al) {
-      for (int j = 0; j < NR; j++) {
-        xk_load_w<WW>(reinterpret_cast<const device uint*>(xr + (tid + j * tpf) * W), u + j * WW);
-      }
-      for (int k = 0; k < N_READS; k++) {
-        s += xk_word<T>::at(u[k / E], k % E);
-      }
-    } else {
-      XK_NO_UNROLL
-      for (int j = 0; j < NR; j++) {
-        for (int k = 0; k < W; k++) {
-          s += float(xr[(tid + j * tpf) * W + k]);
+  constexpr int E = xk_word<T>::N;
+  constexpr int WW = W / E > 0 ? W / E : 1;
+  constexpr int NU = N_READS / E > 0 ? N_READS / E : 1;
+  // rows of NF elements start at multiples of a run's bytes: all aligned iff the first is
+  const bool al = FULL == 1 && xk_run_aligned<W>(x) && xk_run_aligned<W>(y) &&
+                  (!HAS_W || xk_run_aligned<W>(w)) && (!HAS_B || xk_run_aligned<W>(b));
+  uint u[RW][NU];
+  if (al) {  // every row's loads first
+    for (int rr = 0; rr < RW; rr++) {
+      if (!ONE_SIMD || row + uint(rr) < nrows) {
+        const device T* xr = x + size_t(row + uint(rr)) * n;
+        for (int j = 0; j < NR; j++) {
+          xk_load_w<WW>(reinterpret_cast<const device uint*>(xr + (tid + j * tpf) * W), u[rr] + j * WW);
         }
       }
     }
-    const float e = as_type<float>(int(EPSB));
-    // this row's head's weight and bias slices (params read after the x loads are issued)
-    const uint woff = (HAS_W || HAS_B) ? (row % uint(params[2])) * n : 0;
-    const device T* wr = w + (HAS_W ? woff : 0);
-    const device T* br = b + (HAS_B ? woff : 0);
-    // MOM: the thread's own mean and squared deviations, merged over the row in one
-    // reduction; else the row's mean, then the squared deviations from it (two)
-    const float mt = MOM ? s * (1.0f / float(N_READS)) : 0.0f;
-    const float mean0 = MOM ? mt : xk_row_sum<ONE_SIMD>(s, red_a, lane, sg, nsg) / float(n);
-    float q = 0.0f;
-    if (al) {
-      for (int k = 0; k < N_READS; k++) {
-        const float d = xk_word<T>::at(u[k / E], k % E) - mean0;
-        q += d * d;
+  }
+  for (int rr = 0; rr < RW; rr++) {
+    const uint rw = row + uint(rr);
+    if (!ONE_SIMD || rw < nrows) {
+      const device T* xr = x + size_t(rw) * n;
+      device T* yr = y + size_t(rw) * n;
+      float s = 0.0f;
+      if (al) {
+        for (int k = 0; k < N_READS; k++) {
+          s += xk_word<T>::at(u[rr][k / E], k % E);
+        }
+      } else {
+        XK_NO_UNROLL
+        for (int j = 0; j < NR; j++) {
+          for (int k = 0; k < W; k++) {
+            s += float(xr[(tid + j * tpf) * W + k]);
+          }
+        }
       }
-    } else {
-      XK_NO_UNROLL
-      for (int j = 0; j < NR; j++) {
-        for (int k = 0; k < W; k++) {
-          const float d = float(xr[(tid + j * tpf) * W + k]) - mean0;
+      const float e = as_type<float>(int(EPSB));
+      // this row's head's weight and bias slices (params read after the x loads are issued)
+      const uint woff = (HAS_W || HAS_B) ? (rw % uint(params[2])) * n : 0;
+      const device T* wr = w + (HAS_W ? woff : 0);
+      const device T* br = b + (HAS_B ? woff : 0);
+      // MOM: the thread's own mean and squared deviations, merged over the row in one
+      // reduction; else the row's mean, then the squared deviations from it (two)
+      const float mt = MOM ? s * (1.0f / float(N_READS)) : 0.0f;
+      const float mean0 = MOM ? mt : xk_row_sum<ONE_SIMD>(s, red_a, lane, sg, nsg) / float(n);
+      float q = 0.0f;
+      if (al) {
+        for (int k = 0; k < N_READS; k++) {
+          const float d = xk_word<T>::at(u[rr][k / E], k % E) - mean0;
           q += d * d;
         }
-      }
-    }
-    float mean = mean0;
-    if (MOM) {
-      float unused_a = 0.0f;
-      float unused_b = 0.0f;
-      xk_row_moments<false, N_READS, ONE_SIMD ? 1 : int(NF) / N_READS / 32>(mean, q, unused_a, unused_b, red_m, lane,
-                                                                           sg);
-    } else {
-      q = xk_row_sum<ONE_SIMD>(q, red_b, lane, sg, nsg);
-    }
-    const float r = XK_ROW_RSQRT(q / float(n) + e);
-    if (al) {
-      // all weight and bias runs loaded before the first store (y may alias them for all
-      // the compiler knows: a load after a store would wait for it)
-      T wt[HAS_W ? N_READS : 1];
-      T bt[HAS_B ? N_READS : 1];
-      for (int j = 0; j < NR; j++) {
-        if (HAS_W) {
-          xk_load_w<W>(wr + (tid + j * tpf) * W, wt + j * W);
-        }
-        if (HAS_B) {
-          xk_load_w<W>(br + (tid + j * tpf) * W, bt + j * W);
+      } else {
+        XK_NO_UNROLL
+        for (int j = 0; j < NR; j++) {
+          for (int k = 0; k < W; k++) {
+            const float d = float(xr[(tid + j * tpf) * W + k]) - mean0;
+            q += d * d;
+          }
         }
       }
-      for (int j = 0; j < NR; j++) {
-        T o[W];
-        for (int k = 0; k < W; k++) {
-          const float c = (xk_word<T>::at(u[(j * W + k) / E], k % E) - mean) * r;
-          o[k] = xk_affine<T, HAS_W, HAS_B>(c, HAS_W ? float(wt[j * W + k]) : 0.0f,
-                                            HAS_B ? float(bt[j * W + k]) : 0.0f);
-        }
-        xk_store_w<W>(yr + (tid + j * tpf) * W, o);
+      float mean = mean0;
+      if (MOM) {
+        float unused_a = 0.0f;
+        float unused_b = 0.0f;
+        xk_row_moments<false, N_READS, ONE_SIMD ? 1 : int(NF) / N_READS / 32>(mean, q, unused_a, unused_b, red_m, lane,
+                                                                             sg);
+      } else {
+        q = xk_row_sum<ONE_SIMD>(q, red_b, lane, sg, nsg);
       }
-    } else {
-      XK_NO_UNROLL
-      for (int j = 0; j < NR; j++) {
-        for (int k = 0; k < W; k++) {
-          const uint i = (tid + j * tpf) * W + k;
-          yr[i] = xk_affine<T, HAS_W, HAS_B>((float(xr[i]) - mean) * r, HAS_W ? float(wr[i]) : 0.0f,
-                                             HAS_B ? float(br[i]) : 0.0f);
+      const float r = XK_ROW_RSQRT(q / float(n) + e);
+      if (al) {
+        // all weight and bias runs loaded before the first store (y may alias them for all
+        // the compiler knows: a load after a store would wait for it)
+        T wt[HAS_W ? N_READS : 1];
+        T bt[HAS_B ? N_READS : 1];
+        for (int j = 0; j < NR; j++) {
+          if (HAS_W) {
+            xk_load_w<W>(wr + (tid + j * tpf) * W, wt + j * W);
+          }
+          if (HAS_B) {
+            xk_load_w<W>(br + (tid + j * tpf) * W, bt + j * W);
+          }
+        }
+        for (int j = 0; j < NR; j++) {
+          T o[W];
+          for (int k = 0; k < W; k++) {
+            const float c = (xk_word<T>::at(u[rr][(j * W + k) / E], k % E) - mean) * r;
+            o[k] = xk_affine<T, HAS_W, HAS_B>(c, HAS_W ? float(wt[j * W + k]) : 0.0f,
+                                              HAS_B ? float(bt[j * W + k]) : 0.0f);
+          }
+          xk_store_w<W>(yr + (tid + j * tpf) * W, o);
+        }
+      } else {
+        XK_NO_UNROLL
+        for (int j = 0; j < NR; j++) {
+          for (int k = 0; k < W; k++) {
+            const uint i = (tid + j * tpf) * W + k;
+            yr[i] = xk_affine<T, HAS_W, HAS_B>((float(xr[i]) - mean) * r, HAS_W ? float(wr[i]) : 0.0f,
+                                               HAS_B ? float(br[i]) : 0.0f);
+          }
         }
       }
     }

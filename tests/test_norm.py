@@ -1756,3 +1756,98 @@ def test_vjp_partials_dtype_by_plan(monkeypatch):
         monkeypatch.setattr(norm_mod, "PARTIALS_BF16", False)
         assert partials(kind, mx.bfloat16)[1:] == (mx.float32, mx.float32)
         monkeypatch.undo()
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("rows_a_simd", [2, 3])
+@pytest.mark.parametrize("outer,nh,dh,has_w,has_b", [(19, 1, 128, True, True), (5, 4, 64, True, False),
+                                                     (1, 1, 128, False, True), (7, 3, 32, False, False)])
+def test_layer_norm_rows_a_simdgroup(kernel_backend, monkeypatch, fresh_norm_calls, dtype, rows_a_simd,
+                                     outer, nh, dh, has_w, has_b):
+    """LN_FWD_ROWS_A_SIMD (template RW): FULL rows of one simdgroup, several consecutive rows a
+    simdgroup, every row's loads first (the CUDA plan's layouts). Row counts not a multiple of
+    RW or of the threadgroup (the last simdgroup's rows past the end touch nothing), one row,
+    multi-head rows; aligned
+    and offset views (the element path), every thread order with bounds checked; against
+    float64."""
+    from xlstm_kernels.emulate import check_schedules
+
+    monkeypatch.setattr(norm_mod, "LN_FWD_ROWS_A_SIMD", rows_a_simd)
+    monkeypatch.setattr(norm_mod, "LN_FWD_SHORT_ROW_BYTES", 0)  # the short-row rule off (an H200 would take 2)
+    monkeypatch.setattr(norm_mod, "_plans_for_cuda", lambda: True)  # short heads in runs over all lanes
+    dt = DTYPES[dtype]
+    dh = dh * 4 // dt.size  # 16-bit heads twice as long: whole 16-byte runs
+    rng = np.random.default_rng(seed_of("ln-rw", dtype, rows_a_simd, outer, nh, dh, has_w, has_b))
+    x, w, b = make(rng, (outer, nh * dh), dt, has_w, has_b)
+    spec, kw = norm_mod._plan("ln", x, w, b, EPS, nh)
+    t = dict(kw["template"])
+    rows = outer * nh
+    assert t["ONE_SIMD"] and t["FULL"] == 1 and t["RW"] == rows_a_simd, t
+    r = kw["threadgroup"][1]
+    simdgroups = -(-rows // rows_a_simd)
+    assert r == min(norm_mod.SIMD_ROWS, simdgroups) and kw["grid"][1] == r * -(-simdgroups // r), (kw["grid"], r)
+    want = ln_ref64(x, w, b, num_heads=nh)
+
+    def call(*a):
+        return layer_norm(*a, EPS) if nh == 1 else multihead_layer_norm(*a, nh, EPS)
+
+    for off in (0, 1):
+        views = [None if a is None else offset_view(a, off) for a in (x, w, b)]
+        assert rel_err(call(*views), want) < tol(dt), off
+    (y,) = check_schedules(runtime.get_kernel(spec, "emulate"), seeds=(1, 2), check_bounds=True, **kw)
+    assert rel_err(y.reshape(x.shape), want) < tol(dt)
+    # one row a simdgroup as shipped: the same kernel but for RW, the same bits
+    monkeypatch.setattr(norm_mod, "LN_FWD_ROWS_A_SIMD", 1)
+    spec1, kw1 = norm_mod._plan("ln", x, w, b, EPS, nh)
+    assert dict(kw1["template"])["RW"] == 1
+    (y1,) = runtime.get_kernel(spec1, "emulate")(**kw1)
+    assert np.array_equal(np.array(y1.astype(mx.float32)), np.array(y.astype(mx.float32)))
+
+
+def test_layer_norm_rows_a_simdgroup_plan(monkeypatch):
+    """RW > 1 only for LayerNorm's FULL rows of one simdgroup; rows of several simdgroups, the
+    general path and RMSNorm keep one row (RMSNorm: no RW entry)."""
+    monkeypatch.setattr(norm_mod, "LN_FWD_ROWS_A_SIMD", 2)
+    monkeypatch.setattr(norm_mod, "LN_FWD_SHORT_ROW_BYTES", 0)
+    rng = np.random.default_rng(seed_of("ln-rw-plan"))
+    x, w, b = make(rng, (9, 128), mx.float32, True, True)
+    assert dict(norm_mod._plan("ln", x, w, b, EPS)[1]["template"])["RW"] == 2
+    xl, wl, bl = make(rng, (9, 2048), mx.float32, True, True)  # rows of several simdgroups
+    t = dict(norm_mod._plan("ln", xl, wl, bl, EPS)[1]["template"])
+    assert not t["ONE_SIMD"] and t["RW"] == 1, t
+    xs, ws, bs = make(rng, (9, 100), mx.float32, True, True)  # not FULL: the general path
+    t = dict(norm_mod._plan("ln", xs, ws, bs, EPS)[1]["template"])
+    assert t["FULL"] == 0 and t["RW"] == 1, t
+    assert "RW" not in dict(norm_mod._plan("rms", x, w, None, EPS)[1]["template"])
+
+
+@pytest.mark.parametrize("gbps", [3350.0, 4800.0])
+def test_layer_norm_short_rows_a_simdgroup_rule(monkeypatch, gbps):
+    """The shipped rule (LN_FWD_SHORT_ROW_BYTES, LN_FWD_SHORT_ROWS_A_SIMD): on the CUDA plan of a
+    GPU faster than the H100, LayerNorm's FULL rows (and heads) of one simdgroup of at most 512
+    bytes take two rows a simdgroup, rows of 1 KiB one; the H100, the emulator's plan and the
+    rule's off switch one row everywhere."""
+    monkeypatch.setattr(norm_mod, "_plans_for_cuda", lambda: True)
+    monkeypatch.setattr(norm_mod, "_device_bandwidth_gbs", lambda: gbps)
+    fast = gbps > norm_mod.RMS_VJP_UNITS_REF_GBPS
+
+    def plan(n, dt, nh=1, rows=4096):
+        x = mx.zeros((rows, n * nh), dtype=dt)
+        w = mx.zeros((n * nh,), dtype=dt)
+        _, kw = norm_mod._plan("ln", x, w, w, EPS, nh)
+        t = dict(kw["template"])
+        return t["ONE_SIMD"], t["FULL"], t["RW"], kw["grid"][1]
+
+    for dt in (mx.bfloat16, mx.float16):
+        for nh in (1, 4):
+            assert plan(256, dt, nh) == (True, 1, 2 if fast else 1, 4096 * nh // (2 if fast else 1)), (dt, nh)
+            assert plan(64, dt, nh)[2] == (2 if fast else 1), (dt, nh)
+            assert plan(512, dt, nh)[2] == 1, (dt, nh)  # 1 KiB
+    assert plan(128, mx.float32)[:3] == (True, 1, 2 if fast else 1)  # 512 bytes
+    assert plan(256, mx.float32)[0] is False  # two simdgroups a row: no RW
+    assert plan(256, mx.bfloat16, rows=9)[3] == (5 if fast else 16)  # ceil(9 / 2) simdgroups in one threadgroup; else two of 8
+    monkeypatch.setattr(norm_mod, "LN_FWD_SHORT_ROW_BYTES", 0)
+    assert plan(256, mx.bfloat16)[2] == 1
+    monkeypatch.setattr(norm_mod, "LN_FWD_SHORT_ROW_BYTES", 512)
+    monkeypatch.setattr(norm_mod, "_plans_for_cuda", lambda: False)
+    assert plan(128, mx.float32)[2] == 1

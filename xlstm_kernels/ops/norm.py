@@ -132,6 +132,19 @@ LN_FULL_HEADS = True
 # backward, its gw sums, merged pairwise over the row; one barrier a row where the two-pass
 # form takes two). False: mean, then the deviations from it (two reductions).
 LN_MOMENTS = True
+# LayerNorm's FULL forward rows of one simdgroup: rows a simdgroup (kernel template RW), every
+# row's x loads issued before the first row's reduction (RW times the bytes in flight a
+# simdgroup); 1: a row a simdgroup. On the CUDA plan, on GPUs whose preset bandwidth passes
+# RMS_VJP_UNITS_REF_GBPS (the H200 / GH200 presets; the H100 keeps its plans: not measured
+# there), rows (and heads) of at most LN_FWD_SHORT_ROW_BYTES take LN_FWD_SHORT_ROWS_A_SIMD.
+# H200, session 49, marginal chains (probe_norm_marginal.py, outputs kept; share of the copy,
+# one row -> two a simdgroup): bf16 LayerNorm 65536x256 66-68 -> 76-80%, fp16 71-74 -> 77%,
+# multi-head bf16 16384x4x256 68-69 -> 77-79%, bf16 131072x128 50-51 -> 54%, float32 65536x128
+# 89-90 -> 94-98%; rows of 1 KiB lost (bf16 32768x512 and multi-head 4096x8x512 75-77 -> 58%,
+# 16384x1024 84-85 -> 55%); three or four rows no better than two. 0 bytes: off.
+LN_FWD_ROWS_A_SIMD = 1
+LN_FWD_SHORT_ROWS_A_SIMD = 2
+LN_FWD_SHORT_ROW_BYTES = 512
 # Backward (automatic layout): about VJP_THREADS threads per row, at most VJP_MAX_READS
 # elements per thread (the unit keeps x, g, w and the dw/db sums of its columns in
 # registers), longer rows the looped backward kernels.
@@ -551,6 +564,7 @@ def _plan(
         template += [("FULL", int(full)), ("NF", n if full else 0), ("EPSB", _float_bits(eps) if full else 0)]
         if kind == "ln":
             template.append(("MOM", bool(full and LN_MOMENTS)))
+            template.append(("RW", _ln_rows_a_simd(n * dtype.size) if full and lay.one_simd else 1))
         if kind == "rms":
             stage_units, per_sm = _forward_stage_units(n, lay, dtype.size, rows) if full else (0, 0)
             template.append(("STAGED", stage_units > 0))
@@ -560,7 +574,10 @@ def _plan(
                 template += _occupancy_hint(_forward_registers(lay.n_reads * dtype.size), lay.tpr * lay.rows_per_tg)
     inputs += [_eps(float(eps)), _ints(rows, n, num_heads)]
     r = lay.rows_per_tg
-    groups = r * -(-rows // r)
+    simdgroups = -(-rows // dict(template).get("RW", 1))  # RW rows a simdgroup (ONE_SIMD rows)
+    if lay.one_simd and simdgroups < r:  # fewer simdgroups than the threadgroup's rows
+        r = simdgroups
+    groups = r * -(-simdgroups // r)
     extra: dict[str, Any] = {}
     if kind == "rms" and not lay.looped and dict(template)["STAGED"]:
         groups = _forward_stage_units(n, lay, dtype.size, rows)[0]
@@ -575,6 +592,15 @@ def _plan(
         **extra,
     )
     return _SPECS[(kind, lay.looped, False)], kwargs
+
+
+def _ln_rows_a_simd(row_bytes: int) -> int:
+    """Rows a simdgroup (template RW) of LayerNorm's FULL forward rows of one simdgroup, each
+    of `row_bytes`: LN_FWD_SHORT_ROWS_A_SIMD for rows of at most LN_FWD_SHORT_ROW_BYTES on the
+    CUDA plan of a GPU faster than RMS_VJP_UNITS_REF_GBPS, else LN_FWD_ROWS_A_SIMD."""
+    short = (LN_FWD_SHORT_ROW_BYTES and row_bytes <= LN_FWD_SHORT_ROW_BYTES and _plans_for_cuda()
+             and _device_bandwidth_gbs() > RMS_VJP_UNITS_REF_GBPS)
+    return max(1, int(LN_FWD_SHORT_ROWS_A_SIMD if short else LN_FWD_ROWS_A_SIMD))
 
 
 def _forward_stage_units(n: int, lay: _Layout, itemsize: int, rows: int) -> tuple[int, int]:
