@@ -527,8 +527,20 @@ if (FULL != 0) {  // a compile-time branch; see rms_norm's FULL path
   // rows of NF elements start at multiples of a run's bytes: all aligned iff the first is
   const bool al = FULL == 1 && xk_run_aligned<W>(x) && xk_run_aligned<W>(y) &&
                   (!HAS_W || xk_run_aligned<W>(w)) && (!HAS_B || xk_run_aligned<W>(b));
+  // XK_ROWS_UNROLL: the loops over the RW rows unrolled, so that u stays in registers (CUDA
+  // otherwise keeps it in local memory: a 64-byte stack frame at rows of 1 KiB, session 49)
+#ifndef XK_ROWS_UNROLL
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+#define XK_ROWS_UNROLL _Pragma("unroll")
+#elif defined(__METAL_VERSION__)
+#define XK_ROWS_UNROLL _Pragma("clang loop unroll(full)")
+#else
+#define XK_ROWS_UNROLL
+#endif
+#endif
   uint u[RW][NU];
   if (al) {  // every row's loads first
+    XK_ROWS_UNROLL
     for (int rr = 0; rr < RW; rr++) {
       if (!ONE_SIMD || row + uint(rr) < nrows) {
         const device T* xr = x + size_t(row + uint(rr)) * n;
@@ -538,6 +550,7 @@ if (FULL != 0) {  // a compile-time branch; see rms_norm's FULL path
       }
     }
   }
+  XK_ROWS_UNROLL
   for (int rr = 0; rr < RW; rr++) {
     const uint rw = row + uint(rr);
     if (!ONE_SIMD || rw < nrows) {

@@ -1123,6 +1123,21 @@ def test_rms_norm_full_rows(kernel_backend, dtype, n, has_w):
     assert dict(kw3["template"])["FULL"] == 0 and dict(kw3["template"])["NF"] == 0
 
 
+def _forced_full(kw: dict, full: int, n: int) -> dict:
+    """A LayerNorm forward plan's launch keywords with FULL forced to `full` (0: the general
+    path, which takes a row a simdgroup: RW 1 and its grid; 2: always element accesses)."""
+    forced = {"FULL": full, "NF": n if full else 0, "EPSB": norm_mod._float_bits(EPS) if full else 0}
+    if full == 0:
+        forced["RW"] = 1
+    out = dict(kw, template=[(k, forced.get(k, v)) for k, v in kw["template"]])
+    if full == 0 and dict(kw["template"]).get("RW", 1) > 1:
+        rows, r = kw["output_shapes"][0][0], norm_mod.SIMD_ROWS if kw["threadgroup"][1] > 1 else 1
+        r = min(r, rows)
+        out["threadgroup"] = (kw["threadgroup"][0], r, 1)
+        out["grid"] = (kw["grid"][0], r * -(-rows // r), 1)
+    return out
+
+
 @pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("n", [128, 512, 2048])
 @pytest.mark.parametrize("has_w,has_b", [(True, True), (False, True), (True, False), (False, False)])
@@ -1151,9 +1166,7 @@ def test_layer_norm_full_rows(kernel_backend, dtype, n, has_w, has_b):
         assert rel_err(layer_norm(*views, EPS), want) < tol(dt), offs
     assert rel_err(layer_norm(x, w, b, 0.25), ln_ref64(x, w, b, 0.25)) < tol(dt)
     for full in (0, 1, 2):
-        forced = {"FULL": full, "NF": n if full else 0, "EPSB": norm_mod._float_bits(EPS) if full else 0}
-        kw2 = dict(kw, template=[(k, forced.get(k, v)) for k, v in kw["template"]])
-        assert rel_err(launch(spec, **kw2)[0], want) < tol(dt), full
+        assert rel_err(launch(spec, **_forced_full(kw, full, n))[0], want) < tol(dt), full
     if n <= 1024:  # every schedule (the emulator), the FULL path
         (y,) = check_schedules(runtime.get_kernel(spec, "emulate"), **kw, check_bounds=True)
         assert rel_err(y, want) < tol(dt)
@@ -1166,9 +1179,7 @@ def test_layer_norm_full_rows(kernel_backend, dtype, n, has_w, has_b):
     assert dict(kw4["template"])["FULL"] == 1
     want4 = ln_ref64(xm, wm, bm, num_heads=2)
     for full in (0, 1, 2):
-        forced = {"FULL": full, "NF": n if full else 0, "EPSB": norm_mod._float_bits(EPS) if full else 0}
-        kw5 = dict(kw4, template=[(k, forced.get(k, v)) for k, v in kw4["template"]])
-        assert rel_err(launch(spec4, **kw5)[0].reshape(xm.shape), want4) < tol(dt), ("heads", full)
+        assert rel_err(launch(spec4, **_forced_full(kw4, full, n))[0].reshape(xm.shape), want4) < tol(dt), ("heads", full)
     views = [None if a is None else offset_view(a, 1) for a in (xm, wm, bm)]
     assert rel_err(multihead_layer_norm(views[0], views[1], views[2], 2, EPS), want4) < tol(dt)
 
@@ -1796,6 +1807,12 @@ def test_layer_norm_rows_a_simdgroup(kernel_backend, monkeypatch, fresh_norm_cal
         assert rel_err(call(*views), want) < tol(dt), off
     (y,) = check_schedules(runtime.get_kernel(spec, "emulate"), seeds=(1, 2), check_bounds=True, **kw)
     assert rel_err(y.reshape(x.shape), want) < tol(dt)
+    # the element path (FULL 2; on the emulator the offset views above take the word path, as
+    # its alignment check always passes) and the general path (FULL 0: one row a simdgroup)
+    from xlstm_kernels.runtime import launch
+
+    for full in (2, 0):
+        assert rel_err(launch(spec, **_forced_full(kw, full, dh))[0].reshape(x.shape), want) < tol(dt), full
     # one row a simdgroup as shipped: the same kernel but for RW, the same bits
     monkeypatch.setattr(norm_mod, "LN_FWD_ROWS_A_SIMD", 1)
     spec1, kw1 = norm_mod._plan("ln", x, w, b, EPS, nh)

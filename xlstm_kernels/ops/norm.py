@@ -141,7 +141,9 @@ LN_MOMENTS = True
 # one row -> two a simdgroup): bf16 LayerNorm 65536x256 66-68 -> 76-80%, fp16 71-74 -> 77%,
 # multi-head bf16 16384x4x256 68-69 -> 77-79%, bf16 131072x128 50-51 -> 54%, float32 65536x128
 # 89-90 -> 94-98%; rows of 1 KiB lost (bf16 32768x512 and multi-head 4096x8x512 75-77 -> 58%,
-# 16384x1024 84-85 -> 55%); three or four rows no better than two. 0 bytes: off.
+# 16384x1024 84-85 -> 55%) but with the row loop rolled, their words in local memory (offline
+# ptxas: a 64-byte stack frame at 1 KiB, none at 512 bytes); unrolled since (XK_ROWS_UNROLL),
+# not re-measured. Three or four rows no better than two. 0 bytes: off.
 LN_FWD_ROWS_A_SIMD = 1
 LN_FWD_SHORT_ROWS_A_SIMD = 2
 LN_FWD_SHORT_ROW_BYTES = 512
