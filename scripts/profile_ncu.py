@@ -203,6 +203,7 @@ def _cases():
         # and bytes, one weight slice against eight (session 49)
         "mhln_bf16_4k8x512_ours": (lambda: mhln(mx.bfloat16, rows=4096, nh=8, dh=512), "custom_kernel_layer_norm"),
         "ln_bf16_32k512_ours": (lambda: ln(True, mx.bfloat16, rows=32768, n=512), "custom_kernel_layer_norm"),
+        "copy_bf16_32k512": (lambda: scale_copy((32768, 512), mx.bfloat16), "binary|multiply"),
         "ln_vjp_bf16_2k8k_ours": (lambda: ln_vjp(True, mx.bfloat16, rows=2048, n=8192),
                                   "custom_kernel_layer_norm_vjp|norm_partials"),
         "gemm_av_ours": (lambda: gemm("gemm_av"), "gemm_simd"),

@@ -142,11 +142,15 @@ LN_MOMENTS = True
 # multi-head bf16 16384x4x256 68-69 -> 77-79%, bf16 131072x128 50-51 -> 54%, float32 65536x128
 # 89-90 -> 94-98%; rows of 1 KiB lost (bf16 32768x512 and multi-head 4096x8x512 75-77 -> 58%,
 # 16384x1024 84-85 -> 55%) but with the row loop rolled, their words in local memory (offline
-# ptxas: a 64-byte stack frame at 1 KiB, none at 512 bytes); unrolled since (XK_ROWS_UNROLL),
-# not re-measured. Three or four rows no better than two. 0 bytes: off.
+# ptxas: a 64-byte stack frame at 1 KiB, none at 512 bytes). Session 50, the loop unrolled
+# (XK_ROWS_UNROLL), two rows against one: bf16 32768x512 (rows of 1 KiB) 76 -> 81-83%,
+# fp16 78-86 -> 85-88%, multi-head bf16 4096x8x512 76-78 -> 76-83%, fp16 82-83 -> 83-85%; rows of
+# 2 KiB lose (bf16 16384x1024 84-85 -> 78-79%): the rule takes rows of at most 1 KiB. An
+# occupancy hint on top (XK_MIN_BLOCKS 6 / 8: 40 / 32 registers, the latter spilling) no faster
+# (8: 57-72%). Three or four rows no better than two. 0 bytes: off.
 LN_FWD_ROWS_A_SIMD = 1
 LN_FWD_SHORT_ROWS_A_SIMD = 2
-LN_FWD_SHORT_ROW_BYTES = 512
+LN_FWD_SHORT_ROW_BYTES = 1024
 # Backward (automatic layout): about VJP_THREADS threads per row, at most VJP_MAX_READS
 # elements per thread (the unit keeps x, g, w and the dw/db sums of its columns in
 # registers), longer rows the looped backward kernels.
