@@ -492,7 +492,7 @@ for (uint c = tid * W; c < n; c += step) {
 // threads' moments merged, xk_row_moments).
 // inputs:  x (rows, n) T; w (nh * n) T; b (nh * n) T (1-element dummies when absent);
 //          eps () float; params (3) int = [rows, n, nh]
-// outputs: y (rows, n) T.  template: T, HAS_W, HAS_B, N_READS, ONE_SIMD, FULL, NF, EPSB, MOM, RW
+// outputs: y (rows, n) T.  template: T, HAS_W, HAS_B, N_READS, ONE_SIMD, FULL, NF, EPSB, MOM, RW, EWB
 // FULL, NF, EPSB: as rms_norm's (rows of exactly tpr * N_READS = NF elements, whole 32-bit
 // words per run: no bounds code, x held as words, eps from its bits, every weight and bias
 // run loaded before the first store; FULL = 2 always element accesses), any number of heads
@@ -503,10 +503,12 @@ for (uint c = tid * W; c < n; c += step) {
 // of the grid takes rows g * RW ...); every row's x loads go out before the first row's
 // reduction (RW times the bytes in flight a simdgroup), then the rows in turn. The grid's y
 // counts simdgroups: ceil(rows / RW) rounded up to the threadgroup's.
+// EWB (RW > 1, one head: the rows share w and b): w and b loaded once, after the x loads.
 constexpr int W = XK_RUN(T, N_READS);
 constexpr int NR = N_READS / W;
 static_assert(RW >= 1 && (RW == 1 || (ONE_SIMD && FULL != 0)),
               "layer_norm: RW > 1 only for FULL rows of one simdgroup");
+static_assert(!EWB || (RW > 1 && FULL != 0), "layer_norm: EWB only with RW > 1");
 const uint nrows = uint(params[0]);
 const uint row = ONE_SIMD ? thread_position_in_grid.y * uint(RW) : threadgroup_position_in_grid.y;
 const uint tid = thread_position_in_threadgroup.x;
@@ -547,6 +549,20 @@ if (FULL != 0) {  // a compile-time branch; see rms_norm's FULL path
         for (int j = 0; j < NR; j++) {
           xk_load_w<WW>(reinterpret_cast<const device uint*>(xr + (tid + j * tpf) * W), u[rr] + j * WW);
         }
+      }
+    }
+  }
+  // EWB (rows of one head, RW > 1): the weight and bias runs loaded once, right after the x
+  // loads, for all RW rows (their L2 round trip under x's, not after each row's statistics)
+  T ws[HAS_W && EWB ? N_READS : 1];
+  T bs[HAS_B && EWB ? N_READS : 1];
+  if (EWB && al) {
+    for (int j = 0; j < NR; j++) {
+      if (HAS_W) {
+        xk_load_w<W>(w + (tid + j * tpf) * W, ws + j * W);
+      }
+      if (HAS_B) {
+        xk_load_w<W>(b + (tid + j * tpf) * W, bs + j * W);
       }
     }
   }
@@ -606,9 +622,9 @@ if (FULL != 0) {  // a compile-time branch; see rms_norm's FULL path
       if (al) {
         // all weight and bias runs loaded before the first store (y may alias them for all
         // the compiler knows: a load after a store would wait for it)
-        T wt[HAS_W ? N_READS : 1];
-        T bt[HAS_B ? N_READS : 1];
-        for (int j = 0; j < NR; j++) {
+        T wt[HAS_W && !EWB ? N_READS : 1];
+        T bt[HAS_B && !EWB ? N_READS : 1];
+        for (int j = 0; j < NR && !EWB; j++) {
           if (HAS_W) {
             xk_load_w<W>(wr + (tid + j * tpf) * W, wt + j * W);
           }
@@ -620,8 +636,8 @@ if (FULL != 0) {  // a compile-time branch; see rms_norm's FULL path
           T o[W];
           for (int k = 0; k < W; k++) {
             const float c = (xk_word<T>::at(u[rr][(j * W + k) / E], k % E) - mean) * r;
-            o[k] = xk_affine<T, HAS_W, HAS_B>(c, HAS_W ? float(wt[j * W + k]) : 0.0f,
-                                              HAS_B ? float(bt[j * W + k]) : 0.0f);
+            o[k] = xk_affine<T, HAS_W, HAS_B>(c, HAS_W ? float(EWB ? ws[j * W + k] : wt[j * W + k]) : 0.0f,
+                                              HAS_B ? float(EWB ? bs[j * W + k] : bt[j * W + k]) : 0.0f);
           }
           xk_store_w<W>(yr + (tid + j * tpf) * W, o);
         }

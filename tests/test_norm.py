@@ -1129,6 +1129,7 @@ def _forced_full(kw: dict, full: int, n: int) -> dict:
     forced = {"FULL": full, "NF": n if full else 0, "EPSB": norm_mod._float_bits(EPS) if full else 0}
     if full == 0:
         forced["RW"] = 1
+        forced["EWB"] = False  # EWB needs RW > 1
     out = dict(kw, template=[(k, forced.get(k, v)) for k, v in kw["template"]])
     if full == 0 and dict(kw["template"]).get("RW", 1) > 1:
         rows, r = kw["output_shapes"][0][0], norm_mod.SIMD_ROWS if kw["threadgroup"][1] > 1 else 1
@@ -1797,6 +1798,7 @@ def test_layer_norm_rows_a_simdgroup(kernel_backend, monkeypatch, fresh_norm_cal
     t = dict(kw["template"])
     rows = outer * nh
     assert t["ONE_SIMD"] and t["FULL"] == 1 and t["RW"] == rows_a_simd, t
+    assert t["EWB"] == (nh == 1), t  # one head: w and b once, with the x loads
     r = kw["threadgroup"][1]
     simdgroups = -(-rows // rows_a_simd)
     assert r == min(norm_mod.SIMD_ROWS, simdgroups) and kw["grid"][1] == r * -(-simdgroups // r), (kw["grid"], r)
@@ -1819,9 +1821,16 @@ def test_layer_norm_rows_a_simdgroup(kernel_backend, monkeypatch, fresh_norm_cal
     # one row a simdgroup as shipped: the same kernel but for RW, the same bits
     monkeypatch.setattr(norm_mod, "LN_FWD_ROWS_A_SIMD", 1)
     spec1, kw1 = norm_mod._plan("ln", x, w, b, EPS, nh)
-    assert dict(kw1["template"])["RW"] == 1
+    assert dict(kw1["template"])["RW"] == 1 and not dict(kw1["template"])["EWB"]
     (y1,) = runtime.get_kernel(spec1, "emulate")(**kw1)
     assert np.array_equal(np.array(y1.astype(mx.float32)), np.array(y.astype(mx.float32)))
+    # RW rows with w and b loaded for each row (EWB off): the same bits
+    monkeypatch.setattr(norm_mod, "LN_FWD_ROWS_A_SIMD", rows_a_simd)
+    monkeypatch.setattr(norm_mod, "LN_FWD_EARLY_WB", False)
+    spec2, kw2 = norm_mod._plan("ln", x, w, b, EPS, nh)
+    assert dict(kw2["template"])["RW"] == rows_a_simd and not dict(kw2["template"])["EWB"]
+    (y2,) = check_schedules(runtime.get_kernel(spec2, "emulate"), seeds=(3,), check_bounds=True, **kw2)
+    assert np.array_equal(np.array(y2.astype(mx.float32)), np.array(y.astype(mx.float32)))
 
 
 def test_layer_norm_rows_a_simdgroup_plan(monkeypatch):
@@ -1831,10 +1840,14 @@ def test_layer_norm_rows_a_simdgroup_plan(monkeypatch):
     monkeypatch.setattr(norm_mod, "LN_FWD_SHORT_ROW_BYTES", 0)
     rng = np.random.default_rng(seed_of("ln-rw-plan"))
     x, w, b = make(rng, (9, 128), mx.float32, True, True)
-    assert dict(norm_mod._plan("ln", x, w, b, EPS)[1]["template"])["RW"] == 2
+    t = dict(norm_mod._plan("ln", x, w, b, EPS)[1]["template"])
+    assert t["RW"] == 2 and t["EWB"], t
+    xh, wh, bh = make(rng, (9, 2 * 128), mx.float32, True, True)  # two heads: each row its own w, b
+    t = dict(norm_mod._plan("ln", xh, wh, bh, EPS, 2)[1]["template"])
+    assert t["RW"] == 2 and not t["EWB"], t
     xl, wl, bl = make(rng, (9, 2048), mx.float32, True, True)  # rows of several simdgroups
     t = dict(norm_mod._plan("ln", xl, wl, bl, EPS)[1]["template"])
-    assert not t["ONE_SIMD"] and t["RW"] == 1, t
+    assert not t["ONE_SIMD"] and t["RW"] == 1 and not t["EWB"], t
     xs, ws, bs = make(rng, (9, 100), mx.float32, True, True)  # not FULL: the general path
     t = dict(norm_mod._plan("ln", xs, ws, bs, EPS)[1]["template"])
     assert t["FULL"] == 0 and t["RW"] == 1, t
@@ -1856,6 +1869,8 @@ def test_layer_norm_short_rows_a_simdgroup_rule(monkeypatch, gbps):
         w = mx.zeros((n * nh,), dtype=dt)
         _, kw = norm_mod._plan("ln", x, w, w, EPS, nh)
         t = dict(kw["template"])
+        # EWB (w and b once for the RW rows) exactly where RW > 1 on rows of one head
+        assert t["EWB"] == (t["RW"] > 1 and nh == 1), (n, dt, nh, t)
         return t["ONE_SIMD"], t["FULL"], t["RW"], kw["grid"][1]
 
     for dt in (mx.bfloat16, mx.float16):
