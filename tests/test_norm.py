@@ -1774,7 +1774,8 @@ def test_vjp_partials_dtype_by_plan(monkeypatch):
 @pytest.mark.parametrize("rows_a_simd", [2, 3])
 @pytest.mark.parametrize("outer,nh,dh,has_w,has_b", [(19, 1, 128, True, True), (5, 4, 64, True, False),
                                                      (1, 1, 128, False, True), (7, 3, 32, False, False),
-                                                     (3, 2, 256, True, True)])
+                                                     (3, 2, 256, True, True), (5, 1, 256, True, False),
+                                                     (4, 1, 128, False, False)])
 def test_layer_norm_rows_a_simdgroup(kernel_backend, monkeypatch, fresh_norm_calls, dtype, rows_a_simd,
                                      outer, nh, dh, has_w, has_b):
     """LN_FWD_ROWS_A_SIMD (template RW): FULL rows of one simdgroup, several consecutive rows a
@@ -1782,12 +1783,15 @@ def test_layer_norm_rows_a_simdgroup(kernel_backend, monkeypatch, fresh_norm_cal
     RW or of the threadgroup (the last simdgroup's rows past the end touch nothing), one row,
     multi-head rows; aligned
     and offset views (the element path), every thread order with bounds checked; against
-    float64."""
+    float64. One-head rows also with EWB (w and b loaded once for the RW rows; forced on for
+    every row length here, 16-bit rows of 1 KiB included: two runs a thread) against EWB off,
+    bit for bit."""
     from xlstm_kernels.emulate import check_schedules
 
     monkeypatch.setattr(norm_mod, "LN_FWD_ROWS_A_SIMD", rows_a_simd)
     monkeypatch.setattr(norm_mod, "LN_FWD_SHORT_ROW_BYTES", 0)  # the short-row rule off (an H200 would take 2)
     monkeypatch.setattr(norm_mod, "_plans_for_cuda", lambda: True)  # short heads in runs over all lanes
+    monkeypatch.setattr(norm_mod, "LN_FWD_EARLY_WB_ROW_BYTES", 1 << 20)  # EWB on every one-head row
     dt = DTYPES[dtype]
     if dt == mx.float32 and dh * 4 > 512:
         pytest.skip("float32 heads of 1 KiB take two simdgroups a row (no RW); 16-bit ones are the 1 KiB case")
@@ -1826,7 +1830,7 @@ def test_layer_norm_rows_a_simdgroup(kernel_backend, monkeypatch, fresh_norm_cal
     assert np.array_equal(np.array(y1.astype(mx.float32)), np.array(y.astype(mx.float32)))
     # RW rows with w and b loaded for each row (EWB off): the same bits
     monkeypatch.setattr(norm_mod, "LN_FWD_ROWS_A_SIMD", rows_a_simd)
-    monkeypatch.setattr(norm_mod, "LN_FWD_EARLY_WB", False)
+    monkeypatch.setattr(norm_mod, "LN_FWD_EARLY_WB_ROW_BYTES", 0)
     spec2, kw2 = norm_mod._plan("ln", x, w, b, EPS, nh)
     assert dict(kw2["template"])["RW"] == rows_a_simd and not dict(kw2["template"])["EWB"]
     (y2,) = check_schedules(runtime.get_kernel(spec2, "emulate"), seeds=(3,), check_bounds=True, **kw2)
@@ -1835,7 +1839,8 @@ def test_layer_norm_rows_a_simdgroup(kernel_backend, monkeypatch, fresh_norm_cal
 
 def test_layer_norm_rows_a_simdgroup_plan(monkeypatch):
     """RW > 1 only for LayerNorm's FULL rows of one simdgroup; rows of several simdgroups, the
-    general path and RMSNorm keep one row (RMSNorm: no RW entry)."""
+    general path and RMSNorm keep one row (RMSNorm: no RW entry). EWB only with RW > 1 on rows
+    of one head of at most LN_FWD_EARLY_WB_ROW_BYTES."""
     monkeypatch.setattr(norm_mod, "LN_FWD_ROWS_A_SIMD", 2)
     monkeypatch.setattr(norm_mod, "LN_FWD_SHORT_ROW_BYTES", 0)
     rng = np.random.default_rng(seed_of("ln-rw-plan"))
@@ -1845,6 +1850,11 @@ def test_layer_norm_rows_a_simdgroup_plan(monkeypatch):
     xh, wh, bh = make(rng, (9, 2 * 128), mx.float32, True, True)  # two heads: each row its own w, b
     t = dict(norm_mod._plan("ln", xh, wh, bh, EPS, 2)[1]["template"])
     assert t["RW"] == 2 and not t["EWB"], t
+    with monkeypatch.context() as m:  # 16-bit rows of 1 KiB, one simdgroup a row (the CUDA plan): over EWB's cap
+        m.setattr(norm_mod, "_plans_for_cuda", lambda: True)
+        xk_, wk_, bk_ = make(rng, (9, 512), mx.bfloat16, True, True)
+        t = dict(norm_mod._plan("ln", xk_, wk_, bk_, EPS)[1]["template"])
+        assert t["ONE_SIMD"] and t["RW"] == 2 and not t["EWB"], t
     xl, wl, bl = make(rng, (9, 2048), mx.float32, True, True)  # rows of several simdgroups
     t = dict(norm_mod._plan("ln", xl, wl, bl, EPS)[1]["template"])
     assert not t["ONE_SIMD"] and t["RW"] == 1 and not t["EWB"], t
@@ -1869,8 +1879,9 @@ def test_layer_norm_short_rows_a_simdgroup_rule(monkeypatch, gbps):
         w = mx.zeros((n * nh,), dtype=dt)
         _, kw = norm_mod._plan("ln", x, w, w, EPS, nh)
         t = dict(kw["template"])
-        # EWB (w and b once for the RW rows) exactly where RW > 1 on rows of one head
-        assert t["EWB"] == (t["RW"] > 1 and nh == 1), (n, dt, nh, t)
+        # EWB (w and b once for the RW rows) exactly where RW > 1 on rows of one head of at most
+        # LN_FWD_EARLY_WB_ROW_BYTES (512)
+        assert t["EWB"] == (t["RW"] > 1 and nh == 1 and n * dt.size <= 512), (n, dt, nh, t)
         return t["ONE_SIMD"], t["FULL"], t["RW"], kw["grid"][1]
 
     for dt in (mx.bfloat16, mx.float16):

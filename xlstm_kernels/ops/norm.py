@@ -151,16 +151,18 @@ LN_MOMENTS = True
 LN_FWD_ROWS_A_SIMD = 1
 LN_FWD_SHORT_ROWS_A_SIMD = 2
 LN_FWD_SHORT_ROW_BYTES = 1024
-# ... and with RW > 1 on rows of one head (the RW rows share w and b): w and b loaded once, right
-# after the x loads (template EWB), where the kernel otherwise loads them for each row after its
-# statistics (an L2 round trip after the reduction's). H200, session 50, marginal chains, loads
-# after -> once early, two runs on two machines: bf16 65536x256 73-74 -> 77-79% of copy and
-# 72-74 -> 78%, float32 65536x128 92-93 -> 99%+ and 91-93 -> 100%+, fp16 32768x512 87 -> 91-95%
-# and 84 -> 86%+; bf16 32768x512 80-82 -> 83-84% and 82 -> 79% (the spread: rows whose plan did
-# not change moved up to 5 points between two variants of the same run). Not for heads (each row's own slice,
+# ... and with RW > 1 on rows of one head (the RW rows share w and b) of at most
+# LN_FWD_EARLY_WB_ROW_BYTES: w and b loaded once, right after the x loads (template EWB), where
+# the kernel otherwise loads them for each row after its statistics (an L2 round trip after the
+# reduction's; ptxas does not hoist them). H200, session 50, marginal chains, loads after -> once
+# early, two runs on two machines: bf16 65536x256 73-74 -> 77-79% of copy and 72-74 -> 78%,
+# float32 65536x128 92-93 -> 99%+ and 91-93 -> 100%+. Rows of 1 KiB: bf16 32768x512 80-82 ->
+# 83-84% and 82 -> 79%, fp16 87 -> 91-95% and 84 -> 86%+, with 75 registers instead of 42 (sm_90a
+# ptxas; 512-byte rows 46 / 40 instead of 32): not taken. Not for heads (each row's own slice,
 # loaded early for each row: 78 -> 74-79%) nor rows of one row a simdgroup (early loads for each
 # row: bf16 16384x1024 83-85 -> 67%, 4096x4096 83-85 -> 74-76%: 58-64 registers instead of 38-42).
-LN_FWD_EARLY_WB = True
+# 0: off. (Changed at run time: clear _CALLS, the plan memo.)
+LN_FWD_EARLY_WB_ROW_BYTES = 512
 # Backward (automatic layout): about VJP_THREADS threads per row, at most VJP_MAX_READS
 # elements per thread (the unit keeps x, g, w and the dw/db sums of its columns in
 # registers), longer rows the looped backward kernels.
@@ -581,7 +583,8 @@ def _plan(
         if kind == "ln":
             template.append(("MOM", bool(full and LN_MOMENTS)))
             rw = _ln_rows_a_simd(n * dtype.size) if full and lay.one_simd else 1
-            template += [("RW", rw), ("EWB", bool(LN_FWD_EARLY_WB and rw > 1 and num_heads == 1))]
+            ewb = rw > 1 and num_heads == 1 and n * dtype.size <= LN_FWD_EARLY_WB_ROW_BYTES
+            template += [("RW", rw), ("EWB", bool(ewb))]
         if kind == "rms":
             stage_units, per_sm = _forward_stage_units(n, lay, dtype.size, rows) if full else (0, 0)
             template.append(("STAGED", stage_units > 0))
