@@ -147,7 +147,7 @@ LN_MOMENTS = True
 # fp16 78-86 -> 85-88%, multi-head bf16 4096x8x512 76-78 -> 76-83%, fp16 82-83 -> 83-85%; rows of
 # 2 KiB lose (bf16 16384x1024 84-85 -> 78-79%): the rule takes rows of at most 1 KiB. An
 # occupancy hint on top (XK_MIN_BLOCKS 6 / 8: 40 / 32 registers, the latter spilling) no faster
-# (8: 57-72%). Three or four rows no better than two. 0 bytes: off.
+# (8: 57-74%). Three or four rows no better than two. 0 bytes: off.
 LN_FWD_ROWS_A_SIMD = 1
 LN_FWD_SHORT_ROWS_A_SIMD = 2
 LN_FWD_SHORT_ROW_BYTES = 1024
