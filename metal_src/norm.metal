@@ -158,6 +158,53 @@ inline T xk_affine(float nrm, float w, float b) {
   return o;
 }
 
+// @header xk_affine_t
+// xk_mul_t / xk_add_t: T's own product and sum (T half or bfloat), each correctly rounded to
+// T once and never contracted into a fused multiply-add: through float, the same bits (a
+// product of two T is exact in float, and a float sum's rounding before T's is harmless:
+// float's 24 bits are at least 2p + 2 for T's p, 8 for bfloat, 11 for half); on CUDA
+// __hmul_rn / __hadd_rn, which ptxas pairs into one HMUL2 / HADD2 for two elements.
+template <typename T>
+inline T xk_mul_t(T a, T b) {
+  return T(float(a) * float(b));
+}
+template <typename T>
+inline T xk_add_t(T a, T b) {
+  return T(float(a) + float(b));
+}
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+template <>
+inline half xk_mul_t<half>(half a, half b) {
+  return __hmul_rn(a, b);
+}
+template <>
+inline half xk_add_t<half>(half a, half b) {
+  return __hadd_rn(a, b);
+}
+template <>
+inline bfloat xk_mul_t<bfloat>(bfloat a, bfloat b) {
+  return __hmul_rn(a, b);
+}
+template <>
+inline bfloat xk_add_t<bfloat>(bfloat a, bfloat b) {
+  return __hadd_rn(a, b);
+}
+#endif
+
+// xk_affine's value in T's own arithmetic (16-bit T; template AFT): T(nrm), then w * it and
+// + b each rounded to T, as xk_affine rounds them; w, b skipped when absent.
+template <typename T, bool HAS_W, bool HAS_B>
+inline T xk_affine_t(float nrm, T w, T b) {
+  T o = T(nrm);
+  if (HAS_W) {
+    o = xk_mul_t(w, o);
+  }
+  if (HAS_B) {
+    o = xk_add_t(o, b);
+  }
+  return o;
+}
+
 // @header xk_row_moments
 // The moments of a row from one reduction (LayerNorm, template MOM). A thread holds the
 // moments of its own E elements: m, their mean; q = sum (x - m)^2; with GRAD also a = sum gw
@@ -492,7 +539,7 @@ for (uint c = tid * W; c < n; c += step) {
 // threads' moments merged, xk_row_moments).
 // inputs:  x (rows, n) T; w (nh * n) T; b (nh * n) T (1-element dummies when absent);
 //          eps () float; params (3) int = [rows, n, nh]
-// outputs: y (rows, n) T.  template: T, HAS_W, HAS_B, N_READS, ONE_SIMD, FULL, NF, EPSB, MOM, RW, EWB
+// outputs: y (rows, n) T.  template: T, HAS_W, HAS_B, N_READS, ONE_SIMD, FULL, NF, EPSB, MOM, RW, EWB, AFT
 // FULL, NF, EPSB: as rms_norm's (rows of exactly tpr * N_READS = NF elements, whole 32-bit
 // words per run: no bounds code, x held as words, eps from its bits, every weight and bias
 // run loaded before the first store; FULL = 2 always element accesses), any number of heads
@@ -504,11 +551,15 @@ for (uint c = tid * W; c < n; c += step) {
 // reduction (RW times the bytes in flight a simdgroup), then the rows in turn. The grid's y
 // counts simdgroups: ceil(rows / RW) rounded up to the threadgroup's.
 // EWB (RW > 1, one head: the rows share w and b): w and b loaded once, after the x loads.
+// AFT (16-bit T, FULL rows): the affine step of aligned rows in T's own arithmetic (xk_affine_t:
+// on CUDA one HMUL2 and one HADD2 for two elements, where xk_affine's float route takes a
+// conversion and a shift back for each rounding); the same bits.
 constexpr int W = XK_RUN(T, N_READS);
 constexpr int NR = N_READS / W;
 static_assert(RW >= 1 && (RW == 1 || (ONE_SIMD && FULL != 0)),
               "layer_norm: RW > 1 only for FULL rows of one simdgroup");
 static_assert(!EWB || (RW > 1 && FULL != 0), "layer_norm: EWB only with RW > 1");
+static_assert(!AFT || (FULL != 0 && sizeof(T) == 2), "layer_norm: AFT only for 16-bit FULL rows");
 const uint nrows = uint(params[0]);
 const uint row = ONE_SIMD ? thread_position_in_grid.y * uint(RW) : threadgroup_position_in_grid.y;
 const uint tid = thread_position_in_threadgroup.x;
@@ -636,8 +687,10 @@ if (FULL != 0) {  // a compile-time branch; see rms_norm's FULL path
           T o[W];
           for (int k = 0; k < W; k++) {
             const float c = (xk_word<T>::at(u[rr][(j * W + k) / E], k % E) - mean) * r;
-            o[k] = xk_affine<T, HAS_W, HAS_B>(c, HAS_W ? float(EWB ? ws[j * W + k] : wt[j * W + k]) : 0.0f,
-                                              HAS_B ? float(EWB ? bs[j * W + k] : bt[j * W + k]) : 0.0f);
+            const T wk = HAS_W ? (EWB ? ws[j * W + k] : wt[j * W + k]) : T(0.0f);
+            const T bk = HAS_B ? (EWB ? bs[j * W + k] : bt[j * W + k]) : T(0.0f);
+            o[k] = AFT ? xk_affine_t<T, HAS_W, HAS_B>(c, wk, bk)
+                       : xk_affine<T, HAS_W, HAS_B>(c, float(wk), float(bk));
           }
           xk_store_w<W>(yr + (tid + j * tpf) * W, o);
         }

@@ -1130,6 +1130,7 @@ def _forced_full(kw: dict, full: int, n: int) -> dict:
     if full == 0:
         forced["RW"] = 1
         forced["EWB"] = False  # EWB needs RW > 1
+        forced["AFT"] = False  # AFT needs FULL rows
     out = dict(kw, template=[(k, forced.get(k, v)) for k, v in kw["template"]])
     if full == 0 and dict(kw["template"]).get("RW", 1) > 1:
         rows, r = kw["output_shapes"][0][0], norm_mod.SIMD_ROWS if kw["threadgroup"][1] > 1 else 1
@@ -1835,6 +1836,60 @@ def test_layer_norm_rows_a_simdgroup(kernel_backend, monkeypatch, fresh_norm_cal
     assert dict(kw2["template"])["RW"] == rows_a_simd and not dict(kw2["template"])["EWB"]
     (y2,) = check_schedules(runtime.get_kernel(spec2, "emulate"), seeds=(3,), check_bounds=True, **kw2)
     assert np.array_equal(np.array(y2.astype(mx.float32)), np.array(y.astype(mx.float32)))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("outer,nh,n,rows_a_simd", [(37, 1, 256, 2), (37, 1, 512, 2), (9, 3, 128, 2), (5, 1, 512, 1),
+                                                    (6, 2, 1024, 1), (3, 1, 4096, 1)])
+@pytest.mark.parametrize("has_w,has_b", [(True, True), (True, False), (False, True)])
+def test_layer_norm_affine_in_t(kernel_backend, monkeypatch, fresh_norm_calls, dtype, outer, nh, n, rows_a_simd,
+                                has_w, has_b):
+    """LN_FWD_AFFINE_IN_T (template AFT): 16-bit FULL rows take the affine step T(T(w * T(c)) + b)
+    in T's own arithmetic (CUDA: __hmul_rn / __hadd_rn); against the float route (AFT off),
+    bit for bit, on the active backend: a compiler that fused w * T(c) + b into one rounding
+    (ptxas does, given plain bf16 operators) changes many of these elements. Rows of one and of
+    several simdgroups, one and two rows a simdgroup (with EWB: w and b once), heads; and
+    against float64."""
+    from xlstm_kernels.runtime import launch
+
+    monkeypatch.setattr(norm_mod, "LN_FWD_ROWS_A_SIMD", rows_a_simd)
+    monkeypatch.setattr(norm_mod, "LN_FWD_SHORT_ROW_BYTES", 0)
+    monkeypatch.setattr(norm_mod, "_plans_for_cuda", lambda: True)  # 16-bit rows of 1 KiB: one simdgroup a row
+    dt = DTYPES[dtype]
+    rng = np.random.default_rng(seed_of("ln-aft", dtype, outer, nh, n, rows_a_simd, has_w, has_b))
+    x, w, b = make(rng, (outer, nh * n), dt, has_w, has_b)
+    spec, kw = norm_mod._plan("ln", x, w, b, EPS, nh)
+    t = dict(kw["template"])
+    assert t["FULL"] == 1 and t["AFT"] and t["RW"] == rows_a_simd, t
+    want = ln_ref64(x, w, b, num_heads=nh)
+    (y,) = launch(spec, **kw)
+    assert rel_err(y.reshape(x.shape), want) < tol(dt)
+    off = dict(kw, template=[(k, False if k == "AFT" else v) for k, v in kw["template"]])
+    (y0,) = launch(spec, **off)
+    a, a0 = np.array(y.astype(mx.float32)), np.array(y0.astype(mx.float32))
+    assert np.array_equal(a, a0), f"{int((a != a0).sum())} of {a.size} elements differ"
+    if kernel_backend != "emulate":
+        return
+    from xlstm_kernels.emulate import check_schedules
+
+    (ys,) = check_schedules(runtime.get_kernel(spec, "emulate"), seeds=(1,), check_bounds=True, **kw)
+    assert np.array_equal(np.array(ys.astype(mx.float32)), a)
+
+
+def test_layer_norm_affine_in_t_plan(monkeypatch):
+    """AFT exactly on 16-bit FULL forward rows (LN_FWD_AFFINE_IN_T); float32 rows, rows off
+    the FULL path and the switch off take the float route."""
+    rng = np.random.default_rng(seed_of("ln-aft-plan"))
+    for dt in (mx.float16, mx.bfloat16, mx.float32):
+        x, w, b = make(rng, (5, 512), dt, True, True)
+        t = dict(norm_mod._plan("ln", x, w, b, EPS)[1]["template"])
+        assert t["FULL"] == 1 and t["AFT"] == (dt != mx.float32), (dt, t)
+        xs, ws, bs = make(rng, (5, 100), dt, True, True)  # not FULL: the general path
+        t = dict(norm_mod._plan("ln", xs, ws, bs, EPS)[1]["template"])
+        assert t["FULL"] == 0 and not t["AFT"], (dt, t)
+    monkeypatch.setattr(norm_mod, "LN_FWD_AFFINE_IN_T", False)
+    x, w, b = make(rng, (5, 512), mx.bfloat16, True, True)
+    assert not dict(norm_mod._plan("ln", x, w, b, EPS)[1]["template"])["AFT"]
 
 
 def test_layer_norm_rows_a_simdgroup_plan(monkeypatch):

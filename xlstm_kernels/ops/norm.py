@@ -163,6 +163,12 @@ LN_FWD_SHORT_ROW_BYTES = 1024
 # row: bf16 16384x1024 83-85 -> 67%, 4096x4096 83-85 -> 74-76%: 58-64 registers instead of 38-42).
 # 0: off. (Changed at run time: clear _CALLS, the plan memo.)
 LN_FWD_EARLY_WB_ROW_BYTES = 512
+# LayerNorm's FULL forward rows of 16-bit T: the affine step, T(T(w * T(c)) + b), in T's own
+# arithmetic (template AFT; CUDA: __hmul_rn / __hadd_rn, never contracted into a fused
+# multiply-add) where the float route converts to T and back for each rounding. The same bits
+# (a product of two T is exact in float; float's rounding of a sum before T's is harmless).
+# False: the float route.
+LN_FWD_AFFINE_IN_T = True
 # Backward (automatic layout): about VJP_THREADS threads per row, at most VJP_MAX_READS
 # elements per thread (the unit keeps x, g, w and the dw/db sums of its columns in
 # registers), longer rows the looped backward kernels.
@@ -584,7 +590,8 @@ def _plan(
             template.append(("MOM", bool(full and LN_MOMENTS)))
             rw = _ln_rows_a_simd(n * dtype.size) if full and lay.one_simd else 1
             ewb = rw > 1 and num_heads == 1 and n * dtype.size <= LN_FWD_EARLY_WB_ROW_BYTES
-            template += [("RW", rw), ("EWB", bool(ewb))]
+            aft = full and LN_FWD_AFFINE_IN_T and dtype.size == 2
+            template += [("RW", rw), ("EWB", bool(ewb)), ("AFT", bool(aft))]
         if kind == "rms":
             stage_units, per_sm = _forward_stage_units(n, lay, dtype.size, rows) if full else (0, 0)
             template.append(("STAGED", stage_units > 0))
