@@ -51,6 +51,13 @@ def record_launches(expr: str) -> list[dict]:
 
     import xlstm_kernels as xk
     from xlstm_kernels.runtime import backends
+    from xlstm_kernels.tiles.presets import detect_device
+
+    family = detect_device().family_key
+    if not family.startswith("nvidia"):  # a name no preset matches falls back to Apple's plans (session 51)
+        raise SystemExit(f"cuda_sass: XLSTM_KERNELS_DEVICE={os.environ['XLSTM_KERNELS_DEVICE']!r} selects the preset family "
+                         f"{family!r}, not an NVIDIA one: give an NVIDIA family key (nvidia_hopper: H100 / H200 / GH200) "
+                         "or an sm_* architecture")
 
     from cuda_nvrtc_check import _CUDA_TYPES, _DEFAULT_HEADER, _dtype_name
 
