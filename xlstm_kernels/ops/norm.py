@@ -8,7 +8,8 @@ x is (..., D) float32, float16 or bfloat16; weight and bias are (D,) or None. St
 are reduced in float32; the output has the promoted dtype of x, weight and bias (as
 mx.fast does: float16 with bfloat16 gives float32). Every op is differentiable: the
 VJP runs the ``*_vjp`` kernels (dx directly; dweight/dbias as per-group partial sums of
-shape (groups, D) from the same kernel, float32, bfloat16 for bfloat16 rows: PARTIALS_BF16),
+shape (groups, D) from the same kernel, float32, or the row's dtype for 16-bit rows:
+PARTIALS_BF16, PARTIALS_FP16),
 added over groups in float32 by ``norm_partials_sum``.
 
 Kernel choice (``_plan``). Threads move "runs" of up to 16 consecutive bytes (4 float32 /
@@ -766,16 +767,30 @@ def _vjp_stages(pair_bytes: int) -> int:
 #: with half of them unwritten, 38.1-38.4 with none (a copy of the 96 MiB: 37.5; session 35,
 #: Nsight Compute, warm caches). The rounding adds an error of the order of dw's own rounding
 #: to bfloat16 (each partial's relative error <= 2^-8, random over units); MLX's own backward
-#: rounds every row's g * xhat to the row's dtype before its sum. float16 rows keep float
-#: partials (a partial may pass float16's range where dw does not), as do the looped kernels
-#: (they add into their cells row by row).
+#: rounds every row's g * xhat to the row's dtype before its sum. The looped kernels keep
+#: float partials (they add into their cells row by row).
 PARTIALS_BF16 = True
+#: ... and float16 rows' partials in float16 likewise (session 52): each unit's float sums
+#: rounded once to float16, an error of the order of dw's own rounding (2^-11). The range is
+#: float16's: a partial (a unit's sum of g * xhat over its ~m / units rows) that passes 65504
+#: rounds to inf, and dw then reads inf or nan (loud, as a loss scaler expects; never a finite
+#: wrong value) where float partials could have cancelled back into range. MLX's backward
+#: meets the same bound one row earlier (its per-row products in the row's dtype). H200 marginal chains (probe-partials-fp16-cuda-h200-session52.txt),
+#: float -> float16 partials, share of the copy: LayerNorm fp16 2048x8192 backward 72 ->
+#: 83-84%, 4096x4096 79-82 -> 85-92%, 16384x1024 81-82 -> 83-84%, RMSNorm 2048x8192 81-82
+#: -> 84-88% (bfloat16 partials for float16 rows: no faster, and 8x float16's rounding).
+PARTIALS_FP16 = True
 
 
 def _partials_dtype(dtype: mx.Dtype, looped: bool) -> mx.Dtype:
-    """The dtype of the backward's partials dwp / dbp for rows of `dtype`: bfloat16 for
-    bfloat16 rows of the unlooped kernels where PARTIALS_BF16, else float32."""
-    return mx.bfloat16 if PARTIALS_BF16 and dtype == mx.bfloat16 and not looped else mx.float32
+    """The dtype of the backward's partials dwp / dbp for rows of `dtype`: the row's own
+    16-bit dtype for bfloat16 rows (PARTIALS_BF16) and float16 rows (PARTIALS_FP16) of the
+    unlooped kernels, else float32."""
+    if looped:
+        return mx.float32
+    if (dtype == mx.bfloat16 and PARTIALS_BF16) or (dtype == mx.float16 and PARTIALS_FP16):
+        return dtype
+    return mx.float32
 
 
 def _vjp_plan(
@@ -921,7 +936,7 @@ PARTIALS_ROWS_CUDA = 32
 
 def _partials_sum_plan(groups: int, cols: int, dtype: mx.Dtype, has_w: bool, has_b: bool) -> dict[str, Any]:
     """Launch keywords of norm_partials_sum: the backward's (groups, cols) partials of dw (and
-    db; float32, or bfloat16: PARTIALS_BF16) summed over groups in float32 into (cols,) arrays
+    db; float32, or the row's 16-bit dtype: PARTIALS_BF16 / PARTIALS_FP16) summed over groups in float32 into (cols,) arrays
     of `dtype`; inputs [dwp, dbp, params] (a (1,) float stand-in for an absent one)."""
     sg = max(1, min(PARTIALS_SIMDGROUPS_CUDA if _plans_for_cuda() else PARTIALS_SIMDGROUPS, groups))
     dummy = _dummy(mx.float32)
@@ -1198,8 +1213,8 @@ def rms_norm(x: mx.array, weight: mx.array | None, eps: float = 1e-5, *, knobs: 
         statistics in float32.
 
     Differentiable (dx and dweight through the ``rms_norm_vjp`` kernels; dweight adds the
-    units' partial sums in float32, each rounded once to bfloat16 for bfloat16 rows:
-    ``PARTIALS_BF16``).
+    units' partial sums in float32, each rounded once to the row's dtype for 16-bit rows:
+    ``PARTIALS_BF16``, ``PARTIALS_FP16``).
     """
     return _call("rms_norm", x, weight, None, eps, 1, knobs)
 
@@ -1222,8 +1237,8 @@ def layer_norm(x: mx.array, weight: mx.array | None, bias: mx.array | None, eps:
         passes, or the threads' centred moments merged pairwise, ``LN_MOMENTS``).
 
     Differentiable (dx, dweight, dbias through the ``layer_norm_vjp`` kernels; dweight and
-    dbias add the units' partial sums in float32, each rounded once to bfloat16 for bfloat16
-    rows: ``PARTIALS_BF16``).
+    dbias add the units' partial sums in float32, each rounded once to the row's dtype for
+    16-bit rows: ``PARTIALS_BF16``, ``PARTIALS_FP16``).
     """
     return _call("layer_norm", x, weight, bias, eps, 1, knobs)
 
