@@ -47,7 +47,7 @@
 // A "unit" is (row group, head): it runs over `rpg` consecutive outer rows of one head
 // and keeps its dw/db column sums in registers (cached) or in its own cells of the
 // partial buffer (looped), then writes one row of the (groups, nh * n) partials dwp / dbp:
-// float, or PT (the row's 16-bit type, ops/norm.py PARTIALS_BF16 / PARTIALS_FP16) where the unit's float
+// float, or PT (bfloat for 16-bit rows, ops/norm.py PARTIALS_BF16 / PARTIALS_FP16) where the unit's float
 // sums are rounded once on the way out (the looped kernels add into their cells: float).
 // Every cell has one writer; norm_partials_sum adds the partials over groups in float.
 // The statistics are recomputed from x (no saved mean/rstd). Same runs as the forward.
@@ -809,7 +809,7 @@ for (uint c = tid * W; c < n; c += step) {
 //          params (5) int = [M, n, nh, rpg, units]
 // outputs: dx (M*nh, n) T; dwp (groups, nh*n) PT ((1,) if !HAS_W: set to 0).
 // template: T, PT, HAS_W, N_READS, ONE_SIMD, FULL, STAGED, NF, STRIDED, STAGE_L1, NS, TGSUM.
-// PT: the partials' type (float, or T for 16-bit rows: the unit's float sums rounded once).
+// PT: the partials' type (float, or bfloat for 16-bit rows: the unit's float sums rounded once).
 // TGSUM > 0: units of a threadgroup of TGSUM simdgroups, as layer_norm_vjp's.
 // FULL (as rms_norm's: 1 rows of exactly
 // tpr * N_READS elements, wide runs when x, g, dx, w are aligned, else element accesses,

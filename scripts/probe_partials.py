@@ -14,7 +14,7 @@ fastest quarter (q25). Variants: ``partials_sum sN`` (strips of 32 columns, N si
 ``by_column tN`` (norm_partials_sum_cols, N threads a column; session 46), MLX's sum + astype.
 PROBE_PARTIALS_SHAPES ("264x4096,396x4096,264x1024,132x8192"), PROBE_PARTIALS_SIMDGROUPS
 ("8,16,32"), PROBE_PARTIALS_COLUMN_THREADS ("": none), PROBE_PARTIALS_DTYPE (float32; bfloat16:
-the partials of bfloat16 rows, PARTIALS_BF16).
+the partials of 16-bit rows, PARTIALS_BF16 / PARTIALS_FP16).
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ variants interleaved (``timing.measure_chained_variants``, first quartile of the
   ``mom0`` LayerNorm's statistics from two reductions (LN_MOMENTS off; session 25's merged
   moments are one); ``sm128`` ... ``sm64`` (session 33) plan the staged units for that many
   SMs instead of 132 (fewer units: fewer dw / db partial rows, each unit more rows); ``f32p``
-  (session 35) float32 partials for bfloat16 rows (PARTIALS_BF16 off, the plan before);
+  (session 35) float32 partials for 16-bit rows (PARTIALS_BF16 and PARTIALS_FP16 off, the plans before);
 * ``+dw`` (PROBE_VC_DW=1): the chain also keeps and evaluates dweight (and dbias), as a
   training step must; the bench's chain returns dx only, and ``mx.compile`` drops the
   partial sums' kernel then;
@@ -77,7 +77,7 @@ PATCHES = {
     "sm96": {"RMS_VJP_SMS_CUDA": 96},
     "sm80": {"RMS_VJP_SMS_CUDA": 80},
     "sm64": {"RMS_VJP_SMS_CUDA": 64},
-    "f32p": {"PARTIALS_BF16": False},  # session 35: float32 partials for bfloat16 rows (as before)
+    "f32p": {"PARTIALS_BF16": False, "PARTIALS_FP16": False},  # float32 partials for 16-bit rows (as before sessions 35 / 52)
     "mr16": {"RMS_VJP_STAGED_MAX_READS": 16},  # twice the threads a staged row, 16 elements each  # before session 26: LayerNorm units at RMSNorm's register hint  # 4096-element float32 rows: six stages
 }
 FLOORS = ("add", "copy", "mlx")

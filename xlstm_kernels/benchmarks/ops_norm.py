@@ -37,7 +37,8 @@ environment; bench/bench_ops.py runs this module on a Mac). What the design reli
   resident threads per core by the threadgroup limit. This is where multi-head LN gains
   most against a composite that needs reshapes plus a separate affine pass.
 * Backward: one kernel computes dx and per-group partial dweight/dbias sums kept in
-  registers over rpg rows, so the (groups, D) float partials stay near 2 MiB; MLX's VJP
+  registers over rpg rows, so the (groups, D) partials (float32, or bfloat16 for 16-bit
+  rows) stay near 2 MiB; MLX's VJP
   writes a per-row g * xhat matrix of x's size and reduces it. Expect the largest
   ratios there.
 Risks on hardware: the looped variant (rows > 4096) re-reads x 2-4 times from cache, as

@@ -8,7 +8,7 @@ x is (..., D) float32, float16 or bfloat16; weight and bias are (D,) or None. St
 are reduced in float32; the output has the promoted dtype of x, weight and bias (as
 mx.fast does: float16 with bfloat16 gives float32). Every op is differentiable: the
 VJP runs the ``*_vjp`` kernels (dx directly; dweight/dbias as per-group partial sums of
-shape (groups, D) from the same kernel, float32, or the row's dtype for 16-bit rows:
+shape (groups, D) from the same kernel, float32, or bfloat16 for 16-bit rows:
 PARTIALS_BF16, PARTIALS_FP16),
 added over groups in float32 by ``norm_partials_sum``.
 
@@ -221,8 +221,8 @@ RMS_FWD_RED_BYTES = 2 * 32 * 4  # rms_norm's reduction scratch (red_a, red_b)
 
 VJP_REGISTERS = 0
 # Backward: enough (group, head) units to fill the GPU (about this many threads in
-# all); each unit sums dw/db over rows_per_group rows, so the float32 partials stay
-# near 2 MiB whatever the batch.
+# all); each unit sums dw/db over rows_per_group rows, so the partials (float32, or
+# bfloat16 for 16-bit rows) stay near 2 MiB whatever the batch.
 VJP_TARGET_THREADS = 131072
 # The RMSNorm backward on CUDA, cached layout of VJP_THREADS threads per row: one wave of
 # units (an H100's 132 SMs x 2 resident blocks of 256 threads at its ~124 registers), so
@@ -770,24 +770,29 @@ def _vjp_stages(pair_bytes: int) -> int:
 #: rounds every row's g * xhat to the row's dtype before its sum. The looped kernels keep
 #: float partials (they add into their cells row by row).
 PARTIALS_BF16 = True
-#: ... and float16 rows' partials in float16 likewise (session 52): each unit's float sums
-#: rounded once to float16, an error of the order of dw's own rounding (2^-11). The range is
-#: float16's: a partial (a unit's sum of g * xhat over its ~m / units rows) that passes 65504
-#: rounds to inf, and dw then reads inf or nan (loud, as a loss scaler expects; never a finite
-#: wrong value) where float partials could have cancelled back into range. MLX's backward
-#: meets the same bound one row earlier (its per-row products in the row's dtype). H200 marginal chains (probe-partials-fp16-cuda-h200-session52.txt),
-#: float -> float16 partials, share of the copy: LayerNorm fp16 2048x8192 backward 72 ->
-#: 83-84%, 4096x4096 79-82 -> 85-92%, 16384x1024 81-82 -> 83-84%, RMSNorm 2048x8192 81-82
-#: -> 84-88% (bfloat16 partials for float16 rows: no faster, and 8x float16's rounding).
+#: ... and float16 rows' partials in bfloat16 too (session 52): the same halved bytes, and
+#: float's range, so no partial can overflow where dw does not. float16 partials were as fast
+#: and one rounding finer (2^-11), but a unit's sum of g * xhat over its ~m / units rows
+#: passes 65504 about rpg times sooner than MLX's per-row products do: dw would read inf or
+#: nan where MLX's and the float partials give finite values (a review's CPU check). With
+#: bfloat16 the cost is precision: each partial's relative error <= 2^-8, so dw's error is up
+#: to ~3x MLX's (whose per-row products round to float16), within the 16-bit tolerance.
+#: H200 marginal chains (probe-partials-fp16-cuda-h200-session52.txt), median us a call,
+#: float -> bfloat16 (float16) partials: LayerNorm fp16 2048x8192 backward 35.8 / 34.9 ->
+#: 32.4 (32.0 / 31.6), 4096x4096 33.0 / 32.0 -> 29.3 (30.2 / 28.1), RMSNorm 2048x8192 30.8 /
+#: 32.0 -> 30.6 (30.6 / 30.7); 16384x1024 within its spread.
 PARTIALS_FP16 = True
 
 
 def _partials_dtype(dtype: mx.Dtype, looped: bool) -> mx.Dtype:
-    """The dtype of the backward's partials dwp / dbp for rows of `dtype`: the row's own
-    16-bit dtype for bfloat16 rows (PARTIALS_BF16) and float16 rows (PARTIALS_FP16) of the
-    unlooped kernels, else float32."""
+    """The dtype of the backward's partials dwp / dbp for rows of `dtype`: bfloat16 for the
+    16-bit rows of the unlooped kernels (bfloat16 rows: PARTIALS_BF16; float16 rows:
+    PARTIALS_FP16), else float32."""
     if looped:
         return mx.float32
+    if (dtype == mx.bfloat16 and PARTIALS_BF16) or (dtype == mx.float16 and PARTIALS_FP16):
+        return mx.bfloat16
+    return mx.float32
     if (dtype == mx.bfloat16 and PARTIALS_BF16) or (dtype == mx.float16 and PARTIALS_FP16):
         return dtype
     return mx.float32
@@ -936,7 +941,7 @@ PARTIALS_ROWS_CUDA = 32
 
 def _partials_sum_plan(groups: int, cols: int, dtype: mx.Dtype, has_w: bool, has_b: bool) -> dict[str, Any]:
     """Launch keywords of norm_partials_sum: the backward's (groups, cols) partials of dw (and
-    db; float32, or the row's 16-bit dtype: PARTIALS_BF16 / PARTIALS_FP16) summed over groups in float32 into (cols,) arrays
+    db; float32, or bfloat16 for 16-bit rows: PARTIALS_BF16 / PARTIALS_FP16) summed over groups in float32 into (cols,) arrays
     of `dtype`; inputs [dwp, dbp, params] (a (1,) float stand-in for an absent one)."""
     sg = max(1, min(PARTIALS_SIMDGROUPS_CUDA if _plans_for_cuda() else PARTIALS_SIMDGROUPS, groups))
     dummy = _dummy(mx.float32)
@@ -1213,7 +1218,7 @@ def rms_norm(x: mx.array, weight: mx.array | None, eps: float = 1e-5, *, knobs: 
         statistics in float32.
 
     Differentiable (dx and dweight through the ``rms_norm_vjp`` kernels; dweight adds the
-    units' partial sums in float32, each rounded once to the row's dtype for 16-bit rows:
+    units' partial sums in float32, each rounded once to bfloat16 for 16-bit rows:
     ``PARTIALS_BF16``, ``PARTIALS_FP16``).
     """
     return _call("rms_norm", x, weight, None, eps, 1, knobs)
@@ -1237,8 +1242,8 @@ def layer_norm(x: mx.array, weight: mx.array | None, bias: mx.array | None, eps:
         passes, or the threads' centred moments merged pairwise, ``LN_MOMENTS``).
 
     Differentiable (dx, dweight, dbias through the ``layer_norm_vjp`` kernels; dweight and
-    dbias add the units' partial sums in float32, each rounded once to the row's dtype for
-    16-bit rows: ``PARTIALS_BF16``, ``PARTIALS_FP16``).
+    dbias add the units' partial sums in float32, each rounded once to bfloat16 for 16-bit
+    rows: ``PARTIALS_BF16``, ``PARTIALS_FP16``).
     """
     return _call("layer_norm", x, weight, bias, eps, 1, knobs)
 
