@@ -793,9 +793,6 @@ def _partials_dtype(dtype: mx.Dtype, looped: bool) -> mx.Dtype:
     if (dtype == mx.bfloat16 and PARTIALS_BF16) or (dtype == mx.float16 and PARTIALS_FP16):
         return mx.bfloat16
     return mx.float32
-    if (dtype == mx.bfloat16 and PARTIALS_BF16) or (dtype == mx.float16 and PARTIALS_FP16):
-        return dtype
-    return mx.float32
 
 
 def _vjp_plan(
